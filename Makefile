@@ -1,0 +1,44 @@
+# ackline — two commands matter: `make demo` and `make test`. Everything else is a step of those.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+PYTEST_ARGS ?=
+
+.PHONY: install demo test unit integration lint up down status clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job end to end: stack up, migrate, produce 100k mixed events, ingest, verify, stack down.
+demo: install
+	$(BIN)/ackline demo
+
+## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here).
+test: install lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check ackline schemas streams sinks load tests
+	$(BIN)/mypy
+
+up: install
+	$(BIN)/ackline dev up
+down: install
+	$(BIN)/ackline dev down
+status: install
+	$(BIN)/ackline dev status
+
+clean: down
+	rm -rf .ackline

@@ -1,0 +1,3 @@
+from ackline.cli import main
+
+raise SystemExit(main())

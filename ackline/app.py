@@ -1,0 +1,104 @@
+"""Composition root of `ackline run`: wires settings to the runtime and handles signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+
+from ackline.faults import Faults
+from ackline.metrics import Metrics
+from ackline.settings import Settings
+from schemas.decode import Limits
+from sinks.connection import Database
+from sinks.writer import BatchWriter
+from streams.admin import ensure_topic, partition_count
+from streams.consumer import ConsumerRuntime, RuntimeConfig
+from streams.deadletter import DeadLetterProducer
+from streams.errors import TopicError
+
+log = logging.getLogger(__name__)
+
+
+def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
+    return RuntimeConfig(
+        bootstrap=bootstrap,
+        topic=settings.topic,
+        group_id=settings.group_id,
+        worker_id=settings.worker_id,
+        group_protocol=settings.group_protocol,
+        session_timeout_ms=settings.session_timeout_ms,
+        start_from=settings.start_from,
+        batch_max_events=settings.batch_max_events,
+        batch_max_ms=settings.batch_max_ms,
+        limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
+        revoke_wait_s=settings.revoke_wait_s,
+        shutdown_wait_s=settings.shutdown_wait_s,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+    )
+
+
+async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:
+    """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
+
+    Order of effects at start: check the topic exists and create the dead-letter topic
+    if missing; connect lazily; join the group in the consumer thread. At SIGTERM or
+    SIGINT: the consumer thread finishes or cancels the in-flight batch, stores offsets,
+    leaves the group; then connections close and the status is 0.
+    """
+    partitions = partition_count(bootstrap, settings.topic)
+    if partitions is None:
+        raise TopicError(
+            f"topic {settings.topic} does not exist on {bootstrap} "
+            "(create it, or set ACKLINE_TOPIC)"
+        )
+    ensure_topic(bootstrap, settings.dlq_topic, partitions=min(partitions, 3))
+    faults = Faults(settings.faults, settings.fault_stall_seconds)
+    metrics = Metrics()
+    metrics.serve(settings.metrics_port)
+    db = Database(
+        dsn,
+        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        application_name=f"ackline:{settings.worker_id}"[:63],
+    )
+    writer = BatchWriter(db, settings.group_id, settings.worker_id, faults)
+    dlq = DeadLetterProducer(bootstrap, settings.dlq_topic)
+    loop = asyncio.get_running_loop()
+    runtime = ConsumerRuntime(
+        runtime_config(settings, bootstrap), db, writer, dlq, metrics, loop, faults
+    )
+    runtime.drain_and_stop = until_drained
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.request_stop)
+    done: asyncio.Future[None] = loop.create_future()
+
+    def body() -> None:
+        try:
+            runtime.run()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, done, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, done, None)
+
+    thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
+    thread.start()
+    try:
+        await done
+    finally:
+        runtime.request_stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        dlq.close()
+        await db.close()
+    log.info("stopped after %d committed batches", runtime.committed_batches)
+    return 0
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

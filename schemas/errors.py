@@ -1,0 +1,16 @@
+"""Errors of the ``schemas`` stage.
+
+Bad *input* (a malformed Kafka record) is never an exception here: the decoder returns a
+:class:`schemas.decode.Rejection`. :class:`SchemaError` is for programming errors in code
+that builds or hashes envelopes, e.g. the producer SDK calling
+:func:`schemas.envelope.new_envelope` with an invalid payload. When it wraps a pydantic
+``ValidationError`` the original is chained (``raise SchemaError(...) from exc``).
+"""
+
+from __future__ import annotations
+
+from ackline.errors import AcklineError
+
+
+class SchemaError(AcklineError):
+    """An envelope or a value to hash does not satisfy event schema v1."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL side: migrations, offsets and fencing, and the batch writer."""

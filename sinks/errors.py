@@ -1,0 +1,35 @@
+"""Errors of the PostgreSQL stage; asyncpg errors are wrapped here at the boundary."""
+
+from __future__ import annotations
+
+from ackline.errors import AcklineError
+
+
+class SinkError(AcklineError):
+    """Root of the PostgreSQL stage's errors."""
+
+
+class MigrationError(SinkError):
+    """A migration file is missing, altered after it was applied, or failed."""
+
+
+class FencedError(SinkError):
+    """The batch's owner epoch is no longer current: another worker took a partition.
+
+    The transaction was rolled back; the batch must be dropped, never retried.
+    """
+
+    def __init__(self, partitions: list[tuple[str, int]]) -> None:
+        super().__init__(f"fenced on {partitions}: another worker owns them now")
+        self.partitions = partitions
+
+
+class RaceLostError(SinkError):
+    """A row was neither inserted nor visible: a concurrent writer held its key.
+
+    The transaction was rolled back; retrying the batch re-reads the stored keys.
+    """
+
+
+class TransientDatabaseError(SinkError):
+    """A connection or server error that a retry with backoff may cure."""

@@ -1,0 +1,387 @@
+"""The batch writer: one PostgreSQL transaction per batch, set-based.
+
+Statement order inside the transaction (DESIGN data flow):
+
+1. fence: compare-and-set every offset row the batch advances, on its owner epoch;
+2. take a batch id;
+3. read the stored hashes of the batch's keys (ledger by txn_id, activity by event_id);
+4. classify in memory (:func:`sinks.classify.classify`): insert, duplicate or conflict;
+5. binary COPY of the new events into the session's staging table;
+6. one INSERT … SELECT into the ledger and, for the ledger rows inserted, into activity,
+   both ON CONFLICT DO NOTHING; any staged row not inserted lost a race with a concurrent
+   writer, so the transaction rolls back and the batch is retried (re-reading the keys);
+7. conflicts, rejects and the batch row, each one INSERT … SELECT FROM unnest(...);
+8. COMMIT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from ackline.faults import DISARMED, Faults
+from sinks.batch import Batch
+from sinks.classify import Classified, classify
+from sinks.connection import Database, is_transient
+from sinks.errors import FencedError, RaceLostError, TransientDatabaseError
+
+log = logging.getLogger(__name__)
+
+_FENCE = """
+UPDATE consumer_offsets AS o
+SET next_offset = u.next_offset, updated_at = now()
+FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[])
+    AS u(topic, partition, first_offset, next_offset, epoch)
+WHERE o.group_id = $1 AND o.topic = u.topic AND o.partition = u.partition
+  AND o.epoch = u.epoch
+  AND (o.next_offset IS NULL OR o.next_offset <= u.first_offset)
+RETURNING o.topic, o.partition
+"""
+
+_STAGE_COLUMNS = (
+    "event_id",
+    "txn_id",
+    "type",
+    "agent_id",
+    "request_id",
+    "occurred_at",
+    "schema_version",
+    "payload",
+    "body_hash",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+)
+
+_INSERT = """
+WITH led AS (
+    INSERT INTO txn_ledger
+        (txn_id, event_id, body_hash, src_topic, src_partition, src_offset, batch_id)
+    SELECT txn_id, event_id, body_hash, src_topic, src_partition, src_offset, $1
+    FROM ackline_stage
+    ON CONFLICT (txn_id) DO NOTHING
+    RETURNING event_id
+), act AS (
+    INSERT INTO activity
+        (event_id, txn_id, type, agent_id, request_id, occurred_at, schema_version,
+         payload, body_hash, src_topic, src_partition, src_offset, batch_id)
+    SELECT s.event_id, s.txn_id, s.type, s.agent_id, s.request_id, s.occurred_at,
+           s.schema_version, s.payload, s.body_hash, s.src_topic, s.src_partition,
+           s.src_offset, $1
+    FROM ackline_stage AS s JOIN led USING (event_id)
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+)
+SELECT (SELECT count(*) FROM act) AS inserted
+"""
+
+_CONFLICTS = """
+INSERT INTO conflicts
+    (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
+     group_id, src_topic, src_partition, src_offset, batch_id)
+SELECT u.layer, u.event_id, u.txn_id, u.stored_event_id, u.stored_hash, u.incoming_hash,
+       u.incoming_body::jsonb, $1, u.topic, u.partition, u.src_offset, $2
+FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::bytea[],
+            $9::text[], $10::text[], $11::int[], $12::bigint[])
+    AS u(layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash,
+         incoming_body, topic, partition, src_offset)
+ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
+"""
+
+_REJECTS = """
+INSERT INTO rejects
+    (reason, detail, raw_key, raw_value, headers, group_id, src_topic, src_partition,
+     src_offset, dlq_topic, dlq_partition, dlq_offset, batch_id)
+SELECT u.reason, u.detail, u.raw_key, u.raw_value, u.headers::jsonb, $1, u.topic,
+       u.partition, u.src_offset, u.dlq_topic, u.dlq_partition, u.dlq_offset, $2
+FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
+            $9::int[], $10::bigint[], $11::text[], $12::int[], $13::bigint[])
+    AS u(reason, detail, raw_key, raw_value, headers, topic, partition, src_offset,
+         dlq_topic, dlq_partition, dlq_offset)
+ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
+"""
+
+_BATCH_ROW = """
+INSERT INTO ingest_batches
+    (batch_id, group_id, worker, ranges, events, inserted, duplicates_ledger, duplicates_pk,
+     conflicts_ledger, conflicts_pk, rejects)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11)
+"""
+
+_RECONCILE_LOCK = """
+SELECT o.topic, o.partition, o.epoch, o.next_offset
+FROM consumer_offsets AS o
+JOIN unnest($2::text[], $3::int[]) AS u(topic, partition)
+  ON o.topic = u.topic AND o.partition = u.partition
+WHERE o.group_id = $1
+FOR SHARE OF o
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one committed batch did; metrics are counted from this, after COMMIT."""
+
+    batch_id: int
+    events: int
+    inserted: int
+    duplicates: dict[str, int]
+    conflicts: dict[str, int]
+    rejects: dict[str, int] = field(default_factory=dict)
+
+
+class _CommitUncertainError(Exception):
+    def __init__(self, result: WriteResult, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.result = result
+
+
+class BatchWriter:
+    """Writes batches for one consumer group; see the module docstring for the order."""
+
+    def __init__(self, db: Database, group_id: str, worker: str, faults: Faults = DISARMED) -> None:
+        self._db = db
+        self._group = group_id
+        self._worker = worker
+        self._faults = faults
+        self.retries: Counter[str] = Counter()
+
+    async def write(self, batch: Batch) -> WriteResult:
+        """Commit ``batch`` exactly once, or raise :class:`FencedError`.
+
+        Order of effects: the transaction of the module docstring; on a transient error
+        before COMMIT the transaction is gone (PostgreSQL rolls back a lost session), so
+        the whole batch is retried on a fresh connection with backoff; when the COMMIT
+        itself fails with the connection, the outcome is unknown and is reconciled by
+        reading (never by re-sending): the offset rows are locked FOR SHARE, which waits
+        for the old session's transaction to end, and then the batch row decides — present
+        means committed (return), absent means rolled back (retry under the same epoch, or
+        raise FencedError if the epoch moved on). Cancelling this coroutine is always safe:
+        the database alone decides what was committed, and nothing outside it is changed
+        here.
+        """
+        delay = 0.05
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await self._db.get()
+                return await self._attempt(conn, batch)
+            except _CommitUncertainError as uncertain:
+                self.retries["commit_uncertain"] += 1
+                await self._db.discard()
+                if await self._reconcile(batch, uncertain.result.batch_id):
+                    return uncertain.result
+                log.warning("batch %s did not commit; retrying", batch.describe())
+            except RaceLostError:
+                self.retries["race"] += 1
+                continue
+            except Exception as exc:
+                if not isinstance(exc, TransientDatabaseError) and not is_transient(exc, conn):
+                    raise
+                self.retries["transient"] += 1
+                log.warning("batch %s: transient error, retrying: %s", batch.describe(), exc)
+                await self._db.discard()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _attempt(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            result = await self._statements(conn, batch)
+            await self._faults.ahit("before_commit")
+        except BaseException:
+            if not conn.is_closed():
+                with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                    await tr.rollback()
+            raise
+        try:
+            await self._faults.ahit("during_commit")
+            await tr.commit()
+            await self._faults.ahit("commit_reply_lost")
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            if isinstance(exc, asyncpg.PostgresError) and not is_transient(exc, conn):
+                raise  # the server answered: the transaction did not commit
+            raise _CommitUncertainError(result, exc) from exc
+        except Exception as exc:  # an injected fault stands for a lost connection
+            raise _CommitUncertainError(result, exc) from exc
+        return result
+
+    async def _statements(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
+        await self._fence(conn, batch)
+        batch_id = int(await conn.fetchval("SELECT nextval('ingest_batch_id_seq')"))
+        verdict = await self._classify(conn, batch)
+        if verdict.inserts:
+            await conn.copy_records_to_table(
+                "ackline_stage",
+                columns=_STAGE_COLUMNS,
+                records=[
+                    (
+                        i.row.event_id,
+                        i.row.txn_id,
+                        i.row.type,
+                        i.row.agent_id,
+                        i.row.request_id,
+                        i.row.occurred_at,
+                        i.row.schema_version,
+                        i.row.payload_json,
+                        i.row.body_hash,
+                        i.coord.topic,
+                        i.coord.partition,
+                        i.coord.offset,
+                    )
+                    for i in verdict.inserts
+                ],
+            )
+            await self._faults.ahit("mid_copy")
+            inserted = int(await conn.fetchval(_INSERT, batch_id))
+            if inserted != len(verdict.inserts):
+                raise RaceLostError(
+                    f"{len(verdict.inserts) - inserted} rows lost a race with another writer"
+                )
+        if verdict.conflicts:
+            await self._insert_conflicts(conn, batch_id, verdict)
+        if batch.rejects:
+            await self._insert_rejects(conn, batch_id, batch)
+        result = WriteResult(
+            batch_id=batch_id,
+            events=batch.size,
+            inserted=len(verdict.inserts),
+            duplicates={k: v for k, v in verdict.duplicates.items()},
+            conflicts={
+                "ledger": verdict.conflicts_on("ledger"),
+                "primary_key": verdict.conflicts_on("primary_key"),
+            },
+            rejects=dict(Counter(r.reason for r in batch.rejects)),
+        )
+        ranges = {f"{r.topic}:{r.partition}": [r.first_offset, r.next_offset] for r in batch.ranges}
+        await conn.execute(
+            _BATCH_ROW,
+            batch_id,
+            self._group,
+            self._worker,
+            json.dumps(ranges),
+            result.events,
+            result.inserted,
+            result.duplicates["ledger"],
+            result.duplicates["primary_key"],
+            result.conflicts["ledger"],
+            result.conflicts["primary_key"],
+            len(batch.rejects),
+        )
+        return result
+
+    async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> None:
+        ranges = batch.ranges
+        rows = await conn.fetch(
+            _FENCE,
+            self._group,
+            [r.topic for r in ranges],
+            [r.partition for r in ranges],
+            [r.first_offset for r in ranges],
+            [r.next_offset for r in ranges],
+            [r.epoch for r in ranges],
+        )
+        if len(rows) != len(ranges):
+            won = {(str(r["topic"]), int(r["partition"])) for r in rows}
+            lost = [(r.topic, r.partition) for r in ranges if (r.topic, r.partition) not in won]
+            raise FencedError(lost)
+
+    async def _classify(self, conn: asyncpg.Connection, batch: Batch) -> Classified:
+        txn_ids = list({i.row.txn_id for i in batch.events})
+        event_ids = list({i.row.event_id for i in batch.events})
+        ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
+        activity: dict[uuid.UUID, bytes] = {}
+        if txn_ids:
+            for r in await conn.fetch(
+                "SELECT txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])",
+                txn_ids,
+            ):
+                ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
+            for r in await conn.fetch(
+                "SELECT event_id, body_hash FROM activity WHERE event_id = ANY($1::uuid[])",
+                event_ids,
+            ):
+                activity[r["event_id"]] = bytes(r["body_hash"])
+        return classify(batch.events, ledger, activity)
+
+    async def _insert_conflicts(
+        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified
+    ) -> None:
+        cs = verdict.conflicts
+        await conn.execute(
+            _CONFLICTS,
+            self._group,
+            batch_id,
+            [c.layer for c in cs],
+            [c.incoming.row.event_id for c in cs],
+            [c.incoming.row.txn_id for c in cs],
+            [c.stored_event_id for c in cs],
+            [c.stored_hash for c in cs],
+            [c.incoming.row.body_hash for c in cs],
+            [c.incoming.row.body_json for c in cs],
+            [c.incoming.coord.topic for c in cs],
+            [c.incoming.coord.partition for c in cs],
+            [c.incoming.coord.offset for c in cs],
+        )
+
+    async def _insert_rejects(self, conn: asyncpg.Connection, batch_id: int, batch: Batch) -> None:
+        rs = batch.rejects
+        await conn.execute(
+            _REJECTS,
+            self._group,
+            batch_id,
+            [r.reason for r in rs],
+            [r.detail for r in rs],
+            [r.raw_key for r in rs],
+            [r.raw_value for r in rs],
+            [json.dumps(r.headers) for r in rs],
+            [r.coord.topic for r in rs],
+            [r.coord.partition for r in rs],
+            [r.coord.offset for r in rs],
+            [r.dlq_topic for r in rs],
+            [r.dlq_partition for r in rs],
+            [r.dlq_offset for r in rs],
+        )
+
+    async def _reconcile(self, batch: Batch, batch_id: int) -> bool:
+        """After an unknown COMMIT outcome: True if it committed, False to retry.
+
+        Raises FencedError when it did not commit and the epoch has moved on.
+        """
+
+        async def read(conn: asyncpg.Connection) -> tuple[bool, list[asyncpg.Record]]:
+            async with conn.transaction():
+                rows = await conn.fetch(
+                    _RECONCILE_LOCK,
+                    self._group,
+                    [r.topic for r in batch.ranges],
+                    [r.partition for r in batch.ranges],
+                )
+                done = await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM ingest_batches WHERE batch_id = $1)", batch_id
+                )
+            return bool(done), rows
+
+        committed, rows = await self._db.retrying("reconcile", read)
+        if committed:
+            log.info(
+                "batch %s (id %d) had committed; reconciled by reading", batch.describe(), batch_id
+            )
+            return True
+        epochs = {(str(r["topic"]), int(r["partition"])): int(r["epoch"]) for r in rows}
+        moved = [
+            (r.topic, r.partition)
+            for r in batch.ranges
+            if epochs.get((r.topic, r.partition)) != r.epoch
+        ]
+        if moved:
+            raise FencedError(moved)
+        return False

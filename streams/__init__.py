@@ -1,0 +1,1 @@
+"""The Kafka side: consumer runtime, rebalance handling, producer SDK, dead letters."""

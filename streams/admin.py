@@ -1,0 +1,56 @@
+"""Topic administration at the edge: existence checks and creation."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from streams.errors import KafkaUnavailableError, TopicError
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int | None:
+    """Partitions of ``topic``, or None when it does not exist."""
+    try:
+        meta = admin(bootstrap).list_topics(topic=topic, timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    found = meta.topics.get(topic)
+    if found is None or found.error is not None:
+        return None
+    return len(found.partitions)
+
+
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None
+) -> int:
+    """Create ``topic`` when missing; return its partition count."""
+    existing = partition_count(bootstrap, topic)
+    if existing is not None:
+        return existing
+    client = admin(bootstrap)  # keep a reference: the futures die with the client
+    futures = client.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
+        operation_timeout=30,
+    )
+    try:
+        futures[topic].result(timeout=60)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
+            raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+    count = partition_count(bootstrap, topic)
+    if count is None:
+        raise TopicError(f"topic {topic} was created but is not visible")
+    return count
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    client = admin(bootstrap)
+    futures = client.delete_topics([topic], operation_timeout=30)
+    try:
+        futures[topic].result(timeout=60)
+    except KafkaException as exc:
+        raise TopicError(f"cannot delete topic {topic}: {exc}") from exc

@@ -1,0 +1,166 @@
+"""The dead-letter producer: poison goes to a topic, acknowledged before the offset moves.
+
+Each dead-letter record keeps the original key, value and headers, and adds headers
+with the reason and the source coordinates, so readers can de-duplicate the repeats
+that a crash between this write and the batch commit can cause.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from sinks.batch import Coord, RejectRecord
+from streams.errors import ProduceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Poison:
+    """A consumed record that did not decode, with why."""
+
+    coord: Coord
+    reason: str
+    detail: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, str | bytes | None]]
+
+
+def headers_json(
+    headers: list[tuple[str, str | bytes | None]],
+) -> list[dict[str, str | None]]:
+    """Headers as JSON-safe dicts: base64 of the bytes, and the text when it is clean."""
+    out: list[dict[str, str | None]] = []
+    for key, value in headers:
+        text: str | None = None
+        if isinstance(value, str):
+            value = value.encode()
+        if value is not None:
+            try:
+                decoded = value.decode("utf-8")
+                text = decoded if "\x00" not in decoded else None
+            except UnicodeDecodeError:
+                text = None
+        clean_key = key.replace("\x00", "\\u0000")
+        out.append(
+            {
+                "key": clean_key,
+                "value": text,
+                "b64": None if value is None else base64.b64encode(value).decode(),
+            }
+        )
+    return out
+
+
+class DeadLetterProducer:
+    """Idempotent producer for the dead-letter topic. Connects lazily on first send."""
+
+    def __init__(self, bootstrap: str, topic: str, extra: dict[str, Any] | None = None) -> None:
+        self.topic = topic
+        self._conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "delivery.timeout.ms": 60_000,
+            **(extra or {}),
+        }
+        self._producer: Producer | None = None
+
+    def _client(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self._conf)
+        return self._producer
+
+    def send_all(
+        self, poison: list[Poison], should_stop: Callable[[], bool] = lambda: False
+    ) -> list[RejectRecord]:
+        """Write every poison record and wait until the broker acknowledged each one.
+
+        Order of effects: produce all, flush, read each delivery report. Records whose
+        delivery failed are produced again (a repeat is harmless: readers de-duplicate
+        on the source coordinates) until all are acknowledged or ``should_stop`` says
+        to give up, which raises ProduceError and must abandon the batch. Only when this
+        returns may the batch that holds the matching reject rows commit.
+        """
+        pending = list(poison)
+        acked: dict[Coord, tuple[int, int]] = {}
+        delay = 0.2
+        producer = self._client()
+        while pending:
+            # Delivery reports run inside flush(), on this thread.
+            failed: list[Poison] = []
+            for item in pending:
+                self._produce(producer, item, _Report(item, acked, failed))
+            remaining = producer.flush(30)
+            if remaining:
+                raise ProduceError(f"{remaining} dead-letter records unacknowledged after 30 s")
+            pending = failed
+            if pending:
+                if should_stop():
+                    raise ProduceError("stopping with dead-letter records unacknowledged")
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        return [
+            RejectRecord(
+                coord=p.coord,
+                reason=p.reason,
+                detail=p.detail,
+                raw_key=p.key,
+                raw_value=p.value,
+                headers=headers_json(p.headers),
+                dlq_topic=self.topic,
+                dlq_partition=acked[p.coord][0],
+                dlq_offset=acked[p.coord][1],
+            )
+            for p in poison
+        ]
+
+    def _produce(self, producer: Producer, item: Poison, report: _Report) -> None:
+        headers: list[tuple[str, str | bytes | None]] = [
+            *item.headers,
+            ("ackline.reason", item.reason.encode()),
+            ("ackline.detail", item.detail.encode("utf-8", "replace")[:1000]),
+            ("ackline.source.topic", item.coord.topic.encode()),
+            ("ackline.source.partition", str(item.coord.partition).encode()),
+            ("ackline.source.offset", str(item.coord.offset).encode()),
+        ]
+        while True:
+            try:
+                producer.produce(
+                    self.topic,
+                    value=item.value,
+                    key=item.key,
+                    headers=headers,
+                    on_delivery=report,
+                )
+                return
+            except BufferError:
+                producer.poll(0.1)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+
+class _Report:
+    """Delivery callback for one dead-letter record."""
+
+    def __init__(self, item: Poison, acked: dict[Coord, tuple[int, int]], failed: list[Poison]):
+        self.item, self.acked, self.failed = item, acked, failed
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self.acked[self.item.coord] = (msg.partition() or 0, msg.offset() or 0)
+        else:
+            log.warning("dead-letter write failed for %s: %s", self.item.coord, err)
+            self.failed.append(self.item)

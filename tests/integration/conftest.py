@@ -1,0 +1,107 @@
+"""Real services for integration tests: the local stack, a fresh database per test.
+
+Nothing here skips: when Kafka or PostgreSQL cannot start, the fixture raises and every
+test that needs it fails with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from ackline.dev import stack
+from sinks.migrate import migrate
+from streams.admin import delete_topic, ensure_topic
+from streams.errors import TopicError
+from tests.integration.harness import Services, dsn_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_DB = "ackline_test_template"
+
+
+def _all_running(state_dir: Path) -> bool:
+    return all(s["running"] for s in stack.status(state_dir).values())
+
+
+async def _make_template(admin_dsn: str) -> None:
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(dsn_for(admin_dsn, TEMPLATE_DB))
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    """The stack named by ACKLINE_* variables, or the project's local stack.
+
+    A local stack this session started is stopped at the end; one that was already
+    running (a developer's `make up`) is left running.
+    """
+    state_dir = ROOT / ".ackline"
+    info = stack.resolve(state_dir) if _env_stack() else None
+    started = False
+    if info is None:
+        started = not _all_running(state_dir)
+        info = stack.up(state_dir)
+    asyncio.run(_make_template(info.database_url))
+    try:
+        yield Services(info.kafka_bootstrap, info.database_url, state_dir)
+    finally:
+        if started:
+            stack.down(state_dir)
+
+
+def _env_stack() -> bool:
+    return bool(
+        os.environ.get("ACKLINE_KAFKA_BOOTSTRAP") and os.environ.get("ACKLINE_DATABASE_URL")
+    )
+
+
+@pytest.fixture
+def dsn(services: Services) -> Iterator[str]:
+    """A fresh, migrated database for one test (a copy of the migrated template)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(services.database_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+        finally:
+            await conn.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(services.database_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    yield dsn_for(services.database_url, name)
+    asyncio.run(drop())
+
+
+@pytest.fixture
+def topic(services: Services) -> Iterator[str]:
+    """A fresh 3-partition topic for one test."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, name, partitions=3)
+    yield name
+    for t in (name, f"{name}.dlq"):
+        # the dead-letter topic exists only when a worker ran
+        with contextlib.suppress(TopicError):
+            delete_topic(services.bootstrap, t)

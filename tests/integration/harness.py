@@ -1,0 +1,144 @@
+"""Helpers for integration tests: worker processes, producing, waiting on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Services:
+    bootstrap: str
+    database_url: str
+    state_dir: Path
+
+
+def dsn_for(dsn: str, database: str) -> str:
+    base, _, _ = dsn.rpartition("/")
+    return f"{base}/{database}"
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.2
+) -> None:
+    """Poll ``condition`` until true; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def db(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    async def go() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    async def wrap() -> T:
+        return await coro
+
+    return asyncio.run(wrap())
+
+
+class Worker:
+    """One `ackline run` process with its own log file and metrics port."""
+
+    def __init__(
+        self,
+        services: Services,
+        dsn: str,
+        topic: str,
+        log_dir: Path,
+        name: str = "w1",
+        group: str | None = None,
+        **settings: Any,
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.metrics_port = _free_port()
+        env = {
+            **os.environ,
+            "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+            "ACKLINE_DATABASE_URL": dsn,
+            "ACKLINE_TOPIC": topic,
+            "ACKLINE_GROUP_ID": group or f"g-{topic}",
+            "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
+            "ACKLINE_WORKER_ID": name,
+            "ACKLINE_METRICS_PORT": str(self.metrics_port),
+            "ACKLINE_SESSION_TIMEOUT_MS": "6000",
+            "ACKLINE_BATCH_MAX_MS": "100",
+        }
+        env.update({f"ACKLINE_{k.upper()}": str(v) for k, v in settings.items()})
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ackline", "run"],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; return the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples scraped from the worker's /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                if head.split("{")[0] == name:
+                    total += float(value)
+        return total
+
+    def ensure_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"worker {self.name} exited {self.proc.returncode}:\n{self.log()[-4000:]}"
+            )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

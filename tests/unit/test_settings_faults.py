@@ -1,0 +1,50 @@
+"""Settings fail at start naming the setting; fault specs parse or fail clearly."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from ackline.errors import SettingsError
+from ackline.faults import Faults, InjectedFault, parse
+from ackline.settings import load_settings
+
+
+def test_bad_setting_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACKLINE_BATCH_MAX_EVENTS", "zero")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert "ACKLINE_BATCH_MAX_EVENTS" in str(info.value)
+
+
+def test_bad_topic_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACKLINE_TOPIC", "no spaces allowed")
+    with pytest.raises(SettingsError, match="ACKLINE_TOPIC"):
+        load_settings()
+
+
+def test_dsn_is_secret_and_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", "postgresql://u:hunter2@h/db")
+    s = load_settings()
+    assert "hunter2" not in repr(s)
+    assert s.redacted()["database_url"] == "**********"
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings()
+    with pytest.raises(ValidationError):
+        s.topic = "x"  # type: ignore[misc]
+
+
+def test_fault_spec_parses_and_fires_on_nth_hit() -> None:
+    f = Faults("mid_copy=fail@2")
+    f.hit("mid_copy")
+    with pytest.raises(InjectedFault):
+        f.hit("mid_copy")
+    f.hit("mid_copy")  # fires once
+
+
+@pytest.mark.parametrize("spec", ["nowhere=kill", "mid_copy=explode", "mid_copy=kill@0"])
+def test_bad_fault_spec(spec: str) -> None:
+    with pytest.raises(SettingsError, match="ACKLINE_FAULTS"):
+        parse(spec)
