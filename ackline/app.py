@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
+import time
 
+from ackline.clients import kafka_client_config
 from ackline.faults import Faults
+from ackline.health import Limits as ReadyLimits
+from ackline.health import probe_database
+from ackline.httpserver import StatusServer
 from ackline.metrics import Metrics
 from ackline.settings import Settings
 from schemas.decode import Limits
@@ -15,7 +21,7 @@ from sinks.connection import Database
 from sinks.writer import BatchWriter
 from streams.admin import ensure_topic, partition_count
 from streams.consumer import ConsumerRuntime, RuntimeConfig
-from streams.deadletter import DeadLetterProducer
+from streams.deadletter import DLQ_TOPIC_CONFIG, DeadLetterProducer
 from streams.errors import TopicError
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         revoke_wait_s=settings.revoke_wait_s,
         shutdown_wait_s=settings.shutdown_wait_s,
         max_poll_interval_ms=settings.max_poll_interval_ms,
+        kafka_extra=tuple(kafka_client_config(settings).items()),
     )
 
 
@@ -43,30 +50,50 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
 
     Order of effects at start: check the topic exists and create the dead-letter topic
-    if missing; connect lazily; join the group in the consumer thread. At SIGTERM or
-    SIGINT: the consumer thread finishes or cancels the in-flight batch, stores offsets,
-    leaves the group; then connections close and the status is 0.
+    if missing; serve /metrics, /healthz, /readyz (when metrics_port is set); start the
+    PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
+    SIGTERM or SIGINT: the consumer thread finishes or cancels the in-flight batch,
+    stores offsets, leaves the group; then the probe and the HTTP server stop,
+    connections close and the status is 0.
     """
-    partitions = partition_count(bootstrap, settings.topic)
+    kafka_conf = kafka_client_config(settings)
+    partitions = partition_count(bootstrap, settings.topic, conf=kafka_conf)
     if partitions is None:
         raise TopicError(
             f"topic {settings.topic} does not exist on {bootstrap} "
             "(create it, or set ACKLINE_TOPIC)"
         )
-    ensure_topic(bootstrap, settings.dlq_topic, partitions=min(partitions, 3))
+    ensure_topic(
+        bootstrap,
+        settings.dlq_topic,
+        partitions=min(partitions, 3),
+        config=DLQ_TOPIC_CONFIG,
+        conf=kafka_conf,
+    )
     faults = Faults(settings.faults, settings.fault_stall_seconds)
     metrics = Metrics()
-    metrics.serve(settings.metrics_port)
+    server = StatusServer(
+        metrics,
+        ReadyLimits(settings.ready_max_commit_age_s, settings.db_check_interval_s),
+        started=time.time(),
+    )
+    if settings.metrics_port:
+        server.start(settings.metrics_host, settings.metrics_port)
     db = Database(
         dsn,
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
         application_name=f"ackline:{settings.worker_id}"[:63],
     )
+    control_db = Database(
+        dsn,
+        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        application_name=f"ackline-control:{settings.worker_id}"[:63],
+    )
     writer = BatchWriter(db, settings.group_id, settings.worker_id, faults)
-    dlq = DeadLetterProducer(bootstrap, settings.dlq_topic)
+    dlq = DeadLetterProducer(bootstrap, settings.dlq_topic, extra=kafka_conf)
     loop = asyncio.get_running_loop()
     runtime = ConsumerRuntime(
-        runtime_config(settings, bootstrap), db, writer, dlq, metrics, loop, faults
+        runtime_config(settings, bootstrap), control_db, writer, dlq, metrics, loop, faults
     )
     runtime.drain_and_stop = until_drained
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -81,6 +108,9 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
         else:
             loop.call_soon_threadsafe(_settle, done, None)
 
+    probe = asyncio.create_task(
+        probe_database(dsn, metrics, settings.db_check_interval_s, settings.worker_id)
+    )
     thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
     thread.start()
     try:
@@ -89,8 +119,13 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
         runtime.request_stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
+        server.close()
         dlq.close()
         await db.close()
+        await control_db.close()
     log.info("stopped after %d committed batches", runtime.committed_batches)
     return 0
 

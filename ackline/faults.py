@@ -32,6 +32,7 @@ POINTS = frozenset(
         "revoke_in_flight",  # revoke callback entered while a batch is in flight
         "shutdown",  # shutdown requested, in-flight batch not yet finished
         "before_dlq",  # poison decoded, dead-letter record not yet produced
+        "feed_before_commit",  # a feed reader's side effects and cursor update not committed
     }
 )
 ACTIONS = frozenset({"kill", "stall", "fail"})

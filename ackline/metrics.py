@@ -55,6 +55,14 @@ class Metrics:
         self.last_commit = Gauge(
             "ackline_last_commit_timestamp_seconds", "Unix time of the last DB commit", registry=r
         )
+        self.db_up = Gauge(
+            "ackline_database_up", "1 when the last PostgreSQL health check succeeded", registry=r
+        )
+        self.db_checked = Gauge(
+            "ackline_database_checked_timestamp_seconds",
+            "Unix time of the last PostgreSQL health check",
+            registry=r,
+        )
 
     def serve(self, port: int) -> None:
         """Expose /metrics on 127.0.0.1:port (0 disables)."""

@@ -1,23 +1,58 @@
 """The one frozen settings model.
 
-Precedence, highest first: explicit overrides passed by the CLI, ``ACKLINE_*``
-environment variables, defaults. A setting that fails validation stops the program
-at start with a :class:`~ackline.errors.SettingsError` that names it.
+Precedence, highest first: explicit overrides passed by the CLI (``--topic``,
+``--group-id``, ``--log-format``), ``ACKLINE_*`` environment variables, the TOML file
+named by ``--config`` or ``ACKLINE_CONFIG_FILE`` (flat ``name = value`` keys, the
+field names below), defaults. A setting that fails validation stops the program at
+start with a :class:`~ackline.errors.SettingsError` that names it, and so does an
+``ACKLINE_*`` variable that names no setting (a typo must not be silently ignored).
+Secrets are :class:`~pydantic.SecretStr` and never logged; :meth:`Settings.redacted`
+is the only printable view.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from ackline.errors import SettingsError
 
 ENV_PREFIX = "ACKLINE_"
+CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"
+REDACTED = "**********"
+Source = Literal["cli", "env", "file", "default"]
+
+# The TOML file of the settings being built now (set only inside load_settings).
+_TOML_FILE: ContextVar[Path | None] = ContextVar("_TOML_FILE", default=None)
+
+
+class _CrossFieldError(ValueError):
+    """A check across settings failed; ``setting`` is the one to fix."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(problem)
+        self.setting = setting
 
 
 def _default_worker_id() -> str:
@@ -61,6 +96,66 @@ class Settings(BaseSettings):
     faults: str = ""
     fault_stall_seconds: float = Field(default=3600.0, gt=0)
 
+    # The TOML file these settings were read from (--config or ACKLINE_CONFIG_FILE).
+    config_file: Path | None = None
+
+    # Kafka security, passed to every client by ackline.clients.kafka_client_config.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: Path | None = None
+    kafka_ssl_certificate_location: Path | None = None
+    kafka_ssl_key_location: Path | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+
+    # PostgreSQL TLS, added to the DSN as sslmode/sslrootcert (None: as the DSN says).
+    database_sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = (
+        None
+    )
+    database_sslrootcert: Path | None = None
+
+    # HTTP endpoint (/metrics, /healthz, /readyz), readiness and logs.
+    metrics_host: str = "127.0.0.1"
+    ready_max_commit_age_s: float = Field(default=60.0, gt=0)
+    db_check_interval_s: float = Field(default=5.0, gt=0)
+    log_format: Literal["auto", "json", "text"] = "auto"
+
+    _sources: dict[str, Source] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """CLI overrides (init kwargs) > environment > TOML file > defaults."""
+        toml_file = _TOML_FILE.get()
+        if toml_file is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+    @field_validator(
+        "kafka_ssl_ca_location",
+        "kafka_ssl_certificate_location",
+        "kafka_ssl_key_location",
+        "database_sslrootcert",
+    )
+    @classmethod
+    def _exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.exists():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        for setting, problem in _cross_field_problems(self):
+            raise _CrossFieldError(setting, problem)
+        return self
+
     @field_validator("topic", "group_id", "dlq_topic")
     @classmethod
     def _kafka_name(cls, value: str) -> str:
@@ -81,17 +176,140 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The effective settings with secrets shown as '**********'."""
         return {
-            name: ("**********" if isinstance(value, SecretStr) else value)
+            name: (REDACTED if isinstance(value, SecretStr) else value)
             for name, value in self.model_dump().items()
         }
 
+    def sources(self) -> dict[str, Source]:
+        """Where each setting came from (cli, env, file, default), as load_settings saw it."""
+        return {name: self._sources.get(name, "default") for name in type(self).model_fields}
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build the settings or raise a SettingsError naming the first bad setting."""
+
+def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
+    """Settings that are valid alone but not together: (setting, problem), first to fix first."""
+    sasl = s.kafka_security_protocol.startswith("SASL_")
+    tls = s.kafka_security_protocol in ("SSL", "SASL_SSL")
+    problems: list[tuple[str, str]] = []
+    if sasl and s.kafka_sasl_mechanism is None:
+        problems.append(("KAFKA_SASL_MECHANISM", f"required with {s.kafka_security_protocol}"))
+    if sasl and s.kafka_sasl_username is None:
+        problems.append(("KAFKA_SASL_USERNAME", f"required with {s.kafka_security_protocol}"))
+    if sasl and s.kafka_sasl_password is None:
+        problems.append(("KAFKA_SASL_PASSWORD", f"required with {s.kafka_security_protocol}"))
+    if not sasl:
+        for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
+            if getattr(s, name) is not None:
+                problems.append(
+                    (
+                        name.upper(),
+                        "needs ACKLINE_KAFKA_SECURITY_PROTOCOL SASL_PLAINTEXT or SASL_SSL",
+                    )
+                )
+    if not tls:
+        for name in (
+            "kafka_ssl_ca_location",
+            "kafka_ssl_certificate_location",
+            "kafka_ssl_key_location",
+            "kafka_ssl_key_password",
+        ):
+            if getattr(s, name) is not None:
+                problems.append(
+                    (name.upper(), "needs ACKLINE_KAFKA_SECURITY_PROTOCOL SSL or SASL_SSL")
+                )
+    cert, key = s.kafka_ssl_certificate_location, s.kafka_ssl_key_location
+    if cert is not None and key is None:
+        problems.append(
+            ("KAFKA_SSL_KEY_LOCATION", "required with ACKLINE_KAFKA_SSL_CERTIFICATE_LOCATION")
+        )
+    if key is not None and cert is None:
+        problems.append(
+            ("KAFKA_SSL_CERTIFICATE_LOCATION", "required with ACKLINE_KAFKA_SSL_KEY_LOCATION")
+        )
+    if s.database_sslrootcert is not None and s.database_sslmode in (None, "disable", "prefer"):
+        problems.append(
+            ("DATABASE_SSLMODE", "must be require, verify-ca or verify-full with a root cert")
+        )
+    return [(ENV_PREFIX + name.upper(), problem) for name, problem in problems]
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build the settings or raise a SettingsError naming the first bad setting.
+
+    ``overrides`` are the CLI's (None means "not given"); ``environ`` defaults to
+    ``os.environ`` and is only read to check names and record where values came from
+    (pydantic-settings reads the process environment itself).
+    """
+    env = os.environ if environ is None else environ
     clean = {k: v for k, v in overrides.items() if v is not None}
+    _reject_unknown_variables(env)
+    config_file = clean.get("config_file") or _env_value(env, CONFIG_FILE_VAR)
+    file_values = read_config_file(Path(config_file)) if config_file else {}
+    sources = setting_sources(clean, env, file_values)
+    token = _TOML_FILE.set(Path(config_file) if config_file else None)
     try:
-        return Settings(**clean)
+        settings = Settings(**clean)
     except ValidationError as exc:
         first = exc.errors()[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _CrossFieldError):
+            raise SettingsError(cause.setting, str(cause)) from exc
         field = str(first["loc"][0]) if first["loc"] else "?"
-        raise SettingsError(ENV_PREFIX + field.upper(), first["msg"]) from exc
+        where = {"cli": "command line", "env": "environment", "file": str(config_file)}
+        origin = where.get(sources.get(field, "default"))
+        problem = "unknown setting" if first["type"] == "extra_forbidden" else first["msg"]
+        raise SettingsError(
+            ENV_PREFIX + field.upper(), f"{problem} (from {origin})" if origin else problem
+        ) from exc
+    finally:
+        _TOML_FILE.reset(token)
+    settings._sources = sources
+    return settings
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The TOML file's top-level keys, or a SettingsError naming ACKLINE_CONFIG_FILE."""
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise SettingsError(CONFIG_FILE_VAR, f"no such file: {path}") from exc
+    except OSError as exc:
+        raise SettingsError(CONFIG_FILE_VAR, f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(CONFIG_FILE_VAR, f"{path} is not valid TOML: {exc}") from exc
+    return data
+
+
+def setting_sources(
+    overrides: Mapping[str, Any], environ: Mapping[str, str], file_values: Mapping[str, Any]
+) -> dict[str, Source]:
+    """Which source wins for each setting, by the documented precedence. Pure."""
+    env_names = {k.upper() for k in environ}
+    found: dict[str, Source] = {}
+    for name in Settings.model_fields:
+        if name in overrides:
+            found[name] = "cli"
+        elif ENV_PREFIX + name.upper() in env_names:
+            found[name] = "env"
+        elif name in file_values:
+            found[name] = "file"
+        else:
+            found[name] = "default"
+    return found
+
+
+def _env_value(environ: Mapping[str, str], name: str) -> str | None:
+    for key, value in environ.items():
+        if key.upper() == name:
+            return value or None
+    return None
+
+
+def _reject_unknown_variables(environ: Mapping[str, str]) -> None:
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    for key in sorted(environ):
+        name = key.upper()
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise SettingsError(key, f"unknown setting{hint}")

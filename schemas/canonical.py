@@ -13,8 +13,8 @@ Canonical form (version 1), applied to the *validated* envelope:
    normalised the values, so equivalent inputs give equal data:
 
    * ``occurred_at`` is converted to UTC and written ``YYYY-MM-DDTHH:MM:SS.ffffffZ``
-     (always six fraction digits, upper-case ``T`` and ``Z``): ``...00Z``,
-     ``...00+00:00`` and ``...02:00+02:00`` of the same instant are the same text.
+     (always six fraction digits, upper-case ``T`` and ``Z``): ``2024-05-01T12:00:00Z``,
+     ``2024-05-01T12:00:00+00:00`` and ``2024-05-01T14:00:00+02:00`` give the same text.
    * Numbers are Python ``int`` (a JSON number without fraction or exponent) or ``float``
      (with a fraction or an exponent). ``1e2``, ``100.0`` and ``1.0E2`` are the same
      float ``100.0``; ``100`` is an int and stays ``100``. Typed integer fields accept
@@ -30,7 +30,7 @@ Canonical form (version 1), applied to the *validated* envelope:
      ``\\"`` and ``\\\\``; ``\\b \\f \\n \\r \\t`` as those two-character escapes; the
      other characters below U+0020 as ``\\u00xx`` (lower-case hex); nothing else escaped;
    * ints in decimal without leading zeros or ``+``; floats in Python's shortest
-     round-trip ``repr`` (``0.1``, ``100.0``, ``1e+300``, ``-0.0``);
+     round-trip ``repr`` (``0.1``, ``100.0``, ``1e+300``; ``-0.0`` stays ``-0.0``);
    * ``true``, ``false``, ``null``.
 
 3. Encode as UTF-8 (no BOM). ``body_hash`` is SHA-256 of those bytes (32 bytes).
@@ -39,10 +39,13 @@ This is Python's ``json`` encoder with ``sort_keys=True, separators=(",", ":"),
 ensure_ascii=False, allow_nan=False``. It is close to, but not, RFC 8785 (JCS): JCS sorts
 keys by UTF-16 code units and writes numbers the ECMAScript way (``100.0`` as ``100``).
 
-The producer SDK and the decoder both go through :func:`canonical_text`, so a hash
-computed at the source equals the one the sink computes. Changing anything in this
-module changes the hash of already stored events: do not, without a new canonical-form
-version. See ``schemas/CANONICAL.md``.
+The producer SDK (:func:`hash_envelope`, :func:`canonical_body`) and the decoder both go
+through :func:`canonical_texts`, so a hash computed at the source equals the one the
+sink computes; :func:`body_hash` hashes an already dumped body the same way.
+
+Changing anything in this module changes the hash of already stored events: do not,
+without a new canonical-form version. ``schemas/CANONICAL.md`` restates the form with a
+test vector that a unit test pins.
 """
 
 from __future__ import annotations
@@ -149,19 +152,38 @@ def _members(obj: Mapping[str, Any]) -> str:
     return canonical_text(obj)[1:-1] if obj else ""
 
 
+def _text_with_member(obj: dict[str, Any], key: str, value_text: str) -> str:
+    """``canonical_text(obj)`` with ``obj[key]`` replaced by the value whose canonical text
+    is ``value_text`` (already computed). ``obj`` is modified.
+
+    Fast path: encode ``obj`` with the member set to ``0`` and splice ``value_text`` in
+    at the marker ``"key":0``. The member is always in the text, so if the marker occurs
+    exactly once, that occurrence is the member. Otherwise (another ``"key":0...`` nested
+    somewhere) fall back to joining the members sorted before and after ``key``, which is
+    how the canonical text of an object is built.
+    """
+    marker = f"{canonical_text(key)}:0"
+    obj[key] = 0
+    text = canonical_text(obj)
+    at = text.find(marker)
+    if at >= 0 and text.find(marker, at + 1) < 0:
+        return f"{text[:at]}{marker[:-1]}{value_text}{text[at + len(marker) :]}"
+    del obj[key]
+    before = _members({k: v for k, v in obj.items() if k < key})
+    after = _members({k: v for k, v in obj.items() if k > key})
+    member = f"{canonical_text(key)}:{value_text}"
+    return "{" + ",".join(part for part in (before, member, after) if part) + "}"
+
+
 def canonical_texts(env: Envelope) -> tuple[str, str]:
     """``(payload_text, body_text)``: the canonical JSON of the payload and of the body.
 
-    Encodes the payload once: the canonical text of an object is its sorted members
-    joined by ``,``, so the body text is the members before ``"payload"``, the payload
-    member, then the members after it. Equal to ``canonical_text(body_dict(env))``.
+    Encodes the payload once and splices it into the body (see ``_text_with_member``);
+    the result equals ``canonical_text(body_dict(env))``.
     """
     body = body_dict(env)
-    payload_text = canonical_text(body.pop("payload"))
-    before = _members({key: value for key, value in body.items() if key < "payload"})
-    after = _members({key: value for key, value in body.items() if key > "payload"})
-    parts = [part for part in (before, f'"payload":{payload_text}', after) if part]
-    return payload_text, "{" + ",".join(parts) + "}"
+    payload_text = canonical_text(body["payload"])
+    return payload_text, _text_with_member(body, "payload", payload_text)
 
 
 def canonical_body(env: Envelope) -> bytes:

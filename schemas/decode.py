@@ -238,8 +238,10 @@ def _deeper_than(obj: object, max_depth: int) -> bool:
 
 def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] | Rejection:
     """Bytes to a JSON object, or the first failed check up to ``too_deep``."""
-    if value is None or len(value) == 0:
-        return Rejection(EMPTY, "the record value is empty" if value is not None else "null")
+    if value is None:
+        return Rejection(EMPTY, "the record value is null (a tombstone)")
+    if len(value) == 0:
+        return Rejection(EMPTY, "the record value is empty (0 bytes)")
     if len(value) > limits.max_bytes:
         return Rejection(TOO_LARGE, f"{len(value)} bytes is over the {limits.max_bytes} limit")
     try:
@@ -261,7 +263,7 @@ def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] |
         parsed, limits.max_depth
     ):
         return Rejection(TOO_DEEP, f"nesting is deeper than the {limits.max_depth} limit")
-    return parsed, _SUSPECT_ESCAPE.search(text) is None
+    return parsed, "\\u" not in text or _SUSPECT_ESCAPE.search(text) is None
 
 
 # --- validation -------------------------------------------------------------------------

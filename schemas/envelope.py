@@ -7,17 +7,22 @@ Every record on the agent-activity topic is one JSON object, the *envelope*::
      "schema_version": 1, "payload": {...}}
 
 * ``event_id`` identifies this copy of the event; it is *not* part of the body hash.
-* ``txn_id`` is the idempotency key of the unit of work that emitted the event (for
-  ``agent.started`` the request it serves, for a step the step's own work, ...).
-* ``occurred_at`` must carry a UTC offset (naive timestamps are invalid). It is stored
-  normalised to UTC, so ``...Z``, ``...+00:00`` and ``...T14:00:00+02:00`` for the same
-  instant are the same value.
+* ``txn_id`` is the idempotency key of the unit of work that emitted the event (e.g. for
+  ``agent.started``, the request it serves).
+* ``occurred_at`` is an ISO 8601 string (as ``datetime.fromisoformat`` reads it) or, in
+  Python, a ``datetime``; it must carry a UTC offset (naive timestamps are invalid) and
+  numbers (epoch seconds) are refused. It is normalised to UTC, so ``...T12:00:00Z``,
+  ``...T12:00:00+00:00`` and ``...T14:00:00+02:00`` are the same value.
+  Precision is the microsecond (further digits are cut, as ``fromisoformat`` does).
 * ``payload`` is validated against ``PAYLOADS[(type, schema_version)]``.
 
 Rules shared by every model: frozen, extra fields forbidden, strict types (``"5"`` is not
-an int, ``1`` is not a bool), and every string, at any depth, rejects NUL (U+0000; a
-PostgreSQL ``text``/``jsonb`` value cannot hold it) and lone surrogates (U+D800..U+DFFF;
-they have no UTF-8 encoding). Identifier-like strings are 1..200 characters.
+an int, ``1`` is not a bool, ``5.0`` is not an int), and every string, at any depth,
+keys included, rejects NUL (U+0000; a PostgreSQL ``text``/``jsonb`` value cannot hold it)
+and lone surrogates (U+D800..U+DFFF; they have no UTF-8 encoding). Identifier-like
+strings (ids, ``model``, ``tool``, ``requested_by``, ``error_kind``, ``tools`` items) are
+1..200 characters; counters are 0..2**63-1 (a PostgreSQL ``bigint``). ``tool.called``
+``arguments`` is any JSON object with finite numbers.
 
 Adding a payload version: write the model and add one line to :data:`PAYLOADS`, e.g.
 ``("agent.started", 2): AgentStartedV2``. :data:`ENVELOPES`, :data:`EVENT_TYPES`, the
@@ -34,8 +39,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal, Self, cast
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -75,18 +80,21 @@ def _bad_text(value: str) -> str | None:
     return f"must not contain a lone surrogate (U+{ord(found.group()):04X})"
 
 
-def _check_text(value: str) -> str:
-    problem = _bad_text(value)
-    if problem is not None:
-        raise ValueError(problem)
+def _check_text(value: Any) -> Any:
+    # Runs before pydantic's own str checks: its length constraints cannot read a lone
+    # surrogate and would report it less clearly. Non-strings are left to pydantic.
+    if isinstance(value, str):
+        problem = _bad_text(value)
+        if problem is not None:
+            raise ValueError(problem)
     return value
 
 
-Text = Annotated[str, AfterValidator(_check_text)]
+Text = Annotated[str, BeforeValidator(_check_text)]
 """Free text: any length, no NUL, no lone surrogate."""
 
 Ident = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_check_text)
+    str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS), BeforeValidator(_check_text)
 ]
 """An identifier: 1..200 characters, no NUL, no lone surrogate."""
 
@@ -150,7 +158,7 @@ def _json_copy(value: object, where: str, depth: int) -> Any:
         problem = _bad_text(value)
         if problem is not None:
             raise ValueError(f"{where or 'value'}: string {problem}")
-        return str(value)
+        return str.__str__(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -175,7 +183,7 @@ def _json_object(value: dict[Any, Any], where: str, depth: int) -> dict[str, Any
         problem = _bad_text(key)
         if problem is not None:
             raise ValueError(f"{path}: key {problem}")
-        copy[str(key)] = _json_copy(item, path, depth)
+        copy[str.__str__(key)] = _json_copy(item, path, depth)
     return copy
 
 
@@ -234,7 +242,10 @@ def _parse_json_object(value: object, info: ValidationInfo) -> dict[str, Any]:
             return copy
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object")
-    return _json_object(value, "", 1)
+    try:
+        return _json_object(value, "", 1)
+    except RecursionError:
+        raise ValueError("nested too deeply (or cyclic)") from None
 
 
 JsonObject = Annotated[

@@ -8,7 +8,7 @@ rule the pydantic models enforce (no NUL or lone surrogate in strings, a UTC off
 
 The committed export ``schemas/json/envelope.v1.schema.json`` is regenerated with::
 
-    python -m schemas.jsonschema
+    python -m schemas
 
 and a unit test fails when it differs from :func:`render_json_schema`.
 """
@@ -77,12 +77,8 @@ def write_json_schema(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m schemas.jsonschema [PATH]``: regenerate the committed export."""
+    """``python -m schemas [PATH]``: regenerate the committed export."""
     args = sys.argv[1:] if argv is None else argv
     written = write_json_schema(args[0] if args else JSON_SCHEMA_PATH)
     sys.stdout.write(f"wrote {written}\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -33,3 +33,7 @@ class RaceLostError(SinkError):
 
 class TransientDatabaseError(SinkError):
     """A connection or server error that a retry with backoff may cure."""
+
+
+class FeedError(SinkError):
+    """A changefeed cursor, filter or reader cannot be used as given."""

@@ -11,6 +11,8 @@ Statement order inside the transaction (DESIGN data flow):
    both ON CONFLICT DO NOTHING; any staged row not inserted lost a race with a concurrent
    writer, so the transaction rolls back and the batch is retried (re-reading the keys);
 7. conflicts, rejects and the batch row, each one INSERT … SELECT FROM unnest(...);
+   the batch row's ``commit_xid`` defaults to this transaction's xid8 (the changefeed's
+   order), and ``pg_notify('ackline_batches', batch_id)`` follows it (sent on COMMIT only);
 8. COMMIT.
 """
 
@@ -276,6 +278,8 @@ class BatchWriter:
             result.conflicts["primary_key"],
             len(batch.rejects),
         )
+        # Wakes changefeed readers (sinks.changefeed); PostgreSQL delivers it only on COMMIT.
+        await conn.execute("SELECT pg_notify('ackline_batches', $1)", str(batch_id))
         return result
 
     async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> None:

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from streams.errors import KafkaUnavailableError, TopicError
 
 
-def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+def admin(bootstrap: str, conf: Mapping[str, Any] | None = None) -> AdminClient:
+    """An AdminClient; ``conf`` adds client properties (security: kafka_client_config)."""
+    return AdminClient({**(conf or {}), "bootstrap.servers": bootstrap})
 
 
-def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int | None:
+def partition_count(
+    bootstrap: str, topic: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
+) -> int | None:
     """Partitions of ``topic``, or None when it does not exist."""
     try:
-        meta = admin(bootstrap).list_topics(topic=topic, timeout=timeout)
+        meta = admin(bootstrap, conf).list_topics(topic=topic, timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     found = meta.topics.get(topic)
@@ -25,13 +31,18 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int | 
 
 
 def ensure_topic(
-    bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    *,
+    conf: Mapping[str, Any] | None = None,
 ) -> int:
     """Create ``topic`` when missing; return its partition count."""
-    existing = partition_count(bootstrap, topic)
+    existing = partition_count(bootstrap, topic, conf=conf)
     if existing is not None:
         return existing
-    client = admin(bootstrap)  # keep a reference: the futures die with the client
+    client = admin(bootstrap, conf)  # keep a reference: the futures die with the client
     futures = client.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
         operation_timeout=30,
@@ -41,14 +52,14 @@ def ensure_topic(
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
             raise TopicError(f"cannot create topic {topic}: {exc}") from exc
-    count = partition_count(bootstrap, topic)
+    count = partition_count(bootstrap, topic, conf=conf)
     if count is None:
         raise TopicError(f"topic {topic} was created but is not visible")
     return count
 
 
-def delete_topic(bootstrap: str, topic: str) -> None:
-    client = admin(bootstrap)
+def delete_topic(bootstrap: str, topic: str, *, conf: Mapping[str, Any] | None = None) -> None:
+    client = admin(bootstrap, conf)
     futures = client.delete_topics([topic], operation_timeout=30)
     try:
         futures[topic].result(timeout=60)

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -31,6 +31,7 @@ from confluent_kafka import (
 )
 
 from ackline.faults import DISARMED, Faults
+from ackline.logs import log_committed
 from ackline.metrics import Metrics
 from schemas.decode import DEFAULT_LIMITS, Limits, Rejection, decode
 from sinks.batch import Batch, Coord, Incoming, PartitionRange
@@ -60,7 +61,8 @@ class RuntimeConfig:
     revoke_wait_s: float = 20.0
     shutdown_wait_s: float = 30.0
     max_poll_interval_ms: int = 300_000
-    kafka_extra: tuple[tuple[str, Any], ...] = ()
+    # Security properties (kafka_client_config); may hold secrets, so kept out of repr.
+    kafka_extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
     def consumer_conf(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -92,7 +94,7 @@ class ConsumerRuntime:
     def __init__(
         self,
         config: RuntimeConfig,
-        db: Database,
+        control_db: Database,
         writer: BatchWriter,
         dead_letters: DeadLetterProducer,
         metrics: Metrics,
@@ -100,7 +102,7 @@ class ConsumerRuntime:
         faults: Faults = DISARMED,
     ) -> None:
         self.cfg = config
-        self._db = db
+        self._control_db = control_db  # claims; the writer has its own connection
         self._writer = writer
         self._dlq = dead_letters
         self._metrics = metrics
@@ -179,10 +181,10 @@ class ConsumerRuntime:
         for msg in msgs:
             self._accept(msg)
         self._report_lag(consumer)
-        if self.drain_and_stop and not msgs and not self._buffer and self._inflight is None:
-            if self._drained(consumer):
-                log.info("drained: every partition's position is at its high watermark")
-                self._stop.set()
+        idle = not msgs and not self._buffer and self._inflight is None
+        if self.drain_and_stop and idle and self._drained(consumer):
+            log.info("drained: every partition's position is at its high watermark")
+            self._stop.set()
 
     def _drained(self, consumer: Consumer) -> bool:
         """True when this worker owns every partition and has read each to its end."""
@@ -324,8 +326,10 @@ class ConsumerRuntime:
         for reason, n in result.rejects.items():
             m.rejects.labels(reason).inc(n)
         m.batch_size.observe(result.events)
-        m.batch_seconds.observe(time.monotonic() - self._inflight_started)
+        seconds = time.monotonic() - self._inflight_started
+        m.batch_seconds.observe(seconds)
         m.last_commit.set_to_current_time()
+        log_committed(batch, result, seconds)
 
     def _store(self, batch: Batch) -> None:
         consumer = self._consumer
@@ -356,7 +360,7 @@ class ConsumerRuntime:
         tps = [(tp.topic, tp.partition) for tp in partitions]
 
         async def take() -> list[Any]:
-            return await self._db.retrying(
+            return await self._control_db.retrying(
                 "claim", lambda conn: claim(conn, self.cfg.group_id, self.cfg.worker_id, tps)
             )
 

@@ -39,10 +39,9 @@ def headers_json(
 ) -> list[dict[str, str | None]]:
     """Headers as JSON-safe dicts: base64 of the bytes, and the text when it is clean."""
     out: list[dict[str, str | None]] = []
-    for key, value in headers:
+    for key, raw in headers:
         text: str | None = None
-        if isinstance(value, str):
-            value = value.encode()
+        value = raw.encode() if isinstance(raw, str) else raw
         if value is not None:
             try:
                 decoded = value.decode("utf-8")
@@ -60,6 +59,15 @@ def headers_json(
     return out
 
 
+DLQ_MAX_MESSAGE_BYTES = 10 * 1_048_576
+"""Record size limit of the dead-letter producer and topic (oversize poison must fit)."""
+DLQ_MAX_VALUE_BYTES = 8 * 1_048_576
+"""A poison value larger than this is cut to its first 64 KiB in the dead-letter record
+(header ``ackline.value-truncated`` gives the original length); the reject row in
+PostgreSQL always keeps the whole value."""
+DLQ_TOPIC_CONFIG = {"max.message.bytes": str(DLQ_MAX_MESSAGE_BYTES)}
+
+
 class DeadLetterProducer:
     """Idempotent producer for the dead-letter topic. Connects lazily on first send."""
 
@@ -71,6 +79,8 @@ class DeadLetterProducer:
             "acks": "all",
             "linger.ms": 5,
             "delivery.timeout.ms": 60_000,
+            "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
+            "compression.type": "lz4",
             **(extra or {}),
         }
         self._producer: Producer | None = None
@@ -133,11 +143,15 @@ class DeadLetterProducer:
             ("ackline.source.partition", str(item.coord.partition).encode()),
             ("ackline.source.offset", str(item.coord.offset).encode()),
         ]
+        value = item.value
+        if value is not None and len(value) > DLQ_MAX_VALUE_BYTES:
+            headers.append(("ackline.value-truncated", str(len(value)).encode()))
+            value = value[:65_536]
         while True:
             try:
                 producer.produce(
                     self.topic,
-                    value=item.value,
+                    value=value,
                     key=item.key,
                     headers=headers,
                     on_delivery=report,

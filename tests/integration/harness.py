@@ -105,6 +105,7 @@ class Worker:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(30)
+        self._log.close()
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM and wait; return the exit status."""
@@ -130,6 +131,12 @@ class Worker:
                 if head.split("{")[0] == name:
                     total += float(value)
         return total
+
+    def reap(self) -> int:
+        """Wait for a process that ends by itself (an armed kill); return its status."""
+        code = self.proc.wait(60)
+        self._log.close()
+        return code
 
     def ensure_alive(self) -> None:
         if self.proc.poll() is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,7 +129,8 @@ def test_every_case_lands_once(services: Services, dsn: str, topic: str, tmp_pat
     totals = db(
         dsn,
         "SELECT sum(inserted) AS ins, sum(duplicates_ledger) AS dl, sum(duplicates_pk) AS dp, "
-        "sum(conflicts_ledger) AS cl, sum(conflicts_pk) AS cp, sum(rejects) AS rj FROM ingest_batches",
+        "sum(conflicts_ledger) AS cl, sum(conflicts_pk) AS cp, sum(rejects) AS rj "
+        "FROM ingest_batches",
     )[0]
     # duplicates: e1 (in batch), e2 (redelivered later), retry_e3 (new event_id, same txn)
     assert dict(totals) == {"ins": 5, "dl": 3, "dp": 0, "cl": 1, "cp": 1, "rj": len(poison)}

@@ -1,0 +1,54 @@
+"""Client settings derived from :class:`~ackline.settings.Settings`. Pure functions.
+
+Every confluent-kafka client ackline makes (the consumer, the dead-letter producer,
+the admin client, the producer SDK and the operator commands) gets
+:func:`kafka_client_config`; every asyncpg connection gets the DSN of
+:func:`database_dsn`. The dicts and DSNs returned here hold secrets: pass them to the
+client, never to a log line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ackline.settings import Settings
+
+
+def kafka_client_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka security properties for ``settings`` (only those that are set)."""
+    conf: dict[str, Any] = {"security.protocol": settings.kafka_security_protocol}
+    if settings.kafka_sasl_mechanism is not None:
+        conf["sasl.mechanism"] = settings.kafka_sasl_mechanism
+    if settings.kafka_sasl_username is not None:
+        conf["sasl.username"] = settings.kafka_sasl_username
+    if settings.kafka_sasl_password is not None:
+        conf["sasl.password"] = settings.kafka_sasl_password.get_secret_value()
+    paths = {
+        "ssl.ca.location": settings.kafka_ssl_ca_location,
+        "ssl.certificate.location": settings.kafka_ssl_certificate_location,
+        "ssl.key.location": settings.kafka_ssl_key_location,
+    }
+    conf.update({key: str(path) for key, path in paths.items() if path is not None})
+    if settings.kafka_ssl_key_password is not None:
+        conf["ssl.key.password"] = settings.kafka_ssl_key_password.get_secret_value()
+    return conf
+
+
+def database_dsn(dsn: str, settings: Settings) -> str:
+    """``dsn`` with the TLS settings as ``sslmode``/``sslrootcert`` query parameters.
+
+    asyncpg reads both from the DSN. A setting replaces the same parameter already in
+    the DSN; unset settings leave the DSN as it is.
+    """
+    extra: dict[str, str] = {}
+    if settings.database_sslmode is not None:
+        extra["sslmode"] = settings.database_sslmode
+    if settings.database_sslrootcert is not None:
+        extra["sslrootcert"] = str(settings.database_sslrootcert)
+    if not extra:
+        return dsn
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in extra]
+    query.extend(extra.items())
+    return urlunsplit(parts._replace(query=urlencode(query)))

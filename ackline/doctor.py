@@ -1,0 +1,292 @@
+"""`ackline doctor`: is this deployment able to keep ackline's promises?
+
+Each check is a pure function of facts gathered read-only from Kafka and PostgreSQL
+(:func:`gather`), and says pass, warn, fail, or skip (a check whose service could not
+be reached, already reported as a fail). The exit status is 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import asyncpg
+
+from ackline.clients import kafka_client_config
+from ackline.errors import AcklineError
+from ackline.render import table
+from ackline.settings import Settings
+from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge
+from sinks.grants import RolesReport, check_roles, may_modify_activity, roles_migration
+from sinks.migrate import Migration, load_migrations
+from streams.positions import (
+    TopicFacts,
+    describe_topic,
+    reachable,
+    record_timestamps,
+    topic_offsets,
+)
+
+Status = Literal["pass", "warn", "fail", "skip"]
+_DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+
+# ---- pure checks -------------------------------------------------------------------------
+
+
+def migrations_check(files: Sequence[Migration], applied: dict[int, str] | None) -> Check:
+    """Every file in schemas/sql applied, with the checksum it has now."""
+    name = "migrations"
+    if applied is None:
+        return Check(name, "fail", "no schema_migrations table: run `ackline migrate`")
+    label = {m.version: f"{m.version:04d}_{m.name}.sql" for m in files}
+    pending = [label[m.version] for m in files if m.version not in applied]
+    changed = [label[m.version] for m in files if applied.get(m.version, m.sha256) != m.sha256]
+    unknown = sorted(set(applied) - set(label))
+    if changed:
+        return Check(name, "fail", f"changed after they were applied: {', '.join(changed)}")
+    if pending:
+        return Check(name, "fail", f"pending: {', '.join(pending)}: run `ackline migrate`")
+    if unknown:
+        return Check(
+            name, "warn", f"applied versions this ackline does not ship: {unknown} (newer build?)"
+        )
+    return Check(name, "pass", f"all {len(files)} migrations applied, checksums match")
+
+
+def roles_check(report: RolesReport | None) -> Check:
+    """The roles and privileges of the roles migration hold in the database."""
+    name = "roles and grants"
+    if report is None:
+        return Check(
+            name, "warn", "no roles migration in schemas/sql: grants are not managed by ackline"
+        )
+    if not report.applied:
+        return Check(name, "warn", f"{report.migration} is not applied yet")
+    want = report.expected
+    if not want.privileges and not want.roles:
+        return Check(name, "warn", f"found no CREATE ROLE or GRANT to check in {report.migration}")
+    problems = [f"role {r} does not exist" for r in report.missing_roles]
+    for p, held in report.wrong[:5]:
+        state = "held" if held else "missing"
+        problems.append(f"{p.role}: {p.privilege} on {p.kind} {p.obj} is {state}")
+    if len(report.wrong) > 5:
+        problems.append(f"and {len(report.wrong) - 5} more")
+    if problems:
+        return Check(name, "fail", f"{report.migration} disagrees: " + "; ".join(problems))
+    roles = sorted({p.role for p in want.privileges} | set(want.roles))
+    note = f" ({want.skipped} statements not checked)" if want.skipped else ""
+    return Check(
+        name,
+        "pass",
+        f"roles {', '.join(roles)}: {len(want.privileges)} privileges as {report.migration} "
+        f"sets them{note}",
+    )
+
+
+def append_only_check(user: str, held: Sequence[str]) -> Check:
+    """The connecting role cannot rewrite activity rows (append-only by grants)."""
+    name = "append-only"
+    if held:
+        return Check(
+            name,
+            "warn",
+            f"connected as {user}, which may {'/'.join(held)} activity rows: "
+            "run workers as the ingest role",
+        )
+    return Check(name, "pass", f"connected as {user}, which cannot rewrite activity rows")
+
+
+def partitions_check(topic: str, facts: TopicFacts | None) -> Check:
+    if facts is None:
+        return Check("topic", "fail", f"topic {topic} does not exist")
+    return Check("topic", "pass", f"{topic}: {facts.partitions} partitions")
+
+
+def replication_check(facts: TopicFacts) -> Check:
+    """Replication factor and min.insync.replicas that keep acknowledged events."""
+    name = "replication"
+    rf = facts.replication_factor
+    min_isr = int(facts.config.get("min.insync.replicas", "1"))
+    head = f"replication factor {rf}, min.insync.replicas {min_isr}"
+    if min_isr > rf:
+        return Check(name, "fail", f"{head}: acks=all producers can never write")
+    warnings = []
+    if rf < 3:
+        warnings.append("losing one broker can lose acknowledged events (use 3)")
+    if min_isr < 2:
+        warnings.append("an acknowledged write may live on one broker only (use 2)")
+    if 1 < rf == min_isr:
+        warnings.append("one broker down stops every producer")
+    if warnings:
+        return Check(name, "warn", f"{head}: " + "; ".join(warnings))
+    return Check(name, "pass", head)
+
+
+def offsets_check(rows: Sequence[PartitionStatus], partitions: int) -> Check:
+    """DB offsets lie inside the log: not below its start (lost), not past its end."""
+    name = "offsets"
+    problems = []
+    for r in rows:
+        if r.db_next is None:
+            continue
+        if r.partition >= partitions:
+            problems.append(f"partition {r.partition} has a DB offset but is not in the topic")
+        elif r.low is not None and r.db_next < r.low:
+            problems.append(
+                f"partition {r.partition}: DB next offset {r.db_next} is below the log start "
+                f"{r.low}: records {r.db_next}..{r.low - 1} were deleted before ingest"
+            )
+        elif r.high is not None and r.db_next > r.high:
+            problems.append(
+                f"partition {r.partition}: DB next offset {r.db_next} is past the log end "
+                f"{r.high} (topic recreated?)"
+            )
+    if problems:
+        return Check(name, "fail", "; ".join(problems))
+    lag = sum(r.lag or 0 for r in rows)
+    return Check(name, "pass", f"DB offsets inside the log on {len(rows)} partitions, lag {lag}")
+
+
+def retention_check(config: dict[str, str], oldest_ms: dict[int, int], now_ms: int) -> Check:
+    """The oldest unconsumed record is far from being deleted by retention."""
+    name = "retention"
+    retention = int(config.get("retention.ms", "-1"))
+    if retention < 0:
+        return Check(name, "pass", "retention.ms unlimited")
+    human = f"retention.ms {retention} ({retention / _DAY_MS:.2f} days)"
+    if not oldest_ms:
+        return Check(name, "pass", f"{human}; nothing unconsumed")
+    partition, stamp = min(oldest_ms.items(), key=lambda kv: kv[1])
+    age = max(now_ms - stamp, 0)
+    where = f"oldest unconsumed record (partition {partition}) is {age / 1000:.0f}s old"
+    if age >= retention:
+        return Check(name, "fail", f"{where}, past {human}: it may be deleted before ingest")
+    if age >= retention / 2:
+        return Check(name, "warn", f"{where}, over half of {human}")
+    return Check(name, "pass", f"{where}; {human}")
+
+
+def dlq_check(dlq_topic: str, exists: bool) -> Check:
+    if exists:
+        return Check("dead-letter topic", "pass", f"{dlq_topic} exists")
+    return Check(
+        "dead-letter topic", "warn", f"{dlq_topic} missing (the first `ackline run` makes it)"
+    )
+
+
+def exit_status(checks: Sequence[Check]) -> int:
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def render(checks: Sequence[Check]) -> str:
+    return table(("", "check", "detail"), [(c.status.upper(), c.name, c.detail) for c in checks])
+
+
+def to_json(checks: Sequence[Check]) -> dict[str, Any]:
+    return {"ok": exit_status(checks) == 0, "checks": [asdict(c) for c in checks]}
+
+
+# ---- gathering (read-only I/O) --------------------------------------------------------------
+
+
+@dataclass
+class _DbFacts:
+    applied: dict[int, str] | None
+    roles: RolesReport | None
+    user: str
+    may_modify: list[str]
+    offsets: list[OffsetRow]
+
+
+async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) -> _DbFacts:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        applied: dict[int, str] | None = None
+        if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+            rows = await conn.fetch("SELECT version, sha256 FROM schema_migrations")
+            applied = {int(r["version"]): str(r["sha256"]) for r in rows}
+        roles_file = roles_migration(files)
+        roles = None
+        if roles_file is not None:
+            done = applied is not None and roles_file.version in applied
+            roles = await check_roles(conn, roles_file, done)
+        has_tables = await conn.fetchval(
+            "SELECT to_regclass('activity') IS NOT NULL AND "
+            "to_regclass('consumer_offsets') IS NOT NULL"
+        )
+        user, held = await may_modify_activity(conn) if has_tables else ("?", [])
+        offsets = await db_offsets(conn, group, topic) if has_tables else []
+        return _DbFacts(applied, roles, user, held, offsets)
+    finally:
+        await conn.close()
+
+
+def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
+    """Run every check against the services; a service that cannot be reached fails once."""
+    conf = kafka_client_config(settings)
+    topic, group = settings.topic, settings.group_id
+    files = load_migrations()
+    checks: list[Check] = []
+    db: _DbFacts | None = None
+    try:
+        brokers = reachable(bootstrap, conf)
+        checks.append(Check("kafka", "pass", f"{bootstrap}: {brokers} broker(s)"))
+        kafka_ok = True
+    except AcklineError as exc:
+        checks.append(Check("kafka", "fail", str(exc)))
+        kafka_ok = False
+    try:
+        db = asyncio.run(_db_facts(dsn, group, topic, files))
+        checks.append(Check("postgresql", "pass", "reachable"))
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        checks.append(Check("postgresql", "fail", f"cannot query PostgreSQL: {exc}"))
+    if db is not None:
+        checks.append(migrations_check(files, db.applied))
+        checks.append(roles_check(db.roles))
+        if db.user != "?":
+            checks.append(append_only_check(db.user, db.may_modify))
+    else:
+        checks += [
+            Check(n, "skip", "PostgreSQL unreachable") for n in ("migrations", "roles and grants")
+        ]
+    if not kafka_ok:
+        return [*checks, Check("topic", "skip", "Kafka unreachable")]
+    checks += _topic_checks(settings, bootstrap, conf, db)
+    return checks
+
+
+def _topic_checks(
+    settings: Settings, bootstrap: str, conf: dict[str, Any], db: _DbFacts | None
+) -> list[Check]:
+    topic = settings.topic
+    facts = describe_topic(bootstrap, conf, topic)
+    checks = [partitions_check(topic, facts)]
+    if facts is not None:
+        checks.append(replication_check(facts))
+        logs = topic_offsets(bootstrap, conf, settings.group_id, topic) or []
+        if db is None:
+            checks.append(Check("offsets", "skip", "PostgreSQL unreachable"))
+        else:
+            rows = merge(db.offsets, logs)
+            checks.append(offsets_check(rows, facts.partitions))
+            starts = {
+                r.partition: max(r.db_next if r.db_next is not None else 0, r.low or 0)
+                for r in rows
+                if r.lag and r.partition < facts.partitions
+            }
+            oldest = record_timestamps(bootstrap, conf, topic, starts)
+            checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
+    dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
+    checks.append(dlq_check(settings.dlq_topic, dlq is not None))
+    return checks

@@ -1,0 +1,725 @@
+"""The changefeed against a real PostgreSQL (and Kafka for the dispatcher).
+
+* the skip anomaly is real: a writer with the lower batch id commits after a higher one,
+  and a naive ``batch_id > last_seen`` reader loses it; the feed's reader does not;
+* a reader holding an xid is refused; a failed handler rolls cursor and effects back;
+* two instances of one reader: the loser of the cursor compare-and-set reads on, never
+  the same events; under concurrent writers every event is delivered exactly once;
+* NOTIFY wakes a follower long before its poll interval;
+* `ackline tail` prints, cuts, resumes and commits cursors;
+* `ackline dispatch` under replays, retries, redeliveries, aborted and conflicting
+  sends, two instances at once and a SIGKILL between its inserts and its COMMIT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from ackline.faults import Faults
+from schemas import Envelope, new_envelope
+from schemas.decode import Row, decode
+from sinks.batch import Batch, Coord, Incoming, PartitionRange
+from sinks.changefeed import Changefeed, LocalReader, Reader, connector, follow
+from sinks.connection import Database
+from sinks.errors import FeedError
+from sinks.feedtypes import START, Cursor, FeedBatch
+from sinks.offsets import claim
+from sinks.writer import BatchWriter, WriteResult
+from streams.producer import ActivityProducer, serialize
+from tests.integration.harness import Services, Worker, db, wait_until
+
+GROUP = "g"
+TOPIC = "t"
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+DELIVERIES = "CREATE TABLE deliveries (event_id uuid NOT NULL, instance text NOT NULL)"
+
+
+# --- building blocks -----------------------------------------------------------------
+
+
+def requested(
+    req: str,
+    agent: str,
+    *,
+    txn: str | None = None,
+    eid: uuid.UUID | None = None,
+    prompt: str = "summarise the incident",
+) -> Envelope:
+    return new_envelope(
+        "agent.requested",
+        txn_id=txn or f"req:{req}",
+        agent_id=agent,
+        request_id=req,
+        payload={"prompt": prompt, "requested_by": "user-1", "priority": 1, "tools": ["search"]},
+        occurred_at=T0,
+        event_id=eid,
+    )
+
+
+def step(req: str, agent: str, i: int) -> Envelope:
+    return new_envelope(
+        "agent.step",
+        txn_id=f"run-{req}:{i}",
+        agent_id=agent,
+        request_id=req,
+        payload={"run_id": f"run-{req}", "step": i, "thought": "plan"},
+        occurred_at=T0,
+    )
+
+
+def as_row(env: Envelope) -> Row:
+    decoded = decode(serialize(env))
+    assert isinstance(decoded, Row)
+    return decoded
+
+
+def batch_of(envs: list[Envelope], epoch: int, partition: int, first: int) -> Batch:
+    events = [Incoming(Coord(TOPIC, partition, first + k), as_row(e)) for k, e in enumerate(envs)]
+    rng = PartitionRange(TOPIC, partition, first, first + len(envs), epoch)
+    return Batch(ranges=(rng,), events=events)
+
+
+async def take(dsn: str, partitions: list[int]) -> dict[int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        claims = await claim(conn, GROUP, "test", [(TOPIC, p) for p in partitions])
+    finally:
+        await conn.close()
+    return {c.partition: c.epoch for c in claims}
+
+
+class Gate(Faults):
+    """Holds a writer's transaction open just before COMMIT until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def ahit(self, point: str) -> None:
+        if point == "before_commit":
+            self.reached.set()
+            await self.release.wait()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+async def drain(
+    feed: Changefeed, conn: asyncpg.Connection, cursor: Cursor
+) -> tuple[list[Any], Cursor]:
+    """Read until nothing is readable or pending (other transactions in the cluster can
+    hold the horizon back for a moment); return the event ids in order and the cursor."""
+    got: list[Any] = []
+
+    async def step_() -> bool:
+        nonlocal cursor
+        batch = await feed.read(conn, cursor)
+        got.extend(e.event_id for e in batch.events)
+        cursor = batch.end
+        return batch.caught_up and not batch.pending
+
+    await eventually(step_, 60, "the feed to be caught up")
+    return got, cursor
+
+
+async def deliver_into_table(conn: asyncpg.Connection, batch: FeedBatch, instance: str) -> None:
+    await conn.execute(
+        "INSERT INTO deliveries (event_id, instance) SELECT unnest($1::uuid[]), $2",
+        [e.event_id for e in batch.events],
+        instance,
+    )
+
+
+# --- the anomaly --------------------------------------------------------------------
+
+
+def test_naive_batch_id_cursor_skips_and_the_feed_does_not(dsn: str) -> None:
+    """Writer A takes the lower batch id and commits after writer B. A reader that
+    remembers the highest batch id it saw loses A's rows for good; the feed's reader,
+    reading only below its snapshot's xmin, delivers A then B, each once."""
+
+    async def go() -> None:
+        epochs = await take(dsn, [0, 1])
+        gate = Gate()
+        db_a, db_b = Database(dsn), Database(dsn)
+        writer_a = BatchWriter(db_a, GROUP, "wa", gate)
+        writer_b = BatchWriter(db_b, GROUP, "wb")
+        rows_a = [step("ra", "agent-a", i) for i in range(3)]
+        rows_b = [step("rb", "agent-b", i) for i in range(3)]
+        conn = await asyncpg.connect(dsn)
+        reader = Reader("contract", Changefeed())
+        try:
+            await reader.position(conn)
+            task_a = asyncio.create_task(writer_a.write(batch_of(rows_a, epochs[0], 0, 0)))
+            await asyncio.wait_for(gate.reached.wait(), 30)
+            result_b = await writer_b.write(batch_of(rows_b, epochs[1], 1, 0))
+
+            # B is committed and visible; A is not.
+            naive_last = 0
+            naive_seen: list[Any] = []
+
+            async def naive_poll() -> None:
+                nonlocal naive_last
+                rows = await conn.fetch(
+                    "SELECT batch_id, event_id FROM activity WHERE batch_id > $1 "
+                    "ORDER BY batch_id, src_partition, src_offset",
+                    naive_last,
+                )
+                naive_seen.extend(r["event_id"] for r in rows)
+                if rows:
+                    naive_last = max(int(r["batch_id"]) for r in rows)
+
+            await naive_poll()
+            async with reader.next_batch(conn) as early:
+                pass
+            assert early.events == [] and early.caught_up
+            assert early.pending, "B's committed batch waits behind A's open transaction"
+
+            gate.release.set()
+            result_a: WriteResult = await task_a
+            assert result_a.batch_id < result_b.batch_id  # the setup of the anomaly
+            await naive_poll()
+            await naive_poll()
+
+            delivered: list[Any] = []
+
+            async def contract_poll() -> bool:
+                async with reader.next_batch(conn) as batch:
+                    delivered.extend(e.event_id for e in batch.events)
+                return batch.caught_up and not batch.pending
+
+            await eventually(contract_poll, 60, "the contract reader to catch up")
+        finally:
+            await conn.close()
+            await db_a.close()
+            await db_b.close()
+
+        ids_a = [e.event_id for e in rows_a]
+        ids_b = [e.event_id for e in rows_b]
+        assert naive_seen == ids_b, "the naive reader saw B and, having passed it, never A"
+        assert not set(ids_a) & set(naive_seen)
+        assert delivered == ids_a + ids_b  # xid order: A began writing first
+        assert reader.stats.delivered == 6
+
+    asyncio.run(go())
+
+
+# --- the reader's transaction ----------------------------------------------------------
+
+
+def test_a_read_inside_a_transaction_holding_an_xid_is_refused(dsn: str) -> None:
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            reader = Reader("r", Changefeed())
+            await reader.position(conn)
+            async with conn.transaction():
+                with pytest.raises(FeedError):
+                    async with reader.next_batch(conn):
+                        pass
+                await conn.execute("SELECT pg_current_xact_id()")  # now it holds an xid
+                with pytest.raises(FeedError, match="holds an xid"):
+                    await Changefeed().read(conn, START)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_failing_handler_rolls_back_its_effects_and_the_cursor(dsn: str) -> None:
+    async def go() -> None:
+        epochs = await take(dsn, [0])
+        database = Database(dsn)
+        await BatchWriter(database, GROUP, "w").write(
+            batch_of([step("r1", "a1", i) for i in range(4)], epochs[0], 0, 0)
+        )
+        await database.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(DELIVERIES)
+            reader = Reader("r", Changefeed())
+            before = await reader.position(conn)
+            with pytest.raises(RuntimeError):
+                async with reader.next_batch(conn) as batch:
+                    await deliver_into_table(conn, batch, "x")
+                    raise RuntimeError("the side effect failed")
+            assert len(batch.events) == 4
+            assert await reader.position(conn) == before
+            assert await conn.fetchval("SELECT count(*) FROM deliveries") == 0
+            async with reader.next_batch(conn) as again:
+                await deliver_into_table(conn, again, "x")
+            assert [e.event_id for e in again.events] == [e.event_id for e in batch.events]
+            assert await reader.position(conn) == again.end != before
+            assert await conn.fetchval("SELECT count(*) FROM deliveries") == 4
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+# --- two instances of one reader ---------------------------------------------------------
+
+
+def test_the_loser_of_the_cursor_race_reads_on_from_the_winner(dsn: str) -> None:
+    """A holds the batch (cursor updated, not committed); B reads the same cursor, blocks
+    on the cursor row, loses the compare-and-set when A commits, and reads on."""
+
+    async def go() -> None:
+        epochs = await take(dsn, [0])
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        await writer.write(batch_of([step("r1", "a1", i) for i in range(3)], epochs[0], 0, 0))
+        first = [step("r2", "a1", i) for i in range(2)]
+        conn_a, conn_b, watch = [await asyncpg.connect(dsn) for _ in range(3)]
+        try:
+            await conn_a.execute(DELIVERIES)
+            a = Reader("shared", Changefeed(max_transactions=1))
+            b = Reader("shared", Changefeed(max_transactions=1))
+            await a.position(conn_a)
+            got_b: list[Any] = []
+
+            async def run_b() -> None:
+                async with b.next_batch(conn_b) as batch:
+                    await deliver_into_table(conn_b, batch, "b")
+                    got_b.extend(e.event_id for e in batch.events)
+
+            async with a.next_batch(conn_a) as batch_a:
+                task_b = asyncio.create_task(run_b())
+                pid_b = conn_b.get_server_pid()
+
+                async def b_waits_on_the_row_lock() -> bool:
+                    return bool(
+                        await watch.fetchval(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                            pid_b,
+                        )
+                    )
+
+                await eventually(b_waits_on_the_row_lock, 30, "B to block on the cursor row")
+                await deliver_into_table(conn_a, batch_a, "a")
+                # a second batch commits while B waits: B must get it after its retry
+                await writer.write(batch_of(first, epochs[0], 0, 3))
+            await asyncio.wait_for(task_b, 60)
+        finally:
+            for c in (conn_a, conn_b, watch):
+                await c.close()
+            await database.close()
+        assert len(batch_a.events) == 3
+        assert b.stats.lost_races == 1
+        assert not set(got_b) & {e.event_id for e in batch_a.events}
+        # B read on from A's cursor: the second batch, or nothing yet if another
+        # transaction in the cluster still held the horizon below it
+        assert got_b in ([], [e.event_id for e in first])
+
+    asyncio.run(go())
+    rows = db(dsn, "SELECT event_id, count(*) AS n FROM deliveries GROUP BY event_id")
+    assert len(rows) >= 3 and all(r["n"] == 1 for r in rows)
+
+
+def test_two_instances_under_concurrent_writers_deliver_each_event_once(dsn: str) -> None:
+    async def go() -> None:
+        partitions = [0, 1, 2]
+        epochs = await take(dsn, partitions)
+        setup = await asyncpg.connect(dsn)
+        await setup.execute(DELIVERIES)
+        await setup.close()
+        stop = asyncio.Event()
+        readers = [Reader("shared", Changefeed(max_transactions=2)) for _ in range(2)]
+
+        def runner(instance: int) -> Coroutine[Any, Any, Cursor]:
+            async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+                await deliver_into_table(conn, batch, str(instance))
+
+            return follow(
+                readers[instance],
+                connector(dsn, f"reader-{instance}"),
+                handle,
+                stop,
+                poll_interval=0.5,
+            )
+
+        async def write(partition: int) -> int:
+            database = Database(dsn)
+            writer = BatchWriter(database, GROUP, f"w{partition}")
+            total = 0
+            for k in range(25):
+                envs = [step(f"r{partition}-{k}", f"a{partition}", i) for i in range(4)]
+                await writer.write(batch_of(envs, epochs[partition], partition, k * 4))
+                total += len(envs)
+            await database.close()
+            return total
+
+        tasks = [asyncio.create_task(runner(i)) for i in range(2)]
+        written = sum(await asyncio.gather(*(write(p) for p in partitions)))
+
+        async def all_delivered() -> bool:
+            for t in tasks:
+                if t.done():
+                    t.result()  # surface a reader's crash
+            return sum(r.stats.delivered for r in readers) >= written
+
+        await eventually(all_delivered, 60, "every event delivered")
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert written == 300
+        assert sum(r.stats.delivered for r in readers) == 300
+
+    asyncio.run(go())
+    rows = db(dsn, "SELECT event_id, count(*) AS n FROM deliveries GROUP BY event_id")
+    activity = db(dsn, "SELECT event_id FROM activity")
+    assert {r["event_id"] for r in rows} == {r["event_id"] for r in activity}
+    assert all(r["n"] == 1 for r in rows), "an event was delivered twice"
+    stored = db(dsn, "SELECT delivered FROM feed_cursors WHERE reader = 'shared'")
+    assert stored[0]["delivered"] == 300
+
+
+# --- waking --------------------------------------------------------------------------------
+
+
+def test_notify_wakes_a_follower_long_before_its_poll_interval(dsn: str) -> None:
+    async def go() -> None:
+        epochs = await take(dsn, [0])
+        stop = asyncio.Event()
+        seen: list[Any] = []
+        reads: list[FeedBatch] = []
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            reads.append(batch)
+            seen.extend(e.event_id for e in batch.events)
+
+        reader = LocalReader(Changefeed())
+        task = asyncio.create_task(
+            follow(reader, connector(dsn, "waker"), handle, stop, poll_interval=120)
+        )
+
+        async def idle() -> bool:
+            return bool(reads) and reads[-1].caught_up and not reads[-1].pending
+
+        await eventually(idle, 30, "the follower to be caught up and asleep")
+        envs = [step("r1", "a1", i) for i in range(3)]
+        database = Database(dsn)
+        t0 = time.monotonic()
+        await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, 0))
+        await database.close()
+
+        async def arrived() -> bool:
+            return len(seen) == 3
+
+        await eventually(arrived, 30, "the follower to get the batch")
+        latency = time.monotonic() - t0
+        stop.set()
+        await task
+        assert seen == [e.event_id for e in envs]
+        assert latency < 30  # the poll interval was two minutes: NOTIFY woke it
+
+    asyncio.run(go())
+
+
+# --- `ackline tail` --------------------------------------------------------------------------
+
+
+def _tail(dsn: str, *args: str) -> tuple[list[dict[str, Any]], str]:
+    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
+    env.pop("ACKLINE_FAULTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "ackline", "tail", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    return lines, done.stderr
+
+
+def test_tail_prints_filters_cuts_resumes_and_commits(dsn: str) -> None:
+    async def setup() -> list[Envelope]:
+        epochs = await take(dsn, [0, 1])
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        first = [requested("r1", "a1"), step("r1", "a1", 1), requested("r2", "a2")]
+        second = [step("r2", "a2", 1), requested("r3", "a1"), step("r3", "a1", 1)]
+        await writer.write(batch_of(first, epochs[0], 0, 0))
+        await writer.write(batch_of(second, epochs[1], 1, 0))
+        await database.close()
+        return first + second
+
+    envs = asyncio.run(setup())
+    ids = [str(e.event_id) for e in envs]
+    everything, _ = _tail(dsn, "--from-start")
+    assert [o["event_id"] for o in everything] == ids
+    assert set(everything[0]) >= {
+        "event_id",
+        "type",
+        "agent_id",
+        "request_id",
+        "occurred_at",
+        "payload",
+        "batch_id",
+        "cursor",
+    }
+    assert everything[0]["payload"]["prompt"] == "summarise the incident"
+
+    wanted, _ = _tail(dsn, "--from-start", "--type", "agent.requested", "--agent", "a1")
+    assert [o["request_id"] for o in wanted] == ["r1", "r3"]
+
+    # cut inside the first transaction, resume from the last line's cursor
+    head, _ = _tail(dsn, "--from-start", "--limit", "2")
+    rest, stderr = _tail(dsn, "--from-cursor", head[-1]["cursor"])
+    assert [o["event_id"] for o in head + rest] == ids
+    final = stderr.strip().rsplit(" ", 1)[-1]
+    assert _tail(dsn, "--from-cursor", final)[0] == []
+
+    # a committed reader: two runs of --limit 4 then --limit 4 see everything once
+    a, _ = _tail(dsn, "--reader", "ops", "--commit", "--limit", "4")
+    peek, _ = _tail(dsn, "--reader", "ops")  # read-only: does not move the cursor
+    b, _ = _tail(dsn, "--reader", "ops", "--commit", "--limit", "4")
+    assert [o["event_id"] for o in a] == ids[:4]
+    assert peek == b
+    assert [o["event_id"] for o in a + b] == ids
+    stored = db(dsn, "SELECT delivered FROM feed_cursors WHERE reader = 'ops'")
+    assert stored[0]["delivered"] == 6
+
+    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
+    bad = subprocess.run(
+        [sys.executable, "-m", "ackline", "tail", "--from-start", "--type", "agent.teleported"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "agent.teleported" in bad.stderr
+
+
+# --- the dispatcher through Kafka -----------------------------------------------------------
+
+
+class Deliveries:
+    """Kafka delivery reports: the last offset produced per partition."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, int] = {}
+        self.errors: list[Any] = []
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.errors.append(err)
+            return
+        p, o = int(msg.partition() or 0), int(msg.offset() or 0)
+        self.last[p] = max(self.last.get(p, -1), o)
+
+
+def ingested(dsn: str, group: str, seen: Deliveries) -> bool:
+    rows = db(dsn, "SELECT partition, next_offset FROM consumer_offsets WHERE group_id = $1", group)
+    done = {r["partition"]: r["next_offset"] or 0 for r in rows}
+    return all(done.get(p, 0) > last for p, last in seen.last.items())
+
+
+class Dispatch:
+    """One `ackline dispatch` process; its summary line is on stdout at exit."""
+
+    def __init__(
+        self,
+        dsn: str,
+        tmp_path: Path,
+        instance: str,
+        reader: str = "dispatcher",
+        faults: str = "",
+    ) -> None:
+        env = {**os.environ, "ACKLINE_DATABASE_URL": dsn, "ACKLINE_FAULTS": faults}
+        self.instance = instance
+        self.out_path = tmp_path / f"{instance}.out"
+        self.log_path = tmp_path / f"{instance}.log"
+        with self.out_path.open("wb") as out, self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ackline",
+                    "dispatch",
+                    "--reader",
+                    reader,
+                    "--instance",
+                    instance,
+                    "--poll-interval",
+                    "1",
+                    "--max-transactions",
+                    "2",
+                ],
+                env=env,
+                stdout=out,
+                stderr=log,
+            )
+
+    def ensure_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"dispatcher {self.instance} exited {self.proc.returncode}:\n"
+                + self.log_path.read_text(errors="replace")[-3000:]
+            )
+
+    def stop(self) -> dict[str, Any]:
+        """SIGTERM; it must exit 0 and print its summary."""
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        assert code == 0, self.log_path.read_text(errors="replace")[-3000:]
+        summary: dict[str, Any] = json.loads(self.out_path.read_text().splitlines()[-1])
+        return summary
+
+
+def caught_up(dsn: str, reader: str) -> bool:
+    rows = db(
+        dsn,
+        "SELECT c.position >= coalesce((SELECT max(commit_xid) FROM ingest_batches), '0') AS ok "
+        "FROM feed_cursors AS c WHERE c.reader = $1",
+        reader,
+    )
+    return bool(rows) and bool(rows[0]["ok"])
+
+
+def send(producer: ActivityProducer, envs: Iterable[Envelope], seen: Deliveries) -> None:
+    with producer.transaction():
+        for env in envs:
+            producer.send(env, on_delivery=seen)
+
+
+def test_dispatcher_starts_one_run_per_ingested_request(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Redeliveries, producer retries, conflicting sends, an aborted request, the whole
+    topic re-produced and then re-ingested by a second group: one run per request that
+    reached activity, none for the others, and no event handed out twice."""
+    dispatcher = Dispatch(dsn, tmp_path, "d1")
+    agents = [f"agent-{k}" for k in range(6)]
+    originals = [requested(f"r{i}", agents[i % 6]) for i in range(30)]
+    steps = [step(f"r{i}", agents[i % 6], 1) for i in range(30)]
+    redelivered = originals[:10]  # the same bytes again
+    retried = [requested(f"r{i}", agents[i % 6], eid=uuid.uuid4()) for i in range(10, 20)]
+    conflict_ledger = requested("r20", agents[2], eid=uuid.uuid4(), prompt="changed")
+    conflict_pk = requested("r-ghost", agents[3], txn="req:r-ghost", eid=originals[21].event_id)
+    asked_again = requested("r22", agents[4], txn="req2:r22", eid=uuid.uuid4())  # new txn_id
+    aborted = requested("r-aborted", agents[5])
+
+    producer = ActivityProducer(services.bootstrap, topic, transactional_id=f"tx-{topic}")
+    producer.start()
+    seen = Deliveries()
+    try:
+        send(producer, [e for pair in zip(originals, steps, strict=True) for e in pair], seen)
+        producer.client.begin_transaction()
+        producer.send(aborted, on_delivery=seen)
+        producer.client.flush(30)
+        producer.abort()
+        send(producer, [*redelivered, *retried, conflict_ledger, conflict_pk, asked_again], seen)
+        assert not seen.errors
+        group = f"g-{topic}"
+        worker = Worker(services, dsn, topic, tmp_path, name="w1", batch_max_events=7)
+
+        def ingested_by_w1() -> bool:
+            worker.ensure_alive()
+            dispatcher.ensure_alive()
+            return ingested(dsn, group, seen)
+
+        wait_until(ingested_by_w1, 90, "the first ingest")
+        send(producer, [e for pair in zip(originals, steps, strict=True) for e in pair], seen)
+        wait_until(ingested_by_w1, 90, "the re-produced range")
+        assert worker.stop() == 0
+    finally:
+        producer.close()
+    replay = Worker(services, dsn, topic, tmp_path, name="w2", group=f"replay-{topic}")
+
+    def ingested_by_w2() -> bool:
+        replay.ensure_alive()
+        return ingested(dsn, f"replay-{topic}", seen)
+
+    wait_until(ingested_by_w2, 90, "the second group to re-ingest the whole topic")
+    assert replay.stop() == 0
+    wait_until(lambda: caught_up(dsn, "dispatcher"), 60, "the dispatcher to catch up")
+    summary = dispatcher.stop()
+
+    runs = {r["request_id"]: r for r in db(dsn, "SELECT * FROM agent_runs")}
+    assert set(runs) == {f"r{i}" for i in range(30)}  # not r-aborted, not r-ghost
+    assert {r: run["deliveries"] for r, run in runs.items() if run["deliveries"] != 1} == {"r22": 2}
+    for i, env in enumerate(originals):
+        assert runs[f"r{i}"]["event_id"] == env.event_id  # the first event won everywhere
+        assert runs[f"r{i}"]["dispatcher"] == "d1"
+    requested_rows = db(dsn, "SELECT count(*) AS n FROM activity WHERE type = 'agent.requested'")
+    assert requested_rows[0]["n"] == 31  # 30 originals + r22 asked again under a new txn_id
+    assert summary["started"] == 30 and summary["already_started"] == 1
+    replayed = db(
+        dsn, "SELECT count(*) AS n FROM ingest_batches WHERE group_id = $1", f"replay-{topic}"
+    )
+    assert replayed[0]["n"] > 0  # the replay did commit batches (with nothing new in them)
+
+
+def test_two_dispatchers_and_one_killed_before_its_commit(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Two instances share one cursor while small batches stream in; one is SIGKILLed
+    after its inserts and before its COMMIT (third non-empty batch) and restarted.
+    Every request gets one run, and every agent.requested event was handed out once."""
+    producer = ActivityProducer(services.bootstrap, topic, transactional_id=f"tx-{topic}")
+    producer.start()
+    seen = Deliveries()
+    group = f"g-{topic}"
+    worker = Worker(services, dsn, topic, tmp_path, name="w1", batch_max_events=5)
+    first = Dispatch(dsn, tmp_path, "d1", faults="feed_before_commit=kill@3")
+    second = Dispatch(dsn, tmp_path, "d2")
+    try:
+        for chunk in range(6):
+            envs: list[Envelope] = []
+            for i in range(chunk * 10, chunk * 10 + 10):
+                agent = f"agent-{i % 7}"
+                envs += [
+                    requested(f"r{i}", agent),
+                    step(f"r{i}", agent, 1),
+                    step(f"r{i}", agent, 2),
+                ]
+            send(producer, envs, seen)
+    finally:
+        producer.close()
+    assert not seen.errors
+    wait_until(lambda: first.proc.poll() is not None, 90, "d1 to die at its armed kill")
+    assert first.proc.returncode == -signal.SIGKILL
+    restarted = Dispatch(dsn, tmp_path, "d1-restarted")
+
+    def done() -> bool:
+        for p in (worker, second, restarted):
+            p.ensure_alive()
+        return ingested(dsn, group, seen) and caught_up(dsn, "dispatcher")
+
+    wait_until(done, 120, "ingest and both dispatchers to finish")
+    assert worker.stop() == 0
+    summaries = [second.stop(), restarted.stop()]
+    runs = db(dsn, "SELECT request_id, deliveries, dispatcher FROM agent_runs")
+    assert sorted(r["request_id"] for r in runs) == sorted(f"r{i}" for i in range(60))
+    assert all(r["deliveries"] == 1 for r in runs), "an event was handed out twice"
+    assert sum(s["already_started"] for s in summaries) == 0
+    by = {r["dispatcher"] for r in runs}
+    assert by <= {"d1", "d2", "d1-restarted"}
+    cursor = db(dsn, "SELECT transactions, delivered FROM feed_cursors WHERE reader = 'dispatcher'")
+    assert cursor[0]["delivered"] == 60
