@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import asyncpg
-from load.produce import Knobs, produce
-from load.verify import print_summary, verify
 
 from ackline.app import run
 from ackline.progress import Progress
 from ackline.settings import Settings
+from load.produce import Knobs, produce
+from load.verify import print_summary, verify
 from sinks.migrate import migrate
 
 
