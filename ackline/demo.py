@@ -20,6 +20,7 @@ from pathlib import Path
 import asyncpg
 
 from ackline.app import run
+from ackline.clients import database_dsn, kafka_client_config
 from ackline.progress import Progress
 from ackline.settings import Settings
 from load.produce import Knobs, produce
@@ -68,7 +69,8 @@ def demo(settings: Settings, events: int, keep: bool) -> int:
     try:
         if external:
             bootstrap = str(settings.kafka_bootstrap)
-            dsn = settings.database_url.get_secret_value() if settings.database_url else ""
+            url = settings.database_url.get_secret_value() if settings.database_url else ""
+            dsn = database_dsn(url, settings)
         else:
             print("== starting the local stack (Kafka 4 KRaft + PostgreSQL)", flush=True)
             info = stack.up(settings.state_dir)
@@ -95,6 +97,7 @@ def demo(settings: Settings, events: int, keep: bool) -> int:
             seed=int(time.time()) % 100_000,
             manifest_path=manifest,
             progress=True,
+            client_conf=kafka_client_config(settings),
         )
         total = summary.committed_records
         print(f"== ingesting with `ackline run` (group {run_settings.group_id})", flush=True)

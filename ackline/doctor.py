@@ -16,6 +16,7 @@ from typing import Any, Literal
 import asyncpg
 
 from ackline.clients import kafka_client_config
+from ackline.endpoints import ingest_dsn
 from ackline.errors import AcklineError
 from ackline.render import table
 from ackline.settings import Settings
@@ -95,16 +96,15 @@ def roles_check(report: RolesReport | None) -> Check:
 
 
 def append_only_check(user: str, held: Sequence[str]) -> Check:
-    """The connecting role cannot rewrite activity rows (append-only by grants)."""
+    """The role the worker connects as cannot rewrite activity rows (append-only by grants)."""
     name = "append-only"
     if held:
         return Check(
             name,
-            "warn",
-            f"connected as {user}, which may {'/'.join(held)} activity rows: "
-            "run workers as the ingest role",
+            "fail",
+            f"the worker connects as {user}, which may {'/'.join(held)} activity rows",
         )
-    return Check(name, "pass", f"connected as {user}, which cannot rewrite activity rows")
+    return Check(name, "pass", f"the worker connects as {user}, which cannot rewrite activity")
 
 
 def partitions_check(topic: str, facts: TopicFacts | None) -> Check:
@@ -204,8 +204,7 @@ def to_json(checks: Sequence[Check]) -> dict[str, Any]:
 class _DbFacts:
     applied: dict[int, str] | None
     roles: RolesReport | None
-    user: str
-    may_modify: list[str]
+    has_tables: bool
     offsets: list[OffsetRow]
 
 
@@ -225,11 +224,29 @@ async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) ->
             "SELECT to_regclass('activity') IS NOT NULL AND "
             "to_regclass('consumer_offsets') IS NOT NULL"
         )
-        user, held = await may_modify_activity(conn) if has_tables else ("?", [])
         offsets = await db_offsets(conn, group, topic) if has_tables else []
-        return _DbFacts(applied, roles, user, held, offsets)
+        return _DbFacts(applied, roles, bool(has_tables), offsets)
     finally:
         await conn.close()
+
+
+def worker_check(settings: Settings, dsn: str) -> Check:
+    """Connect as `ackline run` would (the ingest DSN) and ask what that role may do."""
+
+    async def view(worker_dsn: str) -> tuple[str, list[str]]:
+        conn = await asyncpg.connect(worker_dsn, timeout=10)
+        try:
+            return await may_modify_activity(conn)
+        finally:
+            await conn.close()
+
+    try:
+        user, held = asyncio.run(view(ingest_dsn(settings, dsn)))
+    except AcklineError as exc:
+        return Check("append-only", "fail", str(exc))
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return Check("append-only", "fail", f"the worker cannot connect: {exc}")
+    return append_only_check(user, held)
 
 
 def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
@@ -254,8 +271,8 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
     if db is not None:
         checks.append(migrations_check(files, db.applied))
         checks.append(roles_check(db.roles))
-        if db.user != "?":
-            checks.append(append_only_check(db.user, db.may_modify))
+        if db.has_tables:
+            checks.append(worker_check(settings, dsn))
     else:
         checks += [
             Check(n, "skip", "PostgreSQL unreachable") for n in ("migrations", "roles and grants")
@@ -285,7 +302,8 @@ def _topic_checks(
                 for r in rows
                 if r.lag and r.partition < facts.partitions
             }
-            oldest = record_timestamps(bootstrap, conf, topic, starts)
+            ends = {r.partition: r.high or 0 for r in rows}
+            oldest = record_timestamps(bootstrap, conf, topic, starts, ends)
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))

@@ -7,18 +7,23 @@ action on the n-th time the point is reached (default the first). Actions:
 - ``stall``: stop there (sleep for ``stall_seconds``, an hour unless set);
 - ``fail``: raise :class:`InjectedFault` there.
 
-Disarmed (the default), a point costs one dict lookup.
+Disarmed (the default), a point costs one dict lookup. An armed point logs a warning
+``fault point <point> fired: <action>`` when it fires (before a kill), so tests and the
+chaos harness can see where a process is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
 
 from ackline.errors import AcklineError, SettingsError
+
+log = logging.getLogger(__name__)
 
 POINTS = frozenset(
     {
@@ -30,6 +35,7 @@ POINTS = frozenset(
         "after_commit",  # DB committed, Kafka offsets not yet stored
         "after_claim",  # epochs bumped in the DB, partitions not yet assigned
         "revoke_in_flight",  # revoke callback entered while a batch is in flight
+        "lost_in_flight",  # lost callback (session or poll interval expired) with a batch in flight
         "shutdown",  # shutdown requested, in-flight batch not yet finished
         "before_dlq",  # poison decoded, dead-letter record not yet produced
         "feed_before_commit",  # a feed reader's side effects and cursor update not committed
@@ -61,6 +67,7 @@ class Faults:
         arm.hits += 1
         if arm.hits != arm.on_hit:
             return None
+        log.warning("fault point %s fired: %s", point, arm.action)
         if arm.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if arm.action == "fail":

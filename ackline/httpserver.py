@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ackline.errors import SettingsError
 from ackline.health import Limits, readiness, snapshot
 from ackline.metrics import Metrics
 
@@ -43,7 +44,12 @@ class StatusServer:
 
     def start(self, host: str, port: int) -> None:
         """Bind ``host:port`` (0 picks a free port) and serve in a daemon thread."""
-        self._server = ThreadingHTTPServer((host, port), _handler(self._respond))
+        try:
+            self._server = ThreadingHTTPServer((host, port), _handler(self._respond))
+        except OSError as exc:  # in use, or not an address of this host
+            raise SettingsError(
+                "ACKLINE_METRICS_PORT", f"cannot listen on {host}:{port}: {exc}"
+            ) from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="ackline-http", daemon=True

@@ -39,6 +39,12 @@ class Metrics:
         self.fenced = Counter(
             "ackline_fenced_batches", "Batches rolled back because the epoch moved on", registry=r
         )
+        self.retention_skipped = Counter(
+            "ackline_retention_skipped_offsets",
+            "Offsets deleted by retention before they were ingested (skipped, reported)",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.lag = Gauge(
             "ackline_partition_lag",
             "High watermark minus the DB next offset",

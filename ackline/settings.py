@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     # Where the services are. Unset: the local stack started by `ackline dev up`.
     kafka_bootstrap: str | None = None
     database_url: SecretStr | None = None
+    # What `ackline run` connects as (least privilege, README "Roles and privileges").
+    # Unset: database_url (or the local stack's) with its user swapped for ackline_ingest,
+    # which works where PostgreSQL trusts that role (the local stack); required when
+    # database_url carries a password.
+    database_ingest_url: SecretStr | None = None
     state_dir: Path = Path(".ackline")
 
     # What to consume and where poison goes.
@@ -80,12 +85,22 @@ class Settings(BaseSettings):
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     max_poll_interval_ms: int = Field(default=300_000, ge=1_000, le=3_600_000)
     start_from: Literal["earliest", "latest"] = "earliest"
+    # The consumer runtime of `ackline run` (`--runtime` wins); README "Faust runtime".
+    runtime: Literal["confluent", "faust"] = "confluent"
+    # Named risks of the faust runtime the operator accepts (comma list); README "Faust runtime".
+    faust_accept_risk: str = ""
 
     # Batching and backpressure.
     batch_max_events: int = Field(default=2_000, ge=1, le=100_000)
     batch_max_ms: int = Field(default=200, ge=1, le=60_000)
     max_message_bytes: int = Field(default=1_048_576, ge=256, le=64 * 1_048_576)
     max_json_depth: int = Field(default=32, ge=2, le=512)
+
+    # Schema evolution (README "Evolving the schema"): extra payload versions to load at
+    # start ("module:attr,..."), and how long to hold a partition at a payload version
+    # newer than this worker knows before rejecting it (0: reject at once).
+    payload_plugins: str = ""
+    newer_version_wait_s: float = Field(default=0.0, ge=0, le=86_400)
 
     # Operations.
     metrics_port: int = Field(default=0, ge=0, le=65_535)
@@ -164,7 +179,7 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-249 characters of [a-zA-Z0-9._-]")
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_ingest_url")
     @classmethod
     def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().startswith(

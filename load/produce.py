@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -154,12 +154,16 @@ def produce(
     namespace: str | None = None,
     run_id: str | None = None,
     out: TextIO | None = sys.stderr,
+    client_conf: dict[str, Any] | None = None,
+    pace: Callable[[int], None] | None = None,
 ) -> ProduceSummary:
     """Produce ``events`` originals plus their faults to ``topic``; write the manifest.
 
     ``namespace`` (default: the run id, random) is mixed into the generator's seed so
     runs against one database never share ids; pass it (with ``seed``) to reproduce a
-    run's bytes exactly. The summary is printed to ``out`` (None: silent).
+    run's bytes exactly. The summary is printed to ``out`` (None: silent). ``pace`` is
+    called after each transaction with the originals sent so far (it may sleep: the
+    chaos harness spreads production over its run that way).
     """
     knobs = knobs or Knobs()
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -168,7 +172,7 @@ def produce(
     message_max = max(_KAFKA_DEFAULT_MAX_MESSAGE, knobs.oversize_bytes + _HEADROOM)
     topic_config = {"max.message.bytes": str(message_max)} if knobs.poison > 0 else None
     try:
-        actual = ensure_topic(bootstrap, topic, partitions, topic_config)
+        actual = ensure_topic(bootstrap, topic, partitions, topic_config, conf=client_conf)
     except StreamError as exc:
         raise LoadError(f"cannot prepare topic {topic}: {exc}") from exc
     header = ManifestHeader(
@@ -183,8 +187,11 @@ def produce(
         namespace=namespace,
         transactional_id=transactional_id,
     )
-    producer = ActivityProducer(
-        bootstrap, topic, transactional_id, extra={"message.max.bytes": message_max}
+    producer = ActivityProducer(  # client_conf: security (ackline.clients.kafka_client_config)
+        bootstrap,
+        topic,
+        transactional_id,
+        extra={**(client_conf or {}), "message.max.bytes": message_max},
     )
     try:
         producer.start()
@@ -201,6 +208,8 @@ def produce(
                 reports = _send_transaction(producer, sends)
                 tally.add(sends, reports, writer)
                 bar.update(tally.originals)
+                if pace is not None:
+                    pace(tally.originals)
     except (StreamError, KafkaException) as exc:
         raise LoadError(f"produce failed after {tally.records} records: {exc}") from exc
     finally:

@@ -10,11 +10,13 @@ first failed check names the :class:`Rejection` reason (a short stable code):
 ``invalid_json``      not one JSON text, or the top level is not an object; also an
                       integer literal too long for Python (over 4300 digits)
 ``duplicate_key``     some object, at any depth, repeats a key
-``non_finite_number`` a ``NaN``, ``Infinity`` or ``-Infinity`` literal
+``non_finite_number`` a ``NaN``, ``Infinity`` or ``-Infinity`` literal, or a number too
+                      large for a double (``1e400``: it would read as infinity)
 ``too_deep``          nesting deeper than ``Limits.max_depth`` (the top-level object is
-                      depth 1, each nested object or array adds 1). A document nested so
-                      deep that the parser cannot descend into it (beyond Python's
-                      recursion limit) is ``too_deep`` whatever else is wrong with it
+                      depth 1, each nested object or array adds 1). A document whose
+                      brackets (outside strings) nest deeper than ``PARSE_DEPTH_CAP`` is
+                      ``too_deep`` before it is parsed, whatever else is wrong with it: so
+                      the answer never depends on how deep the caller's stack is
 ``unknown_type``      ``type`` is a string that is not one of ``EVENT_TYPES``
 ``unsupported_version`` ``type`` is known but ``PAYLOADS`` has no model for its integer
                       ``schema_version``
@@ -33,7 +35,10 @@ Unknown types and versions. An event whose ``type`` is unknown, or whose
 carry the reason. It is never silently dropped and never stored untyped. A consumer
 upgraded to know the new type or version can reprocess those records from the
 dead-letter topic. Producers must therefore deploy a new type or version only after the
-consumers that read it.
+consumers that read it. A version *newer* than any this process knows for a known type
+is marked on the rejection (``Rejection.newer``): the consumer runtime may hold the
+partition there for a while instead of rejecting, expecting a worker that knows the
+version to take it over (README, "Evolving the schema").
 
 A :class:`Row` holds the typed columns, the canonical JSON of the payload (for the
 ``jsonb`` column), the canonical JSON of the body (for the conflicts table) and the
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Iterable
@@ -55,7 +61,12 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from schemas.canonical import canonical_texts
-from schemas.envelope import PARSED_JSON_CONTEXT, describe_validation_error, route_envelope
+from schemas.envelope import (
+    PARSED_JSON_CONTEXT,
+    describe_validation_error,
+    newest_version,
+    route_envelope,
+)
 from schemas.errors import SchemaError
 
 EMPTY: Final = "empty"
@@ -112,6 +123,9 @@ class Rejection:
 
     reason: str
     detail: str
+    newer: tuple[str, int] | None = None
+    """(type, schema_version) when ``reason`` is ``unsupported_version`` and the version
+    is higher than every version registered for that type here."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +176,15 @@ def _strict_constant(name: str) -> Any:
     raise _NonFiniteError(name)
 
 
+def _strict_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # overflow: 1e400 reads as infinity, which no JSON column holds
+        raise _NonFiniteError(text)
+    return value
+
+
 _STRICT_DECODER: Final = json.JSONDecoder(
-    object_pairs_hook=_strict_pairs, parse_constant=_strict_constant
+    object_pairs_hook=_strict_pairs, parse_constant=_strict_constant, parse_float=_strict_float
 )
 
 
@@ -207,8 +228,16 @@ def _classify_hook_failure(text: str) -> Rejection:
         constants.append(name)
         return None
 
+    def number(literal: str) -> Any:
+        value = float(literal)
+        if math.isinf(value):
+            constants.append(literal[:40])
+        return value
+
     try:
-        parsed = json.JSONDecoder(object_pairs_hook=pairs, parse_constant=constant).decode(text)
+        parsed = json.JSONDecoder(
+            object_pairs_hook=pairs, parse_constant=constant, parse_float=number
+        ).decode(text)
     except RecursionError:
         return Rejection(TOO_DEEP, "nested too deeply to parse")
     except ValueError as exc:
@@ -217,7 +246,7 @@ def _classify_hook_failure(text: str) -> Rejection:
         return _NOT_OBJECT
     if duplicates:
         return Rejection(DUPLICATE_KEY, _clip(f"an object repeats the key {duplicates[0]!r}"))
-    return Rejection(NON_FINITE_NUMBER, _clip(f"{constants[0]} is not a JSON number"))
+    return Rejection(NON_FINITE_NUMBER, _clip(f"{constants[0]} is not a finite JSON number"))
 
 
 def _deeper_than(obj: object, max_depth: int) -> bool:
@@ -236,6 +265,32 @@ def _deeper_than(obj: object, max_depth: int) -> bool:
     return False
 
 
+PARSE_DEPTH_CAP: Final = 512
+"""Documents nested deeper than this are not parsed (see ``too_deep``); at least the
+largest ``max_json_depth`` the settings allow, and far below Python's recursion limit."""
+
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET: Final = re.compile(rb"[\[\]{}]")
+
+
+def _bracket_depth_over(value: bytes, cap: int) -> bool:
+    """Whether brackets outside JSON strings nest deeper than ``cap``, parser-free.
+
+    Without it, a document nested close to the recursion limit was ``too_deep`` when the
+    caller's stack was deep and ``invalid_json`` (or accepted) when it was shallow: the
+    worker thread and a test process disagreed on the same bytes.
+    """
+    depth = 0
+    for bracket in _BRACKET.findall(_JSON_STRING.sub(b"", value)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > cap:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
 def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] | Rejection:
     """Bytes to a JSON object, or the first failed check up to ``too_deep``."""
     if value is None:
@@ -248,6 +303,9 @@ def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] |
         text = value.decode("utf-8")
     except UnicodeDecodeError as exc:
         return Rejection(NOT_UTF8, _clip(str(exc)))
+    brackets = value.count(b"{") + value.count(b"[")
+    if brackets > PARSE_DEPTH_CAP and _bracket_depth_over(value, PARSE_DEPTH_CAP):
+        return Rejection(TOO_DEEP, f"nesting is deeper than {PARSE_DEPTH_CAP}: not parsed")
     try:
         parsed = _STRICT_DECODER.decode(text)
     except (_DuplicateKeyError, _NonFiniteError):
@@ -259,9 +317,7 @@ def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] |
     if not isinstance(parsed, dict):
         return _NOT_OBJECT
     # Nesting depth never exceeds the number of opening brackets: skip the walk if few.
-    if value.count(b"{") + value.count(b"[") > limits.max_depth and _deeper_than(
-        parsed, limits.max_depth
-    ):
+    if brackets > limits.max_depth and _deeper_than(parsed, limits.max_depth):
         return Rejection(TOO_DEEP, f"nesting is deeper than the {limits.max_depth} limit")
     return parsed, "\\u" not in text or _SUSPECT_ESCAPE.search(text) is None
 
@@ -269,13 +325,23 @@ def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] |
 # --- validation -------------------------------------------------------------------------
 
 
-def _routing_rejection(exc: ValidationError) -> Rejection:
+def _routing_rejection(exc: ValidationError, obj: dict[str, Any]) -> Rejection:
     errors = exc.errors(include_url=False, include_input=False)
     for reason in (UNKNOWN_TYPE, UNSUPPORTED_VERSION):
         for err in errors:
             if err["type"] == reason:
-                return Rejection(reason, _clip(err["msg"]))
+                return Rejection(reason, _clip(err["msg"]), _newer(reason, obj))
     return Rejection(SCHEMA_INVALID, _clip(describe_validation_error(exc, MAX_DETAIL_CHARS)))
+
+
+def _newer(reason: str, obj: dict[str, Any]) -> tuple[str, int] | None:
+    if reason != UNSUPPORTED_VERSION:
+        return None
+    event_type, version = obj.get("type"), obj.get("schema_version")
+    if not isinstance(event_type, str) or type(version) is not int:
+        return None
+    newest = newest_version(event_type)
+    return (event_type, version) if newest is not None and version > newest else None
 
 
 def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:
@@ -288,7 +354,7 @@ def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Reject
     try:
         model = route_envelope(obj)
     except ValidationError as exc:
-        return _routing_rejection(exc)
+        return _routing_rejection(exc, obj)
     try:
         env = model.model_validate(obj, context=context)
         payload_json, body_json = canonical_texts(env)

@@ -460,6 +460,45 @@ ENVELOPES: dict[tuple[str, int], type[Envelope]] = {
 """(type, schema_version) -> concrete envelope model, derived from PAYLOADS."""
 
 
+def newest_version(event_type: str) -> int | None:
+    """The highest schema_version registered for ``event_type`` (None: unknown type)."""
+    versions = [v for t, v in ENVELOPES if t == event_type]
+    return max(versions) if versions else None
+
+
+def register_payloads(entries: Mapping[tuple[str, int], type[Payload]]) -> list[tuple[str, int]]:
+    """Add payload versions to the registry at start; return the keys added.
+
+    For ``ACKLINE_PAYLOAD_PLUGINS`` (:mod:`schemas.plugins`): a worker can learn a new
+    version of a known type without a new build. Rules: the type is one of
+    :data:`EVENT_TYPES` (a new type is added in code); the version is a positive int;
+    a (type, version) already registered keeps its model (a published version never
+    changes: registering the same model again is a no-op, another one is an error).
+    Nothing is registered unless every entry passes. Not thread-safe: call it before
+    any decoding starts.
+    """
+    added: dict[tuple[str, int], type[Envelope]] = {}
+    for key, model in entries.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise SchemaError(f"payload registry key {key!r} is not (type, schema_version)")
+        event_type, version = key
+        if event_type not in _EVENT_TYPE_SET:
+            raise SchemaError(f"{event_type!r} is not a known event type; add new types in code")
+        if type(version) is not int or version < 1:
+            raise SchemaError(f"{event_type} schema_version {version!r} is not a positive int")
+        if not (isinstance(model, type) and issubclass(model, Payload)):
+            raise SchemaError(f"{event_type} v{version}: {model!r} is not a Payload model")
+        if key in PAYLOADS:
+            if PAYLOADS[key] is not model:
+                raise SchemaError(f"{event_type} v{version} is already registered differently")
+            continue
+        added[key] = _envelope_model(event_type, version, model)
+    for key, envelope in added.items():
+        PAYLOADS[key] = entries[key]
+        ENVELOPES[key] = envelope
+    return list(added)
+
+
 def envelope_model(type: str, schema_version: int = SCHEMA_VERSION) -> type[Envelope]:
     """The concrete envelope model for ``(type, schema_version)``; SchemaError if none."""
     model = ENVELOPES.get((type, schema_version))

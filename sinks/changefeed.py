@@ -245,12 +245,18 @@ class Reader:
         row = await conn.fetchrow(_CURSOR, self.name)
         if row is None:
             w = self.start.within
-            await conn.execute(
-                _ENSURE,
-                self.name,
-                self.start.xid,
-                *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
-            )
+            try:
+                await conn.execute(
+                    _ENSURE,
+                    self.name,
+                    self.start.xid,
+                    *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
+                )
+            except asyncpg.InsufficientPrivilegeError as exc:
+                raise FeedError(
+                    f"reader {self.name!r}: this role may not write feed_cursors "
+                    "(a stored cursor needs INSERT and UPDATE on it)"
+                ) from exc
             row = await conn.fetchrow(_CURSOR, self.name)
             if row is None:
                 raise FeedError(f"reader {self.name!r} vanished while it was being created")
@@ -275,7 +281,7 @@ class Reader:
         if conn.is_in_transaction():
             raise FeedError("next_batch needs a connection that is not in a transaction")
         while True:
-            tr = conn.transaction()
+            tr = conn.transaction(isolation="read_committed")
             await tr.start()
             try:
                 batch = await self._claim(conn, limit)

@@ -180,8 +180,34 @@ WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S')
 """
 
 
+_WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+
+
+def with_no_extra_writes(want: Expected, tables: dict[str, list[str]]) -> dict[Privilege, bool]:
+    """``want``'s privileges, plus: a role the file grants table privileges to holds no
+    write privilege on any table that the file does not grant it. Pure.
+
+    This is what makes "append-only by grants" checkable: the ingest role may INSERT
+    into activity, and holding UPDATE or DELETE there is a failure.
+    """
+    expect = dict(want.privileges)
+    grantees = {p.role for p, granted in want.privileges.items() if granted and p.kind == "table"}
+    for role in sorted(grantees):
+        for schema, names in tables.items():
+            for name in names:
+                obj = name if schema == "public" else f"{schema}.{name}"
+                for priv in _WRITES:
+                    expect.setdefault(Privilege(role, "table", obj, priv), False)
+    return expect
+
+
 async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: bool) -> RolesReport:
-    """Compare the database's roles and privileges with ``migration``'s. Read-only."""
+    """Compare the database's roles and privileges with ``migration``'s. Read-only.
+
+    Checked: every role the file creates or grants to exists; every privilege the file
+    leaves granted is held, every one it revokes is not; and no grantee of table
+    privileges holds a write privilege the file does not grant it.
+    """
     tables: dict[str, list[str]] = {}
     sequences: dict[str, list[str]] = {}
     for r in await conn.fetch(_OBJECTS):
@@ -196,7 +222,8 @@ async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: b
     known = {o for objs in (*tables.values(), *sequences.values()) for o in objs}
     known |= {f"{s}.{o}" for s, objs in (*tables.items(), *sequences.items()) for o in objs}
     known |= {str(r["nspname"]) for r in await conn.fetch("SELECT nspname FROM pg_namespace")}
-    checkable = [p for p in want.privileges if p.role in present and p.obj in known]
+    expect = with_no_extra_writes(want, tables)
+    checkable = [p for p in expect if p.role in present and p.obj in known]
     held = await conn.fetch(
         _HOLDS,
         [p.role for p in checkable],
@@ -207,7 +234,7 @@ async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: b
     wrong = [
         (p, bool(h["held"]))
         for p, h in zip(checkable, held, strict=True)
-        if bool(h["held"]) != want.privileges[p]
+        if bool(h["held"]) != expect[p]
     ]
     wrong += [(p, False) for p in want.privileges if p.obj not in known and want.privileges[p]]
     return RolesReport(

@@ -59,3 +59,30 @@ async def read_offsets(conn: asyncpg.Connection, group_id: str) -> list[asyncpg.
         "FROM consumer_offsets WHERE group_id = $1 ORDER BY topic, partition",
         group_id,
     )
+
+
+_POSITIONS = """
+SELECT o.topic, o.partition, o.next_offset, o.epoch
+FROM consumer_offsets AS o
+JOIN unnest($2::text[], $3::int[]) AS u(topic, partition)
+  ON o.topic = u.topic AND o.partition = u.partition
+WHERE o.group_id = $1
+FOR SHARE OF o
+"""
+
+
+async def positions(
+    conn: asyncpg.Connection, group_id: str, partitions: list[tuple[str, int]]
+) -> list[Claim]:
+    """Where ``partitions`` resume and under which epoch, without claiming them.
+
+    The rows are locked FOR SHARE, which waits for any transaction still holding them (a
+    batch being rolled back or committed) to end, so the answer is that batch's outcome.
+    Reads only; the lock ends with the statement.
+    """
+    rows = await conn.fetch(
+        _POSITIONS, group_id, [t for t, _ in partitions], [p for _, p in partitions]
+    )
+    return [
+        Claim(str(r["topic"]), int(r["partition"]), r["next_offset"], int(r["epoch"])) for r in rows
+    ]

@@ -2,18 +2,28 @@
 
 Statement order inside the transaction (DESIGN data flow):
 
-1. fence: compare-and-set every offset row the batch advances, on its owner epoch;
-2. take a batch id;
-3. read the stored hashes of the batch's keys (ledger by txn_id, activity by event_id);
-4. classify in memory (:func:`sinks.classify.classify`): insert, duplicate or conflict;
-5. binary COPY of the new events into the session's staging table;
-6. one INSERT … SELECT into the ledger and, for the ledger rows inserted, into activity,
-   both ON CONFLICT DO NOTHING; any staged row not inserted lost a race with a concurrent
-   writer, so the transaction rolls back and the batch is retried (re-reading the keys);
-7. conflicts, rejects and the batch row, each one INSERT … SELECT FROM unnest(...);
-   the batch row's ``commit_xid`` defaults to this transaction's xid8 (the changefeed's
-   order), and ``pg_notify('ackline_batches', batch_id)`` follows it (sent on COMMIT only);
-8. COMMIT.
+1. fence: compare-and-set every offset row the batch advances, on its owner epoch, and
+   take a batch id, in one statement;
+2. read the stored hashes of the batch's keys (ledger by txn_id and activity by
+   event_id, one statement);
+3. classify in memory (:func:`sinks.classify.classify`): insert, duplicate or conflict;
+4. binary COPY of the new events straight into the ledger, then into activity. Their keys
+   were read in step 2 and are unique within the batch, so the only way a COPY meets an
+   existing key is a concurrent writer that committed (or still holds) it after step 2:
+   the unique index raises UniqueViolationError (after waiting for that writer), the
+   transaction rolls back and the batch is retried, re-reading the keys - the race of
+   DESIGN window 14. Nothing is ever overwritten or silently skipped;
+5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...);
+6. the batch row, whose ``commit_xid`` defaults to this transaction's xid8 (the
+   changefeed's order), and ``pg_notify('ackline_batches', batch_id)`` (sent on COMMIT
+   only), in one statement;
+7. COMMIT.
+
+Performance (README "Performance and scale-out"): COPY straight into the tables replaced
+a COPY into a temporary staging table followed by INSERT … SELECT … ON CONFLICT DO
+NOTHING, which made PostgreSQL write every row twice and cost most of the batch's server
+time; the statements are merged to cut round trips (each one also waits for the GIL
+while the consumer thread decodes the next batch).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import json
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -37,17 +48,33 @@ from sinks.errors import FencedError, RaceLostError, TransientDatabaseError
 log = logging.getLogger(__name__)
 
 _FENCE = """
-UPDATE consumer_offsets AS o
-SET next_offset = u.next_offset, updated_at = now()
-FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[])
-    AS u(topic, partition, first_offset, next_offset, epoch)
-WHERE o.group_id = $1 AND o.topic = u.topic AND o.partition = u.partition
-  AND o.epoch = u.epoch
-  AND (o.next_offset IS NULL OR o.next_offset <= u.first_offset)
-RETURNING o.topic, o.partition
+WITH fenced AS (
+    UPDATE consumer_offsets AS o
+    SET next_offset = u.next_offset, updated_at = now()
+    FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[])
+        AS u(topic, partition, first_offset, next_offset, epoch)
+    WHERE o.group_id = $1 AND o.topic = u.topic AND o.partition = u.partition
+      AND o.epoch = u.epoch
+      AND (o.next_offset IS NULL OR o.next_offset <= u.first_offset)
+    RETURNING o.topic, o.partition
+), batch AS (
+    SELECT nextval('ingest_batch_id_seq') AS batch_id
+)
+SELECT batch.batch_id, fenced.topic, fenced.partition
+FROM batch LEFT JOIN fenced ON true
 """
 
-_STAGE_COLUMNS = (
+_LEDGER_COLUMNS = (
+    "txn_id",
+    "event_id",
+    "body_hash",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+    "batch_id",
+)
+
+_ACTIVITY_COLUMNS = (
     "event_id",
     "txn_id",
     "type",
@@ -60,28 +87,13 @@ _STAGE_COLUMNS = (
     "src_topic",
     "src_partition",
     "src_offset",
+    "batch_id",
 )
 
-_INSERT = """
-WITH led AS (
-    INSERT INTO txn_ledger
-        (txn_id, event_id, body_hash, src_topic, src_partition, src_offset, batch_id)
-    SELECT txn_id, event_id, body_hash, src_topic, src_partition, src_offset, $1
-    FROM ackline_stage
-    ON CONFLICT (txn_id) DO NOTHING
-    RETURNING event_id
-), act AS (
-    INSERT INTO activity
-        (event_id, txn_id, type, agent_id, request_id, occurred_at, schema_version,
-         payload, body_hash, src_topic, src_partition, src_offset, batch_id)
-    SELECT s.event_id, s.txn_id, s.type, s.agent_id, s.request_id, s.occurred_at,
-           s.schema_version, s.payload, s.body_hash, s.src_topic, s.src_partition,
-           s.src_offset, $1
-    FROM ackline_stage AS s JOIN led USING (event_id)
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id
-)
-SELECT (SELECT count(*) FROM act) AS inserted
+_STORED_KEYS = """
+SELECT true AS ledger, txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])
+UNION ALL
+SELECT false, NULL, body_hash, event_id FROM activity WHERE event_id = ANY($2::uuid[])
 """
 
 _CONFLICTS = """
@@ -111,10 +123,14 @@ ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 """
 
 _BATCH_ROW = """
-INSERT INTO ingest_batches
-    (batch_id, group_id, worker, ranges, events, inserted, duplicates_ledger, duplicates_pk,
-     conflicts_ledger, conflicts_pk, rejects)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11)
+WITH b AS (
+    INSERT INTO ingest_batches
+        (batch_id, group_id, worker, ranges, events, inserted, duplicates_ledger,
+         duplicates_pk, conflicts_ledger, conflicts_pk, rejects)
+    VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11)
+    RETURNING batch_id
+)
+SELECT pg_notify('ackline_batches', b.batch_id::text) FROM b
 """
 
 _RECONCILE_LOCK = """
@@ -148,12 +164,25 @@ class _CommitUncertainError(Exception):
 class BatchWriter:
     """Writes batches for one consumer group; see the module docstring for the order."""
 
-    def __init__(self, db: Database, group_id: str, worker: str, faults: Faults = DISARMED) -> None:
+    def __init__(
+        self,
+        db: Database,
+        group_id: str,
+        worker: str,
+        faults: Faults = DISARMED,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> None:
         self._db = db
         self._group = group_id
         self._worker = worker
         self._faults = faults
+        self._on_retry = on_retry
         self.retries: Counter[str] = Counter()
+
+    def _retrying(self, cause: str) -> None:
+        self.retries[cause] += 1
+        if self._on_retry is not None:
+            self._on_retry(cause)
 
     async def write(self, batch: Batch) -> WriteResult:
         """Commit ``batch`` exactly once, or raise :class:`FencedError`.
@@ -167,8 +196,17 @@ class BatchWriter:
         means committed (return), absent means rolled back (retry under the same epoch, or
         raise FencedError if the epoch moved on). Cancelling this coroutine is always safe:
         the database alone decides what was committed, and nothing outside it is changed
-        here.
+        here. Cancellation terminates the connection at once (no polite ROLLBACK that could
+        wait on a dead server): the server rolls back whatever had not committed, and the
+        next write starts on a fresh connection, never sharing one with a cancelled write.
         """
+        try:
+            return await self._write(batch)
+        except asyncio.CancelledError:
+            await self._db.discard()
+            raise
+
+    async def _write(self, batch: Batch) -> WriteResult:
         delay = 0.05
         while True:
             conn: asyncpg.Connection | None = None
@@ -176,18 +214,18 @@ class BatchWriter:
                 conn = await self._db.get()
                 return await self._attempt(conn, batch)
             except _CommitUncertainError as uncertain:
-                self.retries["commit_uncertain"] += 1
+                self._retrying("commit_uncertain")
                 await self._db.discard()
                 if await self._reconcile(batch, uncertain.result.batch_id):
                     return uncertain.result
                 log.warning("batch %s did not commit; retrying", batch.describe())
             except RaceLostError:
-                self.retries["race"] += 1
+                self._retrying("race")
                 continue
             except Exception as exc:
                 if not isinstance(exc, TransientDatabaseError) and not is_transient(exc, conn):
                     raise
-                self.retries["transient"] += 1
+                self._retrying("transient")
                 log.warning("batch %s: transient error, retrying: %s", batch.describe(), exc)
                 await self._db.discard()
                 await asyncio.sleep(delay)
@@ -199,8 +237,8 @@ class BatchWriter:
         try:
             result = await self._statements(conn, batch)
             await self._faults.ahit("before_commit")
-        except BaseException:
-            if not conn.is_closed():
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError) and not conn.is_closed():
                 with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                     await tr.rollback()
             raise
@@ -217,37 +255,10 @@ class BatchWriter:
         return result
 
     async def _statements(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
-        await self._fence(conn, batch)
-        batch_id = int(await conn.fetchval("SELECT nextval('ingest_batch_id_seq')"))
+        batch_id = await self._fence(conn, batch)
         verdict = await self._classify(conn, batch)
         if verdict.inserts:
-            await conn.copy_records_to_table(
-                "ackline_stage",
-                columns=_STAGE_COLUMNS,
-                records=[
-                    (
-                        i.row.event_id,
-                        i.row.txn_id,
-                        i.row.type,
-                        i.row.agent_id,
-                        i.row.request_id,
-                        i.row.occurred_at,
-                        i.row.schema_version,
-                        i.row.payload_json,
-                        i.row.body_hash,
-                        i.coord.topic,
-                        i.coord.partition,
-                        i.coord.offset,
-                    )
-                    for i in verdict.inserts
-                ],
-            )
-            await self._faults.ahit("mid_copy")
-            inserted = int(await conn.fetchval(_INSERT, batch_id))
-            if inserted != len(verdict.inserts):
-                raise RaceLostError(
-                    f"{len(verdict.inserts) - inserted} rows lost a race with another writer"
-                )
+            await self._copy_inserts(conn, batch_id, verdict)
         if verdict.conflicts:
             await self._insert_conflicts(conn, batch_id, verdict)
         if batch.rejects:
@@ -278,11 +289,10 @@ class BatchWriter:
             result.conflicts["primary_key"],
             len(batch.rejects),
         )
-        # Wakes changefeed readers (sinks.changefeed); PostgreSQL delivers it only on COMMIT.
-        await conn.execute("SELECT pg_notify('ackline_batches', $1)", str(batch_id))
         return result
 
-    async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> None:
+    async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> int:
+        """The fence (first statement of the transaction); returns the new batch id."""
         ranges = batch.ranges
         rows = await conn.fetch(
             _FENCE,
@@ -293,10 +303,61 @@ class BatchWriter:
             [r.next_offset for r in ranges],
             [r.epoch for r in ranges],
         )
-        if len(rows) != len(ranges):
-            won = {(str(r["topic"]), int(r["partition"])) for r in rows}
+        won = {(str(r["topic"]), int(r["partition"])) for r in rows if r["topic"] is not None}
+        if len(won) != len(ranges):
             lost = [(r.topic, r.partition) for r in ranges if (r.topic, r.partition) not in won]
             raise FencedError(lost)
+        return int(rows[0]["batch_id"])
+
+    async def _copy_inserts(
+        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified
+    ) -> None:
+        """Binary COPY of the new events into txn_ledger, then activity (same transaction).
+
+        A key that exists (committed by a concurrent writer after the keys were read)
+        fails the COPY with UniqueViolationError: raised as RaceLostError, the caller
+        rolls back and retries the batch, which re-reads the keys.
+        """
+        ledger = []
+        activity = []
+        for i in verdict.inserts:
+            row, coord = i.row, i.coord
+            ledger.append(
+                (
+                    row.txn_id,
+                    row.event_id,
+                    row.body_hash,
+                    coord.topic,
+                    coord.partition,
+                    coord.offset,
+                    batch_id,
+                )
+            )
+            activity.append(
+                (
+                    row.event_id,
+                    row.txn_id,
+                    row.type,
+                    row.agent_id,
+                    row.request_id,
+                    row.occurred_at,
+                    row.schema_version,
+                    row.payload_json,
+                    row.body_hash,
+                    coord.topic,
+                    coord.partition,
+                    coord.offset,
+                    batch_id,
+                )
+            )
+        try:
+            await conn.copy_records_to_table("txn_ledger", columns=_LEDGER_COLUMNS, records=ledger)
+            await self._faults.ahit("mid_copy")
+            await conn.copy_records_to_table(
+                "activity", columns=_ACTIVITY_COLUMNS, records=activity
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise RaceLostError(f"a key of this batch was taken by another writer: {exc}") from exc
 
     async def _classify(self, conn: asyncpg.Connection, batch: Batch) -> Classified:
         txn_ids = list({i.row.txn_id for i in batch.events})
@@ -304,16 +365,11 @@ class BatchWriter:
         ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
         activity: dict[uuid.UUID, bytes] = {}
         if txn_ids:
-            for r in await conn.fetch(
-                "SELECT txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])",
-                txn_ids,
-            ):
-                ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
-            for r in await conn.fetch(
-                "SELECT event_id, body_hash FROM activity WHERE event_id = ANY($1::uuid[])",
-                event_ids,
-            ):
-                activity[r["event_id"]] = bytes(r["body_hash"])
+            for r in await conn.fetch(_STORED_KEYS, txn_ids, event_ids):
+                if r["ledger"]:
+                    ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
+                else:
+                    activity[r["event_id"]] = bytes(r["body_hash"])
         return classify(batch.events, ledger, activity)
 
     async def _insert_conflicts(

@@ -119,29 +119,40 @@ def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
 
 
 def record_timestamps(
-    bootstrap: str, conf: Conf, topic: str, starts: Mapping[int, int], timeout: float = 5.0
+    bootstrap: str,
+    conf: Conf,
+    topic: str,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    timeout: float = 5.0,
 ) -> dict[int, int]:
-    """The timestamp (ms) of the first committed record at or after each start offset.
+    """The timestamp (ms) of the first committed record in ``[starts[p], ends[p])``.
 
-    Partitions with nothing readable within ``timeout`` are left out. Uses a throwaway
-    group id and ``assign`` only: no group is joined and nothing is committed.
+    A partition whose position reaches its end without a record (only transaction
+    markers or aborted records were left) is left out, and so is one with nothing
+    readable within ``timeout``. Uses a throwaway group id and ``assign`` only: no
+    group is joined and nothing is committed.
     """
     if not starts:
         return {}
     found: dict[int, int] = {}
+    empty: set[int] = set()
+    tps = [TopicPartition(topic, p, off) for p, off in starts.items()]
     try:
         with _consumer(bootstrap, conf, f"ackline-inspect-{uuid.uuid4().hex[:8]}") as consumer:
-            consumer.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+            consumer.assign(tps)
             deadline = time.monotonic() + timeout
-            while len(found) < len(starts) and time.monotonic() < deadline:
+            while len(found) + len(empty) < len(starts) and time.monotonic() < deadline:
                 msg = consumer.poll(0.2)
-                if msg is None or msg.error() is not None:
-                    continue
-                partition = msg.partition() or 0
-                if partition not in found:
-                    _, stamp = msg.timestamp()
-                    found[partition] = int(stamp)
-                    consumer.pause([TopicPartition(topic, partition)])
+                if msg is not None and msg.error() is None:
+                    partition = msg.partition() or 0
+                    if partition not in found and (msg.offset() or 0) < ends.get(partition, 0):
+                        _, stamp = msg.timestamp()
+                        found[partition] = int(stamp)
+                        consumer.pause([TopicPartition(topic, partition)])
+                for tp in consumer.position([TopicPartition(topic, p) for p in starts]):
+                    if tp.partition not in found and tp.offset >= ends.get(tp.partition, 0):
+                        empty.add(tp.partition)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
     return found

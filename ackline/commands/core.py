@@ -33,13 +33,16 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.app import run
+    from ackline.app import run, run_faust
 
     bootstrap, dsn = endpoints(settings)
+    if (args.runtime or settings.runtime) == "faust":
+        return run_faust(settings, bootstrap, dsn, until_drained=args.until_drained)
     return asyncio.run(run(settings, bootstrap, dsn, until_drained=args.until_drained))
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.clients import kafka_client_config
     from load.produce import Knobs, produce
 
     bootstrap, _ = endpoints(settings)
@@ -60,6 +63,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         seed=args.seed,
         manifest_path=Path(args.manifest),
         progress=not args.quiet,
+        client_conf=kafka_client_config(settings),
     )
     return 0
 
@@ -98,6 +102,12 @@ def register(sub: Subparsers) -> None:
 
     run = sub.add_parser("run", help="consume the topic into PostgreSQL until SIGTERM")
     run.add_argument("--until-drained", action="store_true", help="stop once caught up")
+    run.add_argument(
+        "--runtime",
+        choices=("confluent", "faust"),
+        help="consumer runtime (else ACKLINE_RUNTIME, default confluent); "
+        "faust needs the [faust] extra, README 'Faust runtime'",
+    )
     run.set_defaults(handler=cmd_run)
 
     prod = sub.add_parser("produce", help="generate realistic agent activity with faults")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
 
 
 def _dsn(settings: Settings) -> str:
+    """PostgreSQL only: ACKLINE_DATABASE_URL (with the TLS settings), else the local stack."""
     if settings.database_url is not None:
-        return settings.database_url.get_secret_value()
+        from ackline.clients import database_dsn
+
+        return database_dsn(settings.database_url.get_secret_value(), settings)
     from ackline.endpoints import endpoints
 
     return endpoints(settings)[1]
@@ -38,6 +42,10 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+class _StdoutClosed(Exception):
+    """stdout's reader went away: stop tailing, quietly."""
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
@@ -69,9 +77,12 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
     async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
         # Inside the reader's transaction: with --commit the cursor commits after the
         # lines are flushed, so a crash in between prints them again (at least once).
-        for event in batch.events:
-            sys.stdout.write(event_line(event) + "\n")
-        sys.stdout.flush()
+        try:
+            for event in batch.events:
+                sys.stdout.write(event_line(event) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError as exc:  # an OSError, which follow() would retry
+            raise _StdoutClosed() from exc
 
     stop = asyncio.Event()
     with _stop_on_signals(stop):
@@ -85,7 +96,9 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
                 poll_interval=args.poll_interval,
                 limit=args.limit,
             )
-        except BrokenPipeError:
+        except _StdoutClosed:
+            # the reader of our stdout left (`| head`); with --commit the batch rolled back
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
     print(f"ackline tail: cursor {cursor.encode()}", file=sys.stderr)
     return 0

@@ -20,7 +20,7 @@ from ackline.dev import stack
 from sinks.migrate import migrate
 from streams.admin import delete_topic, ensure_topic
 from streams.errors import TopicError
-from tests.integration.harness import Services, dsn_for
+from tests.integration.harness import LIVE_WORKERS, Services, dsn_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DB = "ackline_test_template"
@@ -69,6 +69,14 @@ def _env_stack() -> bool:
     return bool(
         os.environ.get("ACKLINE_KAFKA_BOOTSTRAP") and os.environ.get("ACKLINE_DATABASE_URL")
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """A failing test must not leave `ackline run` processes behind."""
+    yield
+    while LIVE_WORKERS:
+        LIVE_WORKERS.pop().discard()
 
 
 @pytest.fixture

@@ -62,8 +62,17 @@ def run_async(coro: Awaitable[T]) -> T:
     return asyncio.run(wrap())
 
 
+LIVE_WORKERS: list[Worker] = []
+"""Every Worker started by the current test; the conftest kills leftovers after it."""
+
+
 class Worker:
-    """One `ackline run` process with its own log file and metrics port."""
+    """One `ackline run` process with its own log file and metrics port.
+
+    ACKLINE_DATABASE_URL is the test database as the superuser; `ackline run` connects
+    as ``ackline_ingest`` to that database (ackline.endpoints.ingest_dsn: the local stack
+    trusts the role), so every worker in the tests runs with the worker's real privileges.
+    """
 
     def __init__(
         self,
@@ -98,6 +107,7 @@ class Worker:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+        LIVE_WORKERS.append(self)
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
@@ -137,6 +147,14 @@ class Worker:
         code = self.proc.wait(60)
         self._log.close()
         return code
+
+    def discard(self) -> None:
+        """Kill the process if it still runs and close its log (test teardown)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        if not self._log.closed:
+            self._log.close()
 
     def ensure_alive(self) -> None:
         if self.proc.poll() is not None:

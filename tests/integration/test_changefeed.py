@@ -279,6 +279,42 @@ def test_a_failing_handler_rolls_back_its_effects_and_the_cursor(dsn: str) -> No
     asyncio.run(go())
 
 
+def test_a_connection_lost_mid_batch_reconnects_and_delivers_once(dsn: str) -> None:
+    """The reader's backend is terminated after its side effects, before COMMIT: the
+    transaction is gone, follow() reconnects, reads the stored cursor and delivers the
+    same batch again; the table holds each event once."""
+
+    async def go() -> tuple[int, list[Any]]:
+        epochs = await take(dsn, [0])
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        for k in range(3):
+            envs = [step(f"r{k}", "a1", i) for i in range(3)]
+            await writer.write(batch_of(envs, epochs[0], 0, k * 3))
+        await database.close()
+        admin = await asyncpg.connect(dsn)
+        await admin.execute(DELIVERIES)
+        handled: list[Any] = []
+        stop = asyncio.Event()
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            await deliver_into_table(conn, batch, "x")
+            handled.extend(e.event_id for e in batch.events)
+            if len(handled) == 6:  # the second batch: lose the connection before COMMIT
+                await admin.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+
+        reader = Reader("lossy", Changefeed(max_transactions=1))
+        await follow(reader, connector(dsn, "lossy"), handle, stop, wait=False)
+        await admin.close()
+        return reader.stats.delivered, handled
+
+    delivered, handled = asyncio.run(go())
+    rows = db(dsn, "SELECT event_id, count(*) AS n FROM deliveries GROUP BY event_id")
+    assert len(rows) == 9 and all(r["n"] == 1 for r in rows)
+    assert len(handled) == 12 and handled[3:6] == handled[6:9]  # batch 2 handled twice
+    assert delivered == 9  # counted after COMMIT only
+
+
 # --- two instances of one reader ---------------------------------------------------------
 
 

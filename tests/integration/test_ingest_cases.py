@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Message
 
 from schemas import Envelope, hash_envelope, new_envelope
@@ -69,7 +70,11 @@ class Deliveries:
         self.last[p] = max(self.last.get(p, -1), o)
 
 
-def test_every_case_lands_once(services: Services, dsn: str, topic: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_every_case_lands_once(
+    services: Services, dsn: str, topic: str, tmp_path: Path, protocol: str
+) -> None:
+    """Both group protocols: classic cooperative-sticky and KIP-848 `consumer`."""
     producer = ActivityProducer(services.bootstrap, topic, transactional_id=f"tx-{topic}")
     producer.start()
     seen = Deliveries()
@@ -95,7 +100,7 @@ def test_every_case_lands_once(services: Services, dsn: str, topic: str, tmp_pat
     producer.close()
     assert not seen.errors
 
-    worker = Worker(services, dsn, topic, tmp_path, max_message_bytes=4096)
+    worker = Worker(services, dsn, topic, tmp_path, max_message_bytes=4096, group_protocol=protocol)
     group = f"g-{topic}"
 
     def caught_up() -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ackline.errors import SettingsError
 from ackline.health import Limits, Snapshot, readiness, snapshot
 from ackline.httpserver import StatusServer
 from ackline.logs import (
@@ -214,3 +215,10 @@ def test_json_formatter_keeps_exceptions() -> None:
         )
     line = json.loads(JsonFormatter().format(record))
     assert "ValueError: boom" in line["exc"]
+
+
+def test_a_port_in_use_is_a_settings_error(served: tuple[Metrics, StatusServer]) -> None:
+    _, server = served
+    other = StatusServer(Metrics(), LIMITS, started=time.time())
+    with pytest.raises(SettingsError, match="ACKLINE_METRICS_PORT"):
+        other.start("127.0.0.1", server.port)

@@ -1,0 +1,175 @@
+"""`ackline capture` and `ackline replay`: topic ranges to files and back, for load tests."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ackline.commands import Subparsers
+from ackline.errors import AcklineError
+from ackline.settings import Settings
+
+if TYPE_CHECKING:
+    from load.topics import RangeSpec
+
+
+class ArgumentProblem(AcklineError):
+    """A command-line value is malformed or options do not go together."""
+
+
+def parse_time_ms(text: str) -> int:
+    """Epoch milliseconds from ``1714554000000`` or ISO 8601 (no zone: UTC)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ArgumentProblem(
+            f"{text!r} is neither ISO 8601 (2024-05-01T09:00:00Z) nor epoch milliseconds"
+        ) from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _spec(args: argparse.Namespace) -> RangeSpec:
+    from load.topics import RangeSpec
+
+    return RangeSpec(
+        start_offset=args.from_offset,
+        end_offset=args.to_offset,
+        since_ms=parse_time_ms(args.since) if args.since else None,
+        until_ms=parse_time_ms(args.until) if args.until else None,
+        partitions=tuple(args.partition) if args.partition else None,
+    )
+
+
+def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.clients import kafka_client_config
+    from ackline.endpoints import endpoints
+    from ackline.progress import Progress
+    from load.topics import capture
+
+    bootstrap, _ = endpoints(settings)
+    spec = _spec(args)
+    bar: Progress | None = None
+
+    def progress(done: int, bound: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress("capture", bound, unit="records")
+        bar.total = max(bound, done)
+        bar.update(done)
+
+    try:
+        summary = capture(
+            bootstrap,
+            args.topic,
+            Path(args.output),
+            spec,
+            conf=kafka_client_config(settings),
+            timeout=args.timeout,
+            idle_timeout=args.idle_timeout,
+            on_progress=None if args.quiet else progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    print(summary.render(), flush=True)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.clients import kafka_client_config
+    from ackline.endpoints import endpoints
+    from ackline.progress import Progress
+    from load.capture import CaptureReader
+    from load.replay import Pace, replay
+    from load.topics import open_range
+
+    if bool(args.source) == bool(args.from_topic):
+        raise ArgumentProblem("replay: give either a capture file or --from-topic TOPIC")
+    ranged = any(
+        v is not None
+        for v in (args.from_offset, args.to_offset, args.since, args.until, args.partition)
+    )
+    if ranged and not args.from_topic:
+        raise ArgumentProblem(
+            "replay: range options go with --from-topic (a file is replayed whole)"
+        )
+    pace = Pace.parse(args.pace)
+    bootstrap, _ = endpoints(settings)
+    conf = kafka_client_config(settings)
+    if args.from_topic:
+        spec = _spec(args)
+        ranges, records = open_range(bootstrap, args.from_topic, spec, conf=conf)
+        total = sum(end - first for first, end in ranges.values())
+        partitions = list(ranges)
+        reader = None
+    else:
+        reader = CaptureReader(Path(args.source))
+        records = iter(reader)
+        total = reader.trailer.records
+        partitions = list(reader.header.ranges)
+    bar = None if args.quiet else Progress("replay", total, unit="records")
+    try:
+        summary = replay(
+            bootstrap,
+            records,
+            args.to,
+            pace,
+            source_partitions=partitions,
+            keep_timestamps=args.keep_timestamps,
+            conf=conf,
+            on_progress=bar.update if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+        if reader is not None:
+            reader.close()
+    print(summary.render(), flush=True)
+    return 0
+
+
+def _range_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from-offset", type=int, help="first offset, each partition (default: earliest)"
+    )
+    p.add_argument("--to-offset", type=int, help="end offset, exclusive (default: the end now)")
+    p.add_argument("--since", help="first record time: ISO 8601 or epoch ms")
+    p.add_argument("--until", help="end time, exclusive: ISO 8601 or epoch ms")
+    p.add_argument("--partition", type=int, action="append", help="only this partition (repeat)")
+
+
+def register(sub: Subparsers) -> None:
+    cap = sub.add_parser(
+        "capture", help="write a topic range (offsets or time window) to a capture file"
+    )
+    cap.add_argument("topic", help="the topic to read")
+    cap.add_argument("output", help="capture file to write (e.g. range.ackcap)")
+    _range_options(cap)
+    cap.add_argument("--timeout", type=float, default=10.0, help="broker answer timeout, s")
+    cap.add_argument(
+        "--idle-timeout", type=float, default=30.0, help="give up after this long without data"
+    )
+    cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.set_defaults(handler=cmd_capture)
+
+    rep = sub.add_parser(
+        "replay", help="re-produce a capture file (or a live topic range) into a topic"
+    )
+    rep.add_argument("source", nargs="?", help="capture file (or use --from-topic)")
+    rep.add_argument("--from-topic", help="replay a live range of this topic instead of a file")
+    rep.add_argument("--to", required=True, help="target topic (must exist)")
+    rep.add_argument(
+        "--pace",
+        default="max",
+        help="original | <factor>x (2x, 0.5x) | <n>/s (5000/s) | max (default)",
+    )
+    rep.add_argument("--keep-timestamps", action="store_true", help="send the captured timestamps")
+    _range_options(rep)
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(handler=cmd_replay)

@@ -1,0 +1,136 @@
+"""`ackline roles`: the PostgreSQL roles of the roles migration, and their passwords.
+
+``show`` lists the roles and connects as the worker would (the ingest DSN) to report
+who it is and whether it could rewrite activity rows. ``set-password ROLE`` gives a
+LOGIN role a SCRAM password (only its verifier is sent); the password comes from
+``--password-stdin``, from ``ACKLINE_DATABASE_INGEST_URL`` (``--from-ingest-url``,
+for ``ackline_ingest``) or from a prompt. Both connect with the operator's DSN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+from ackline.commands import Subparsers
+from ackline.endpoints import endpoints, ingest_dsn
+from ackline.errors import AcklineError
+from ackline.roles import RoleState
+from ackline.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What the worker's DSN connects as: None user when it cannot connect."""
+
+    user: str | None
+    may_rewrite_activity: list[str]
+    error: str = ""
+
+
+async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]:
+    import asyncpg
+
+    from ackline.roles import role_states
+    from sinks.grants import may_modify_activity
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        states = await role_states(conn)
+    finally:
+        await conn.close()
+    try:
+        conn = await asyncpg.connect(worker_dsn)
+    except (asyncpg.PostgresError, OSError) as exc:
+        return states, WorkerView(None, [], type(exc).__name__)
+    try:
+        user, held = await may_modify_activity(conn)
+    finally:
+        await conn.close()
+    return states, WorkerView(user, held)
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    _, dsn = endpoints(settings)
+    states, worker = asyncio.run(_show(dsn, ingest_dsn(settings, dsn)))
+    if args.json:
+        print(json.dumps({"roles": [asdict(s) for s in states], "worker": asdict(worker)}))
+    else:
+        for s in states:
+            state = ("login" if s.login else "nologin") if s.exists else "MISSING"
+            print(f"{s.name:<18} {state:<8} members: {', '.join(s.members) or '-'}")
+        if worker.user is None:
+            print(f"the worker cannot connect with its DSN ({worker.error})")
+        else:
+            rights = "/".join(worker.may_rewrite_activity) or "nothing"
+            print(f"the worker connects as {worker.user}; may rewrite activity: {rights}")
+    return 0 if worker.user is not None and not worker.may_rewrite_activity else 1
+
+
+def _password(args: argparse.Namespace, settings: Settings) -> str:
+    from ackline.roles import dsn_password, dsn_user
+
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif args.from_ingest_url:
+        url = settings.database_ingest_url
+        secret = None if url is None else url.get_secret_value()
+        if secret is None or dsn_user(secret) != args.role or dsn_password(secret) is None:
+            raise AcklineError(
+                f"--from-ingest-url needs ACKLINE_DATABASE_INGEST_URL with user {args.role} "
+                "and a password"
+            )
+        password = dsn_password(secret) or ""
+    else:
+        password = getpass.getpass(f"new password for {args.role}: ")
+        if getpass.getpass("again: ") != password:
+            raise AcklineError("the passwords differ")
+    if not password:
+        raise AcklineError("an empty password is not allowed")
+    if not (password.isascii() and password.isprintable()):
+        raise AcklineError("only printable ASCII passwords; use ALTER ROLE ... PASSWORD for others")
+    return password
+
+
+def cmd_set_password(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncpg
+
+    from ackline.roles import set_password
+
+    password = _password(args, settings)
+    _, dsn = endpoints(settings)
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await set_password(conn, args.role, password)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+    print(f"password of {args.role} set")
+    return 0
+
+
+def register(sub: Subparsers) -> None:
+    from ackline.roles import LOGIN_ROLES
+
+    p = sub.add_parser("roles", help="PostgreSQL roles: show them, set their passwords")
+    actions = p.add_subparsers(dest="action", required=True)
+    show = actions.add_parser("show", help="the roles, and what the worker connects as")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=cmd_show)
+    setp = actions.add_parser("set-password", help="give a LOGIN role a SCRAM password")
+    setp.add_argument("role", choices=LOGIN_ROLES)
+    source = setp.add_mutually_exclusive_group()
+    source.add_argument("--password-stdin", action="store_true", help="read one line")
+    source.add_argument(
+        "--from-ingest-url",
+        action="store_true",
+        help="the password of ACKLINE_DATABASE_INGEST_URL (role ackline_ingest)",
+    )
+    setp.set_defaults(handler=cmd_set_password)

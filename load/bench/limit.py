@@ -1,0 +1,120 @@
+"""The limit: the same rows COPYed straight into ackline's tables, no Kafka, no checks.
+
+``python -m load.bench.limit DSN CAPTURE`` decodes the capture's events with the same
+decoder as the worker (untimed), then, chunk after chunk, binary-COPYs the rows into
+``txn_ledger`` and ``activity`` of a freshly migrated database (same columns, same
+indexes) with ``asyncpg.copy_records_to_table``, one transaction per chunk. Only the
+COPY and COMMIT are timed and counted as CPU. Prints one JSON line with the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from load.capture import CapturedRecord, CaptureReader
+from schemas.decode import Row, decode
+
+CHUNK = 10_000
+LEDGER = ("txn_id", "event_id", "body_hash", "src_topic", "src_partition", "src_offset", "batch_id")
+ACTIVITY = (
+    "event_id",
+    "txn_id",
+    "type",
+    "agent_id",
+    "request_id",
+    "occurred_at",
+    "schema_version",
+    "payload",
+    "body_hash",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+    "batch_id",
+)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any], list[Any]]:
+    ledger, activity = [], []
+    for rec in chunk:
+        row = decode(rec.value)
+        if not isinstance(row, Row):
+            continue
+        ledger.append(
+            (row.txn_id, row.event_id, row.body_hash, topic, rec.partition, rec.offset, batch)
+        )
+        activity.append(
+            (
+                row.event_id,
+                row.txn_id,
+                row.type,
+                row.agent_id,
+                row.request_id,
+                row.occurred_at,
+                row.schema_version,
+                row.payload_json,
+                row.body_hash,
+                topic,
+                rec.partition,
+                rec.offset,
+                batch,
+            )
+        )
+    return ledger, activity
+
+
+async def run(dsn: str, path: Path) -> dict[str, Any]:
+    conn = await asyncpg.connect(dsn)
+    timed = cpu = decode_s = 0.0
+    rows = 0
+    try:
+        with CaptureReader(path) as reader:
+            topic = reader.header.topic
+            chunk: list[CapturedRecord] = []
+            batch = 0
+            records = iter(reader)
+            while True:
+                chunk = [rec for _, rec in zip(range(CHUNK), records, strict=False)]
+                if not chunk:
+                    break
+                batch += 1
+                t0 = time.perf_counter()
+                ledger, activity = _rows(chunk, topic, batch)
+                decode_s += time.perf_counter() - t0
+                c0, t0 = _cpu(), time.perf_counter()
+                async with conn.transaction():
+                    await conn.copy_records_to_table("txn_ledger", columns=LEDGER, records=ledger)
+                    await conn.copy_records_to_table("activity", columns=ACTIVITY, records=activity)
+                timed += time.perf_counter() - t0
+                cpu += _cpu() - c0
+                rows += len(activity)
+    finally:
+        await conn.close()
+    return {
+        "rows": rows,
+        "copy_seconds": timed,
+        "copy_cpu_s": cpu,
+        "decode_seconds": decode_s,
+        "decode_us_per_event": 1e6 * decode_s / max(rows, 1),
+    }
+
+
+def main() -> None:
+    result = asyncio.run(run(sys.argv[1], Path(sys.argv[2])))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

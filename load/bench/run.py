@@ -1,0 +1,536 @@
+"""`make bench`: ackline's throughput beside the COPY limit and three peers, in one run.
+
+Phases, all on the bench's own stack (``.ackline/bench``: Kafka + PostgreSQL with
+``track_commit_timestamp = on``, started here and stopped at the end when started here):
+
+1. data: N events (:mod:`load.bench.data`) replayed into a fresh 12-partition topic, and
+   their schema'd-JSON copy into ``<topic>.connect`` for Kafka Connect (untimed);
+2. first ingest, a backlog drain of the N events, per system: the limit (COPY, no
+   Kafka), ackline with 1 worker, then 2 and 3 workers (scale-out), Quix Streams, Kafka
+   Connect + Debezium JDBC sink, the naive faust agent. Each gets a fresh database;
+3. replay: the whole topic again (100 % duplicates, 1 % with a changed body) appended
+   with ``load.replay``, and each system drains it on the same database and group;
+4. latency: for each system, a fresh topic fed by ``load.replay`` at a fixed rate (half
+   of ackline's first-ingest rate); produce-to-commit = PostgreSQL commit timestamp of
+   the row minus the record's Kafka CreateTime.
+
+Rates are steady rates from the rows' commit timestamps (:func:`measure.steady_rate`:
+events after the first commit over the time from the first to the last commit), so
+process start-up and group joins do not count, whatever a system's batch size. CPU is
+the system's own processes (rusage) plus PostgreSQL's and the broker's CPU over the
+phase; peak RSS is the system's processes'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ackline.dev import stack
+from load.bench import report
+from load.bench.data import Dataset, event_id_of, head, prepare
+from load.bench.measure import ProcessResult, cpu_seconds_of, descendants, percentile, steady_rate
+from load.bench.peers import ensure_connect_jars, ensure_python_peers
+from load.bench.systems import (
+    Ackline,
+    AcklineFaust,
+    Connect,
+    Env,
+    Faust,
+    Quix,
+    System,
+    fresh_database,
+    query,
+    run_sql,
+)
+from load.capture import CaptureReader
+from load.errors import LoadError
+from load.replay import Pace, replay
+from load.topics import RangeSpec, open_range
+from streams.admin import ensure_topic
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 12
+RESULTS = Path(__file__).resolve().parent / "results.json"
+CHART = Path(__file__).resolve().parent / "results.png"
+
+
+class BenchError(LoadError):
+    """A phase of the bench failed (a system died, stalled, or never finished)."""
+
+
+def say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Phase:
+    """One system's measurements in one phase."""
+
+    events: int = 0
+    events_per_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_client_s: float = 0.0
+    cpu_pg_s: float = 0.0
+    cpu_kafka_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+        return out
+
+
+class Cluster:
+    """CPU seconds used so far by the bench stack's PostgreSQL and Kafka broker."""
+
+    def __init__(self, state_dir: Path) -> None:
+        status = stack.status(state_dir)
+        self.pg_pid = int(status["postgres"]["pid"])
+        self.kafka_pid = int(status["kafka"]["pid"])
+
+    def cpu(self) -> tuple[float, float]:
+        return cpu_seconds_of(descendants(self.pg_pid)), cpu_seconds_of([self.kafka_pid])
+
+
+def _wait(
+    done: Callable[[], bool],
+    system: System,
+    timeout: float,
+    what: str,
+    stall_after: float | None = None,
+    progress: Callable[[], int] | None = None,
+) -> bool:
+    """Poll ``done`` every 0.5 s; False when stalled (no progress for ``stall_after``)."""
+    deadline = time.monotonic() + timeout
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        for proc in system.procs:
+            if not proc.alive():
+                raise BenchError(
+                    f"{system.name} exited {proc.proc.returncode} before {what}:\n"
+                    + proc.log_text()[-3000:]
+                )
+        if stall_after is not None and progress is not None:
+            now = progress()
+            if now != last:
+                last, last_change = now, time.monotonic()
+            elif time.monotonic() - last_change > stall_after:
+                return False
+        time.sleep(0.5)
+    raise BenchError(f"{system.name}: timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _stop(system: System) -> list[ProcessResult]:
+    results = [p.stop() for p in system.procs]
+    return results
+
+
+def _fill(
+    phase: Phase, results: list[ProcessResult], cpu0: tuple[float, float], cluster: Cluster
+) -> None:
+    pg, kafka = cluster.cpu()
+    phase.cpu_pg_s = pg - cpu0[0]
+    phase.cpu_kafka_s = kafka - cpu0[1]
+    phase.cpu_client_s = sum(r.cpu_s for r in results)
+    phase.peak_rss_mb = max((r.peak_rss_mb for r in results), default=0.0)
+    if len(results) > 1:
+        phase.notes["peak_rss_mb_sum"] = round(sum(r.peak_rss_mb for r in results), 1)
+
+
+@dataclass
+class Bench:
+    env: Env
+    cluster: Cluster
+    data: Dataset
+    topic: str
+    results: dict[str, Any] = field(default_factory=dict)
+
+    # -- the limit --------------------------------------------------------------------
+
+    def limit(self) -> Phase:
+        say("limit: COPY of the same rows into a fresh copy of activity + ledger")
+        dsn = run_sql(lambda: fresh_database(self.env, "bench_limit", migrated=True))
+        cpu0 = self.cluster.cpu()
+        log = self.env.logs / "limit.log"
+        from load.bench.measure import Measured
+
+        proc = Measured(
+            [sys.executable, "-m", "load.bench.limit", dsn, str(self.data.capture)],
+            dict(os.environ),
+            log,
+            cwd=ROOT,
+        )
+        result = proc.reap(3600)
+        if result.returncode != 0:
+            raise BenchError(f"the limit failed:\n{proc.log_text()[-3000:]}")
+        out = json.loads(proc.log_text().strip().splitlines()[-1])
+        phase = Phase(events=int(out["rows"]))
+        _fill(phase, [result], cpu0, self.cluster)
+        phase.cpu_client_s = float(out["copy_cpu_s"])  # the COPY, not the untimed decode
+        system = Ackline("limit", self.env, database="bench_limit")
+        times = system.commit_times()
+        phase.events_per_s = steady_rate(times)
+        phase.wall_s = float(out["copy_seconds"])
+        phase.notes["decode_us_per_event"] = round(float(out["decode_us_per_event"]), 1)
+        phase.notes["copy_rows_per_s"] = round(phase.events / max(phase.wall_s, 1e-9))
+        return phase
+
+    # -- first ingest -----------------------------------------------------------------
+
+    def ingest(self, system: System) -> Phase:
+        topic = system.input_topic(self.topic)
+        say(f"{system.name}: first ingest of {self.data.events:,} events from {topic}")
+        system.reset()
+        cpu0 = self.cluster.cpu()
+        started = time.time()
+        system.start(topic)
+        expected = self.data.events
+        try:
+            _wait(
+                lambda: system.rows() >= expected,
+                system,
+                timeout=600 + expected / 500,
+                what=f"{expected:,} rows",
+            )
+        finally:
+            results = _stop(system)
+        phase = Phase(events=expected)
+        _fill(phase, results, cpu0, self.cluster)
+        times = system.commit_times()
+        phase.events_per_s = steady_rate(times)
+        phase.wall_s = max(times) - started
+        phase.notes["rows"] = len(times)
+        say(f"{system.name}: {phase.events_per_s:,.0f} events/s")
+        return phase
+
+    # -- replay -----------------------------------------------------------------------
+
+    def append_replay(self) -> None:
+        say("replay: appending the whole topic again (1 % changed) to both topics")
+        for capture, topic in (
+            (self.data.replay_capture, self.topic),
+            (self.data.connect_replay_capture, f"{self.topic}.connect"),
+        ):
+            with CaptureReader(capture) as reader:
+                replay(
+                    self.env.bootstrap,
+                    reader,
+                    topic,
+                    Pace("max"),
+                    source_partitions=list(reader.header.ranges),
+                )
+
+    def replayed(self, system: System, changed: dict[str, str]) -> Phase:
+        topic = system.input_topic(self.topic)
+        say(f"{system.name}: replay of {self.data.events:,} duplicates (1 % changed)")
+        total = 2 * self.data.events
+        first_batch = system.last_batch() if isinstance(system, Ackline) else 0
+        base = system.committed(topic, PARTITIONS)
+        samples: list[tuple[float, int]] = []
+
+        def progress() -> int:
+            value = system.committed(topic, PARTITIONS)
+            samples.append((time.time(), value))
+            return value
+
+        cpu0 = self.cluster.cpu()
+        started = time.time()
+        system.start(topic)
+        done = False
+        try:
+            done = _wait(
+                lambda: progress() >= (total if isinstance(system, Ackline) else _end(self, topic)),
+                system,
+                timeout=600 + self.data.events / 500,
+                what="the replay to be consumed",
+                stall_after=60.0,
+                progress=lambda: samples[-1][1] if samples else 0,
+            )
+        finally:
+            results = _stop(system)
+        phase = Phase(events=self.data.events)
+        _fill(phase, results, cpu0, self.cluster)
+        if isinstance(system, Ackline):
+            weighted = system.batch_commit_times(first_batch)
+            phase.events_per_s = _weighted_rate(weighted)
+            phase.wall_s = max((t for t, _ in weighted), default=started) - started
+            phase.notes["conflicts_quarantined"] = system.conflicts()
+        else:
+            phase.events_per_s = _sampled_rate(samples, base, started)
+            phase.wall_s = (samples[-1][0] - started) if samples else 0.0
+        consumed = (samples[-1][1] if samples else base) - base
+        phase.notes["consumed"] = consumed
+        phase.notes["finished"] = done
+        if not done:
+            phase.notes["stalled"] = _first_error(system)
+        phase.notes["changed_bodies"] = len(changed)
+        phase.notes.update(system.changed_outcome(changed))
+        phase.notes["rows_after"] = system.rows()
+        phase.notes["verdict"] = _verdict(system, phase)
+        say(f"{system.name}: replay {phase.events_per_s:,.0f} events/s; {phase.notes['verdict']}")
+        return phase
+
+    # -- latency ----------------------------------------------------------------------
+
+    def latency(self, system: System, rate: float, count: int) -> dict[str, Any]:
+        warm = 200
+        base_topic = f"lat-{system.name}-{self.env.run_id}"
+        topic = system.input_topic(base_topic)
+        capture = self.data.connect_capture if isinstance(system, Connect) else self.data.capture
+        say(f"{system.name}: latency at {rate:,.0f} events/s ({count:,} events)")
+        ensure_topic(self.env.bootstrap, topic, PARTITIONS)
+        system.reset()
+        system.start(topic)
+        parts = list(range(PARTITIONS))
+        try:
+            replay(
+                self.env.bootstrap, head(capture, warm), topic, Pace("max"), source_partitions=parts
+            )
+            _wait(lambda: system.rows() >= warm, system, 300, "the warm-up rows")
+            sent = replay(
+                self.env.bootstrap,
+                head(capture, count, skip=warm),
+                topic,
+                Pace("rate", rate),
+                source_partitions=parts,
+            )
+            _wait(
+                lambda: system.rows() >= warm + count,
+                system,
+                timeout=300 + count / 200,
+                what="the timed rows",
+            )
+        finally:
+            _stop(system)
+        created = _create_times(self.env.bootstrap, topic, skip=warm)
+        committed = system.commit_times_by_id()
+        lat = [1000 * (committed[i] - ts) for i, ts in created.items() if i in committed]
+        return {
+            "offered_rate": round(rate),
+            "achieved_produce_rate": round(sent.rate),
+            "events": len(lat),
+            "p50_ms": round(percentile(lat, 0.50), 1),
+            "p99_ms": round(percentile(lat, 0.99), 1),
+            "max_ms": round(max(lat), 1) if lat else None,
+        }
+
+
+def _end(bench: Bench, topic: str) -> int:
+    """Sum of the topic's high watermarks."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bench.env.bootstrap, "group.id": "bench-watermarks"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        )
+    finally:
+        consumer.close()
+
+
+def _create_times(bootstrap: str, topic: str, skip: int) -> dict[str, float]:
+    """event_id -> CreateTime (epoch s) of the topic's records, the first ``skip`` left out."""
+    _, records = open_range(bootstrap, topic, RangeSpec())
+    ordered = sorted(records, key=lambda r: r.timestamp)
+    return {event_id_of(r.value or b"{}"): r.timestamp / 1000 for r in ordered[skip:]}
+
+
+def _weighted_rate(batches: list[tuple[float, int]]) -> float:
+    if len(batches) < 2:
+        return 0.0
+    ordered = sorted(batches)
+    span = ordered[-1][0] - ordered[0][0]
+    return sum(n for _, n in ordered[1:]) / span if span > 0 else 0.0
+
+
+def _sampled_rate(samples: list[tuple[float, int]], base: int, started: float) -> float:
+    """Rate between the first and the last sample that moved; from ``started`` when the
+    whole replay was committed at once (small runs, long commit intervals)."""
+    moved = [(t, v) for t, v in samples if v > base]
+    if not moved:
+        return 0.0
+    (t0, v0), (t1, v1) = moved[0], moved[-1]
+    if v1 == v0 or t1 <= t0:
+        return (v1 - base) / (t1 - started) if t1 > started else 0.0
+    return (v1 - v0) / (t1 - t0)
+
+
+def _first_error(system: System) -> str:
+    for proc in system.procs:
+        for line in proc.log_text().splitlines():
+            if "Error" in line or "error" in line:
+                return line.strip()[:300]
+    return "no progress for 60 s"
+
+
+def _verdict(system: System, phase: Phase) -> str:
+    n = phase.notes
+    changed, over, kept = n["changed_bodies"], n["overwritten"], n["kept"]
+    if isinstance(system, Ackline):
+        quarantined = n.get("conflicts_quarantined", 0)
+        return (
+            f"quarantined {quarantined:,} of {changed:,} changed bodies as conflicts; "
+            "stored rows kept"
+        )
+    if not n["finished"]:
+        return (
+            f"stalled after {n['consumed']:,} of {phase.events:,} records: {n.get('stalled', '')}"
+        )
+    if over:
+        return f"overwrote {over:,} of {changed:,} stored rows with the changed bodies"
+    return f"silently dropped {kept:,} of {changed:,} changed bodies (no record of them)"
+
+
+def ensure_stack(state_dir: Path) -> tuple[stack.StackInfo, bool]:
+    """The bench stack, up, with commit timestamps tracked; True if started here."""
+    was_running = all(s["running"] for s in stack.status(state_dir).values())
+    info = stack.up(state_dir)
+    rows = run_sql(lambda: query(info.database_url, "SHOW track_commit_timestamp"))
+    if rows[0][0] != "on":
+        run_sql(lambda: query(info.database_url, "ALTER SYSTEM SET track_commit_timestamp = on"))
+        stack.restart_postgres(state_dir)
+    return info, not was_running
+
+
+def conditions(events: int) -> dict[str, Any]:
+    load1, load5, _ = os.getloadavg()
+    return {
+        "events": events,
+        "partitions": PARTITIONS,
+        "cores": os.cpu_count(),
+        "load_avg_1m_at_start": round(load1, 2),
+        "load_avg_5m_at_start": round(load5, 2),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": sys.version.split()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m load.bench", description=__doc__)
+    p.add_argument("--events", type=int, default=int(os.environ.get("BENCH_EVENTS", "1000000")))
+    p.add_argument("--only", default="", help=f"comma list of: {','.join(ALL)}")
+    p.add_argument("--no-replay", action="store_true")
+    p.add_argument("--no-latency", action="store_true")
+    p.add_argument("--latency-seconds", type=float, default=20.0)
+    p.add_argument("--keep", action="store_true", help="leave the bench stack running")
+    p.add_argument("--results", default=str(RESULTS))
+    args = p.parse_args(argv)
+    state_dir = ROOT / ".ackline" / "bench"
+    run_id = uuid.uuid4().hex[:8]
+    logs = state_dir / "logs" / run_id
+    logs.mkdir(parents=True, exist_ok=True)
+    say(f"run {run_id}: logs in {logs}")
+    info, started_here = ensure_stack(state_dir)
+    try:
+        summary = _run(args, state_dir, logs, run_id, info)
+    finally:
+        if started_here and not args.keep:
+            say("stopping the bench stack")
+            stack.down(state_dir)
+    report.write(summary, Path(args.results), CHART)
+    print(report.table(summary))
+    print(json.dumps(report.last_line(summary)), flush=True)
+    return 0
+
+
+def _run(
+    args: argparse.Namespace, state_dir: Path, logs: Path, run_id: str, info: stack.StackInfo
+) -> dict[str, Any]:
+    only = set(filter(None, args.only.split(","))) or set(ALL)
+    host_port = info.database_url.split("@", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    env = Env(info.kafka_bootstrap, host, int(port), state_dir, logs, run_id)
+    say("installing the peers (pip into .ackline/bench/peers-venv, Maven into the cache)")
+    if only & {"quix", "faust"}:
+        env.peers_python = ensure_python_peers(state_dir)
+    if "connect" in only:
+        env.connect_jars = ensure_connect_jars()
+    data = prepare(env.bootstrap, args.events, state_dir / "data", say)
+    topic = f"bench-events-{run_id}"
+    for capture, name in ((data.capture, topic), (data.connect_capture, f"{topic}.connect")):
+        ensure_topic(env.bootstrap, name, PARTITIONS)
+        with CaptureReader(capture) as reader:
+            parts = list(reader.header.ranges)
+            say(replay(env.bootstrap, reader, name, Pace("max"), source_partitions=parts).render())
+    bench = Bench(env, Cluster(state_dir), data, topic)
+    summary: dict[str, Any] = {"conditions": conditions(args.events), "systems": {}}
+    systems = _first_ingest(bench, only, summary)
+    out: dict[str, Any] = summary["systems"]
+    if not args.no_replay and systems:
+        bench.append_replay()
+        changed = data.changed_ids()
+        for name, system in systems.items():
+            try:
+                out[name]["replay"] = bench.replayed(system, changed).to_json()
+            except BenchError as exc:
+                out[name]["replay"] = {"error": str(exc)[:2000]}
+    if not args.no_latency and "ackline" in out:
+        rate = 0.5 * out["ackline"]["ingest"]["events_per_s"]
+        count = min(int(rate * args.latency_seconds), args.events - 200)
+        for name, system in systems.items():
+            fresh = type(system)(name, env, group=f"bench-lat-{name}-{run_id}")
+            try:
+                out[name]["latency"] = bench.latency(fresh, rate, count)
+            except BenchError as exc:
+                out[name]["latency"] = {"error": str(exc)[:2000]}
+    summary["conditions"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    return summary
+
+
+ALL = ("limit", "ackline", "ackline-faust", "scale", "quix", "connect", "faust")
+
+
+def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict[str, System]:
+    """Phase 2: every system drains the backlog; returns those that can go on."""
+    env, out = bench.env, summary["systems"]
+    systems: dict[str, System] = {}
+    if "limit" in only:
+        out["limit"] = {"ingest": bench.limit().to_json()}
+    if "ackline" in only or "scale" in only:
+        systems["ackline"] = Ackline("ackline", env)
+        out["ackline"] = {"ingest": bench.ingest(systems["ackline"]).to_json()}
+    if "ackline-faust" in only:  # ackline's sink in a Faust agent (README "Faust runtime")
+        on_faust = AcklineFaust("ackline-faust", env)
+        try:
+            out["ackline-faust"] = {"ingest": bench.ingest(on_faust).to_json()}
+            systems["ackline-faust"] = on_faust
+        except BenchError as exc:
+            say(f"ackline-faust failed: {exc}")
+            out["ackline-faust"] = {"error": str(exc)[:2000]}
+    if "scale" in only:
+        summary["scale_out"] = {"1": out["ackline"]["ingest"]}
+        for n in (2, 3):
+            workers = Ackline(f"ackline{n}", env, workers=n)
+            summary["scale_out"][str(n)] = bench.ingest(workers).to_json()
+    peers: tuple[tuple[str, type[System]], ...] = (
+        ("quix", Quix),
+        ("connect", Connect),
+        ("faust", Faust),
+    )
+    for name, cls in peers:
+        if name not in only:
+            continue
+        system = cls(name, env)
+        try:
+            out[name] = {"ingest": bench.ingest(system).to_json()}
+            systems[name] = system
+        except BenchError as exc:
+            say(f"{name} failed: {exc}")
+            out[name] = {"error": str(exc)[:2000]}
+    return systems
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

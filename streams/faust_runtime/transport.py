@@ -1,0 +1,257 @@
+"""The faust/aiokafka classes this runtime replaces, and why each one.
+
+faust-streaming 0.15 decides offsets from its own ack bookkeeping. Every override below
+removes one path by which faust could commit, skip or re-read an offset on its own
+(README "Faust runtime" lists the upstream issues and code paths):
+
+- :meth:`AcklineConsumer.ack` marks a message done for faust's in-flight tracking
+  (``wait_empty`` at revoke and shutdown) but never records its offset: no ack — not
+  take()'s ``finally`` ack, not the ack of a skipped stale-generation message, not an ack
+  in a finally after an exception — can make an offset committable;
+- :meth:`AcklineConsumer._filter_tps_with_pending_acks` and
+  :meth:`AcklineConsumer._filter_committable_offsets` make faust's commit timer (and its
+  commits at revoke, on task errors and at shutdown) commit the PostgreSQL next offsets of
+  the :class:`~.ledger.Ledger`, never an offset derived from acks (``_new_offset``, the
+  head-gap arithmetic of faust #606 and #312);
+- :meth:`AcklineConsumer._add_gap` is a no-op and ``_read_offset`` never answers, so
+  faust neither fills "gaps" as acked nor drops a record as "already read"
+  ("DROPPED MESSAGE ROFF"): the ledger alone refuses repeats;
+- :meth:`AcklineConsumer.seek_to_committed`, which faust calls (``perform_seek``) after
+  each assignment before it resumes the flow, claims the partitions in PostgreSQL and
+  seeks them to the DB next offsets instead of Kafka's committed offsets;
+- :class:`AcklineConsumerThread` fetches with ``isolation_level=read_committed`` (faust
+  reads uncommitted records unless processing_guarantee is exactly_once, whose
+  transactional commit path this runtime does not use) and checks it after start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import faust
+from aiokafka.consumer.fetcher import READ_COMMITTED
+from aiokafka.structs import OffsetAndMetadata
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, Message
+from faust.types.transports import TPorTopicSet, TransportT
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
+
+from streams.errors import StreamError
+from streams.faust_runtime.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+class IsolationError(StreamError):
+    """The aiokafka consumer would read uncommitted (possibly aborted) records."""
+
+
+@dataclass
+class Ownership:
+    """What the consumer needs from the runtime: the ledger and how to claim.
+
+    ``claim(partitions, generation)`` bumps the epochs in PostgreSQL and records the
+    claims in ``ledger`` (see :meth:`streams.faust_runtime.sink.FaustSink.claim`);
+    ``revoking()`` is called when a revoke starts (the revoke_in_flight fault point).
+    """
+
+    topic: str
+    start_from: str
+    ledger: Ledger
+    claim: Callable[[list[tuple[str, int]], int], Awaitable[None]]
+    revoking: Callable[[], Awaitable[None]]
+
+
+class _NoReadOffsets(dict[TP, int | None]):
+    """faust's ``_read_offset`` map, made mute: every lookup answers None.
+
+    faust drops a fetched record whose offset is below the partition's read offset and
+    fills offset gaps above it as acked; with no read offset it does neither. Repeats
+    are refused by the ledger instead (:meth:`~.ledger.Ledger.admit`).
+    """
+
+    def __getitem__(self, key: TP) -> None:
+        return None
+
+    def __setitem__(self, key: TP, value: int | None) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """The aiokafka consumer thread, fetching only committed records."""
+
+    def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start()
+        return consumer
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Commit ``offsets`` (the DB next offsets) to Kafka; advisory, so never fatal.
+
+        faust crashes the consumer — and with it the worker — when a commit raises
+        anything but a rebalance (a broker restart, a timeout). Here a failed commit is
+        logged and retried at the next commit interval; the DB offsets decide where a
+        partition resumes either way.
+        """
+        consumer = self._ensure_consumer()
+        assigned = self.assignment()
+        wanted = {
+            faust_aiokafka.ensure_aiokafka_TP(tp): OffsetAndMetadata(offset, "")
+            for tp, offset in offsets.items()
+            if tp in assigned
+        }
+        if not wanted:
+            return False
+        try:
+            await consumer.commit(wanted)
+        except Exception as exc:
+            log.warning("advisory Kafka commit of %s failed: %r", dict(offsets), exc)
+            return False
+        now = time.monotonic()
+        self.tp_last_committed_at.update({TP(tp.topic, tp.partition): now for tp in wanted})
+        return True
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        if getattr(fetcher, "_isolation_level", None) != READ_COMMITTED:
+            raise IsolationError("the aiokafka fetcher is not read_committed; refusing to run")
+
+
+class AcklineConsumer(faust_aiokafka.Consumer):
+    """faust's aiokafka consumer with ackline's offsets; see the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_offset = _NoReadOffsets()
+        self._seek_lock = asyncio.Lock()  # one claim per generation, one seek at a time
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return AcklineConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _ownership(self) -> Ownership:
+        return cast(AcklineApp, self.app).ownership
+
+    # ---- acks: in-flight tracking only ----------------------------------------------
+
+    def ack(self, message: Message) -> bool:
+        """Mark ``message`` done for faust's in-flight tracking; never touch offsets.
+
+        Order of effects: the message leaves faust's unacked set and a ``wait_empty``
+        waiter is woken. No offset is recorded, so nothing here can make an offset
+        committable: only a PostgreSQL commit does (:meth:`_filter_committable_offsets`).
+        """
+        with ack_lock:
+            if message.acked:
+                return False
+            message.acked = True
+            self._unacked_messages.discard(message)
+            notify(self._waiting_for_ack)
+            return True
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        return None
+
+    # ---- commits: the PostgreSQL offsets only ----------------------------------------
+
+    def _filter_tps_with_pending_acks(self, topics: TPorTopicSet | None = None) -> Iterator[TP]:
+        for topic, partition in self._ownership().ledger.commit_targets():
+            tp = TP(topic, partition)
+            if topics is None or tp in topics or topic in topics:
+                yield tp
+
+    def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """The offsets faust may commit: the DB next offsets the ledger holds for ``tps``
+        (only those still owned and moved since the last Kafka commit)."""
+        targets = self._ownership().ledger.commit_targets(tps)
+        return {TP(t, p): offset for (t, p), offset in targets.items()}
+
+    async def _commit_offsets(
+        self, offsets: Mapping[TP, int], start_new_transaction: bool = True
+    ) -> bool:
+        """faust's commit of ``offsets`` (DB next offsets), then noted in the ledger.
+
+        Order of effects: Kafka commit (advisory: the DB offset decides where a
+        partition resumes); on success the ledger records it so it is not re-sent. A
+        crash between leaves Kafka at or behind the DB, never ahead.
+        """
+        done = await super()._commit_offsets(offsets, start_new_transaction)
+        if done:
+            self._ownership().ledger.kafka_committed(
+                {(tp.topic, tp.partition): o for tp, o in offsets.items()}
+            )
+        return done
+
+    # ---- assignment: the PostgreSQL offsets are the truth ------------------------------
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Claim the assigned partitions in PostgreSQL and seek them to the DB offsets.
+
+        faust calls this through ``perform_seek`` after every assignment, before it
+        resumes the flow, and again when a fetch returns while the flow is stopped.
+        Order of effects, under a lock: claim (epochs bumped) once per consumer
+        generation — never again within one, so a seek during a revoke cannot take back
+        partitions being handed over; seek each owned partition with a DB next offset to
+        it and the others to the start_from end; return the DB offsets. A crash after the
+        claim leaves only a higher epoch (the next claim bumps it again); records fetched
+        before the seek carry an older generation or offset and the ledger refuses them.
+        faust resumes the flow only after this returns (``Recovery._resume_streams``),
+        and it gives up on a seek after ``broker_request_timeout``, so the claim has a
+        shorter deadline of its own and exits the process when it passes
+        (:meth:`streams.faust_runtime.sink.FaustSink.claim`).
+        """
+        own = self._ownership()
+        async with self._seek_lock:
+            generation = self.app.consumer_generation_id
+            if own.ledger.generation != generation:
+                assigned = sorted(
+                    (tp.topic, tp.partition) for tp in self.assignment() if tp.topic == own.topic
+                )
+                await own.claim(assigned, generation)
+            positions = own.ledger.positions()
+            known = {TP(t, p): off for (t, p), off in positions.items() if off is not None}
+            fresh = [TP(t, p) for (t, p), off in positions.items() if off is None]
+            if known:
+                await self.seek_wait(known)
+            if fresh:
+                await self._seek_fresh(fresh, own.start_from)
+            return known
+
+    async def _seek_fresh(self, tps: list[TP], start_from: str) -> None:
+        thread = cast(AcklineConsumerThread, self._thread)
+        consumer = thread._ensure_consumer()
+        parts = [faust_aiokafka.ensure_aiokafka_TP(tp) for tp in tps]
+        seek = consumer.seek_to_beginning if start_from == "earliest" else consumer.seek_to_end
+        await thread.call_thread(seek, *parts)
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit
+        the DB offsets), then the ledger stops owning ``revoked``."""
+        await self._ownership().revoking()
+        await super().on_partitions_revoked(revoked)
+        self._ownership().ledger.release((tp.topic, tp.partition) for tp in revoked)
+
+
+class AcklineTransport(faust_aiokafka.Transport):
+    Consumer = AcklineConsumer
+
+
+class AcklineApp(faust.App):
+    """A faust App whose consumer is :class:`AcklineConsumer`.
+
+    Built only by :func:`streams.faust_runtime.app.make_app`, which sets ``ownership``.
+    """
+
+    ownership: Ownership
+
+    def _new_transport(self) -> TransportT:
+        return AcklineTransport(self.conf.broker_consumer, self)

@@ -1,0 +1,171 @@
+"""`ackline capture` / `ackline replay` against the real broker: round trip and bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from load.capture import CapturedRecord, CaptureReader
+from load.replay import Pace, replay
+from load.topics import EmptyRangeError, RangeSpec, capture, open_range
+from streams.admin import delete_topic, ensure_topic
+from streams.errors import KafkaUnavailableError, TopicError
+from tests.integration.harness import Services
+
+T0 = 1_714_554_000_000  # 2024-05-01T09:00:00Z
+
+
+def _fill(services: Services, topic: str, n: int) -> None:
+    """``n`` records over 3 partitions, 1 s apart in CreateTime, with keys and headers."""
+    producer = Producer({"bootstrap.servers": services.bootstrap, "enable.idempotence": True})
+    for i in range(n):
+        producer.produce(
+            topic,
+            key=f"agent-{i % 4}".encode(),
+            value=b'{"i": %d}' % i,
+            partition=i % 3,
+            timestamp=T0 + i * 1000,
+            headers=[("content-type", b"application/json"), ("seq", str(i).encode())],
+        )
+    assert producer.flush(30) == 0
+
+
+def _read(path: Path) -> list[CapturedRecord]:
+    with CaptureReader(path) as reader:
+        return list(reader)
+
+
+@pytest.fixture
+def target(services: Services) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, name, partitions=3)
+    yield name
+    with contextlib.suppress(TopicError):
+        delete_topic(services.bootstrap, name)
+
+
+def _cli(services: Services, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_DATABASE_URL": services.database_url,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ackline", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_capture_then_replay_round_trips_through_the_cli(
+    services: Services, topic: str, target: str, tmp_path: Path
+) -> None:
+    _fill(services, topic, 60)
+    first = tmp_path / "first.ackcap"
+    done = _cli(services, "capture", topic, str(first))
+    assert done.returncode == 0, done.stderr
+    assert "captured 60 records" in done.stdout
+    assert "capture" in done.stderr  # the progress bar
+    original = _read(first)
+    assert len(original) == 60
+
+    done = _cli(services, "replay", str(first), "--to", target, "--keep-timestamps")
+    assert done.returncode == 0, done.stderr
+    assert "replayed 60 records" in done.stdout and "as captured" in done.stdout
+    again = tmp_path / "again.ackcap"
+    capture(services.bootstrap, target, again, RangeSpec())
+    copy = _read(again)
+
+    def content(recs: list[CapturedRecord]) -> list[tuple[object, ...]]:
+        return sorted((r.partition, r.timestamp, r.key, r.value, r.headers) for r in recs)
+
+    assert content(copy) == content(original)
+    for p in range(3):  # order within each partition is kept
+        assert [r.value for r in copy if r.partition == p] == [
+            r.value for r in original if r.partition == p
+        ]
+
+
+def test_ranges_by_offsets_and_by_time(services: Services, topic: str, tmp_path: Path) -> None:
+    _fill(services, topic, 30)  # 10 per partition, offsets 0..9
+    by_offset = capture(
+        services.bootstrap,
+        topic,
+        tmp_path / "o.ackcap",
+        RangeSpec(start_offset=2, end_offset=5, partitions=(1,)),
+    )
+    recs = _read(by_offset.path)
+    assert [(r.partition, r.offset) for r in recs] == [(1, 2), (1, 3), (1, 4)]
+
+    window = RangeSpec(since_ms=T0 + 10_000, until_ms=T0 + 20_000)  # records 10..19
+    by_time = capture(services.bootstrap, topic, tmp_path / "t.ackcap", window)
+    assert sorted(r.timestamp for r in _read(by_time.path)) == [
+        T0 + i * 1000 for i in range(10, 20)
+    ]
+
+
+def test_replay_paces_a_live_range_at_a_fixed_rate(
+    services: Services, topic: str, target: str
+) -> None:
+    _fill(services, topic, 40)
+    ranges, records = open_range(services.bootstrap, topic, RangeSpec())
+    summary = replay(
+        services.bootstrap, records, target, Pace.parse("100/s"), source_partitions=ranges
+    )
+    assert summary.records == 40
+    assert 0.35 <= summary.seconds < 5  # 40 records at 100/s: the 40th is due at 0.39 s
+
+
+def test_bad_input_gets_a_clear_error(
+    services: Services, topic: str, target: str, tmp_path: Path
+) -> None:
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    done = _cli(services, "capture", missing, str(tmp_path / "m.ackcap"))
+    assert done.returncode == 2
+    assert f"topic {missing} does not exist" in done.stderr
+
+    with pytest.raises(EmptyRangeError, match="holds no records"):
+        capture(services.bootstrap, topic, tmp_path / "empty.ackcap", RangeSpec())
+    done = _cli(services, "capture", topic, str(tmp_path / "e.ackcap"), "--since", "2030-01-01")
+    assert done.returncode == 2 and "holds no records" in done.stderr
+    assert not (tmp_path / "e.ackcap").exists()
+
+    _fill(services, topic, 9)
+    whole = capture(services.bootstrap, topic, tmp_path / "w.ackcap", RangeSpec()).path
+    done = _cli(services, "replay", str(whole), "--to", missing)
+    assert done.returncode == 2 and f"target topic {missing} does not exist" in done.stderr
+
+    raw = whole.read_bytes()
+    (tmp_path / "cut.ackcap").write_bytes(raw[: len(raw) - 10])
+    done = _cli(services, "replay", str(tmp_path / "cut.ackcap"), "--to", target)
+    assert done.returncode == 2 and "truncated" in done.stderr
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 0x10
+    (tmp_path / "bad.ackcap").write_bytes(bytes(flipped))
+    done = _cli(services, "replay", str(tmp_path / "bad.ackcap"), "--to", target)
+    assert done.returncode == 2 and "corrupt" in done.stderr
+
+    done = _cli(services, "replay", "--to", target)
+    assert done.returncode == 2 and "capture file or --from-topic" in done.stderr
+
+
+def test_an_unreachable_broker_times_out_with_a_clear_message(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(KafkaUnavailableError, match=f"cannot reach Kafka at {dead}"):
+        capture(dead, "any", tmp_path / "x.ackcap", RangeSpec(), timeout=2)
+    with pytest.raises(KafkaUnavailableError, match=f"cannot reach Kafka at {dead}"):
+        replay(dead, [], "any", Pace.parse("max"), timeout=2)

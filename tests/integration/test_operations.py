@@ -1,0 +1,310 @@
+"""Operating ackline against the real services: /healthz and /readyz of a running worker,
+its JSON batch log lines, and the operator commands status, conflicts, rejects, doctor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from ackline.cli import main
+from schemas import Envelope, hash_envelope, new_envelope
+from sinks.grants import expected, roles_migration
+from sinks.migrate import load_migrations
+from streams.producer import ActivityProducer
+from tests.integration.harness import Services, Worker, db, dsn_for, wait_until
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+HOSTILE = b"\x1b[2J\xff{not json"
+
+
+def step(i: int, thought: str = "plan", eid: uuid.UUID | None = None) -> Envelope:
+    return new_envelope(
+        "agent.step",
+        txn_id=f"run-ops:{i}",
+        agent_id="agent-ops",
+        request_id="req-ops",
+        payload={"run_id": "run-ops", "step": i, "thought": thought},
+        occurred_at=T0,
+        event_id=eid,
+    )
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """main() installs its own log handler; put pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+class Cli:
+    """Runs `ackline` in this process with the settings of one test."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        env: dict[str, str],
+    ) -> None:
+        self._capsys = capsys
+        monkeypatch.setenv("ACKLINE_LOG_FORMAT", "text")
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+
+    def run(self, *argv: str) -> tuple[int, str]:
+        self._capsys.readouterr()
+        status = main(list(argv))
+        return status, self._capsys.readouterr().out
+
+    def json(self, *argv: str, expect: int = 0) -> Any:
+        status, out = self.run(*argv, "--json")
+        assert status == expect, out
+        return json.loads(out)
+
+
+def _env(services: Services, dsn: str, topic: str) -> dict[str, str]:
+    return {
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_DATABASE_URL": dsn,
+        "ACKLINE_TOPIC": topic,
+        "ACKLINE_GROUP_ID": f"g-{topic}",
+        "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
+    }
+
+
+def _http(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+def test_operating_a_running_worker(
+    services: Services,
+    dsn: str,
+    topic: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    producer = ActivityProducer(services.bootstrap, topic, transactional_id=f"tx-{topic}")
+    producer.start()
+    e1, e2 = step(1), step(2)
+    changed = step(2, thought="rewritten", eid=uuid.uuid4())  # same txn_id, new body
+    last: dict[int, int] = {}
+
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        last[msg.partition() or 0] = max(last.get(msg.partition() or 0, -1), msg.offset() or 0)
+
+    with producer.transaction():
+        for env in (e1, e2, changed):
+            producer.send(env, on_delivery=delivered)
+        producer.send_bytes(b"agent-ops", HOSTILE, [], on_delivery=delivered)
+    producer.close()
+
+    worker = Worker(services, dsn, topic, tmp_path)
+    cli = Cli(monkeypatch, capsys, _env(services, dsn, topic))
+
+    def ready() -> bool:
+        worker.ensure_alive()
+        try:
+            return _http(worker.metrics_port, "/readyz")[0] == 200
+        except OSError:  # not listening yet
+            return False
+
+    wait_until(ready, 60, "/readyz to answer 200")
+    assert _http(worker.metrics_port, "/healthz") == (200, {"status": "alive"})
+
+    def caught_up() -> bool:
+        worker.ensure_alive()
+        parts = {p["partition"]: p for p in cli.json("status")["partitions"]}
+        return all(
+            parts[n]["db_next"] == offset + 1 and parts[n]["kafka_committed"] == offset + 1
+            for n, offset in last.items()
+        )
+
+    wait_until(caught_up, 60, "status to show the DB and Kafka offsets past every record")
+    status = cli.json("status")
+    assert [p["partition"] for p in status["partitions"]] == [0, 1, 2]
+    for p in status["partitions"]:
+        assert p["owner"] == "w1"
+        assert p["epoch"] >= 1
+        # status counts from the DB offset: the commit marker after the last record
+        # (one offset) is the only lag left on a partition that got records
+        assert p["lag"] == p["high"] - (p["db_next"] or 0) == (1 if p["partition"] in last else 0)
+    code, text = cli.run("status")
+    assert code == 0
+    assert f"total lag {len(last)}" in text
+
+    def metric_lag_zero() -> bool:  # the runtime counts from its position: markers skipped
+        url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        gauges = [line for line in text.splitlines() if line.startswith("ackline_partition_lag{")]
+        return len(gauges) == 3 and all(line.endswith(" 0.0") for line in gauges)
+
+    wait_until(metric_lag_zero, 30, "the worker's lag gauge to reach 0")
+
+    ready_body = _http(worker.metrics_port, "/readyz")[1]
+    assert ready_body["ready"] is True
+    assert ready_body["assigned_partitions"] == 3
+    assert worker.stop() == 0, worker.log()[-3000:]
+
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    batches = [line for line in lines if line.get("event") == "batch_committed"]
+    assert batches, worker.log()[-3000:]
+    assert {r["topic"] for b in batches for r in b["ranges"]} == {topic}
+    assert sum(b["inserted"] for b in batches) == 2
+    assert sum(b["conflicts"]["ledger"] for b in batches) == 1
+    assert all(isinstance(b["batch_id"], int) for b in batches)
+
+    conflicts = cli.json("conflicts", "list")
+    assert len(conflicts) == 1
+    c = conflicts[0]
+    assert c["layer"] == "ledger"
+    assert c["stored_hash"] == hash_envelope(e2).hex()
+    assert c["incoming_hash"] == hash_envelope(changed).hex()
+    shown = cli.json("conflicts", "show", str(c["conflict_id"]))
+    assert shown["incoming_body"]["payload"]["thought"] == "rewritten"
+    assert shown["stored"]["event_id"] == str(e2.event_id)
+    assert shown["stored"]["payload"]["thought"] == "plan"
+    code, text = cli.run("conflicts", "show", str(c["conflict_id"]))
+    assert code == 0
+    assert "rewritten" in text
+    assert hash_envelope(e2).hex() in text
+    code, _ = cli.run("conflicts", "show", "999999")
+    assert code == 2
+
+    rejects = cli.json("rejects", "list", "--limit", "5")
+    assert [r["reason"] for r in rejects] == ["not_utf8"]
+    assert rejects[0]["value_bytes"] == len(HOSTILE)
+    detail = cli.json("rejects", "show", str(rejects[0]["reject_id"]))
+    assert detail["dlq_topic"] == f"{topic}.dlq"
+    code, text = cli.run("rejects", "show", str(rejects[0]["reject_id"]))
+    assert code == 0
+    assert "\x1b" not in text  # the terminal escape is shown, not obeyed
+    assert "\\x1b[2J\ufffd{not json" in text
+    code, text = cli.run("rejects", "show", str(rejects[0]["reject_id"]), "--raw")
+    assert "G1sySv97bm90IGpzb24=" in text  # base64 of HOSTILE
+
+    report = cli.json("doctor")
+    checks = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["ok"] is True, report
+    for name in ("kafka", "postgresql", "migrations", "topic", "offsets", "retention"):
+        assert checks[name] == "pass", report
+    assert checks["append-only"] == "pass", report  # the worker's own role (the ingest DSN)
+    assert checks["dead-letter topic"] == "pass"  # the worker made it
+    assert checks["replication"] == "warn"  # one broker: replication factor 1
+    assert checks["roles and grants"] in ("pass", "warn"), report
+
+
+def test_doctor_fails_on_an_unmigrated_database_and_a_missing_topic(
+    services: Services,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = f"t_empty_{uuid.uuid4().hex[:10]}"
+    db(services.database_url, f'CREATE DATABASE "{name}"')
+    try:
+        env = _env(services, dsn_for(services.database_url, name), f"absent-{name}")
+        cli = Cli(monkeypatch, capsys, env)
+        report = cli.json("doctor", expect=1)
+    finally:
+        db(services.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["kafka"]["status"] == "pass"
+    assert checks["migrations"]["status"] == "fail"
+    assert "ackline migrate" in checks["migrations"]["detail"]
+    assert checks["topic"]["status"] == "fail"
+
+
+def test_doctor_flags_offsets_past_the_log_and_unread_records(
+    services: Services,
+    dsn: str,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    producer = ActivityProducer(services.bootstrap, topic, transactional_id=f"tx-{topic}")
+    producer.start()
+    with producer.transaction():
+        producer.send(step(1))
+    producer.close()
+    cli = Cli(monkeypatch, capsys, _env(services, dsn, topic))
+    report = cli.json("doctor")  # nothing consumed yet: lag, but fresh records
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["retention"]["status"] == "pass"
+    assert "oldest unconsumed record" in checks["retention"]["detail"]
+
+    async def recreated_topic() -> None:  # the DB remembers offsets the new log never had
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch) "
+                "VALUES ($1, $2, 0, 5000, 4)",
+                f"g-{topic}",
+                topic,
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(recreated_topic())
+    report = cli.json("doctor", expect=1)
+    offsets = next(c for c in report["checks"] if c["name"] == "offsets")
+    assert offsets["status"] == "fail"
+    assert "past the log end" in offsets["detail"]
+    status = cli.json("status")
+    assert status["partitions"][0]["db_next"] == 5000
+    assert status["partitions"][0]["epoch"] == 4
+
+
+def test_doctor_checks_grants_against_the_roles_migration(
+    services: Services,
+    dsn: str,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli = Cli(monkeypatch, capsys, _env(services, dsn, topic))
+    roles_file = roles_migration(load_migrations())
+    check = _check(cli.json("doctor"), "roles and grants")
+    if roles_file is None:  # data-driven: no roles migration, nothing to compare with
+        assert check["status"] == "warn"
+        return
+    assert check["status"] == "pass", check
+    ingest = next(  # the role the file lets INSERT into activity
+        p.role
+        for p, granted in expected(roles_file.sql).privileges.items()
+        if granted and (p.obj, p.privilege) == ("activity", "INSERT")
+    )
+    db(dsn, f'GRANT UPDATE ON activity TO "{ingest}"')  # breaks append-only by grants
+    report = cli.json("doctor", expect=1)
+    check = _check(report, "roles and grants")
+    assert check["status"] == "fail"
+    assert f"{ingest}: UPDATE on table activity is held" in check["detail"]
+    worker = _check(report, "append-only")  # and the worker, connecting as it, may rewrite
+    assert (worker["status"], "UPDATE" in worker["detail"]) == ("fail", True), worker
+
+
+def _check(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in report["checks"] if c["name"] == name)

@@ -1,0 +1,248 @@
+"""The doctor's checks, the roles-migration reader, status merging and safe rendering:
+pure functions, tested without services."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+import pytest
+
+from ackline import doctor
+from ackline.render import safe_text, show_bytes, table
+from ackline.status import OffsetRow, PartitionStatus, merge
+from sinks.grants import (
+    Expected,
+    Privilege,
+    RolesReport,
+    expected,
+    roles_migration,
+    with_no_extra_writes,
+)
+from sinks.migrate import Migration, load_migrations
+from streams.positions import PartitionOffsets, TopicFacts
+
+FILES = [Migration(1, "init", "CREATE TABLE a ();"), Migration(2, "more", "CREATE TABLE b ();")]
+
+
+def test_migrations_check() -> None:
+    applied = {m.version: m.sha256 for m in FILES}
+    assert doctor.migrations_check(FILES, applied).status == "pass"
+    missing = doctor.migrations_check(FILES, {1: FILES[0].sha256})
+    assert (missing.status, "0002_more.sql" in missing.detail) == ("fail", True)
+    changed = doctor.migrations_check(FILES, {**applied, 2: "0" * 64})
+    assert changed.status == "fail"
+    assert "changed" in changed.detail
+    assert doctor.migrations_check(FILES, None).status == "fail"
+    newer = doctor.migrations_check(FILES, {**applied, 9: "x"})
+    assert newer.status == "warn"
+
+
+def test_shipped_migrations_pass_against_their_own_checksums() -> None:
+    files = load_migrations()
+    assert doctor.migrations_check(files, {m.version: m.sha256 for m in files}).status == "pass"
+
+
+ROLES_SQL = """
+-- roles for ackline
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_ingest') THEN
+    CREATE ROLE ackline_ingest NOLOGIN;
+  END IF;
+END $$;
+CREATE ROLE "Ackline_Reader";
+GRANT SELECT, INSERT ON activity, txn_ledger TO ackline_ingest;
+GRANT ALL ON TABLE consumer_offsets TO ackline_ingest;
+REVOKE DELETE, TRUNCATE ON consumer_offsets FROM ackline_ingest;
+GRANT USAGE ON SEQUENCE ingest_batch_id_seq TO ackline_ingest;
+GRANT USAGE ON SCHEMA public TO ackline_ingest, "Ackline_Reader";
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO "Ackline_Reader";
+GRANT SELECT (event_id) ON activity TO ackline_ingest;
+ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO "Ackline_Reader";
+EXECUTE format('GRANT SELECT ON %I TO x', t);
+GRANT ackline_ingest TO app_user;
+"""
+
+
+def test_expected_privileges_follow_the_file_in_order() -> None:
+    want = expected(ROLES_SQL, {"public": ["activity", "conflicts"]})
+    assert want.roles == ["ackline_ingest", "Ackline_Reader"]
+    p = want.privileges
+    assert p[Privilege("ackline_ingest", "table", "activity", "INSERT")] is True
+    assert p[Privilege("ackline_ingest", "table", "consumer_offsets", "UPDATE")] is True
+    assert p[Privilege("ackline_ingest", "table", "consumer_offsets", "DELETE")] is False
+    assert p[Privilege("ackline_ingest", "sequence", "ingest_batch_id_seq", "USAGE")] is True
+    assert p[Privilege("Ackline_Reader", "schema", "public", "USAGE")] is True
+    assert p[Privilege("Ackline_Reader", "table", "conflicts", "SELECT")] is True
+    assert Privilege("ackline_ingest", "table", "activity", "UPDATE") not in p
+    # column privilege, default privileges and dynamic SQL are not checked, and counted
+    assert want.skipped == 3
+
+
+def test_roles_migration_is_found_by_name() -> None:
+    assert roles_migration(FILES) is None
+    roles = Migration(3, "roles", ROLES_SQL)
+    assert roles_migration([*FILES, roles]) is roles
+
+
+def _report(**changes: object) -> RolesReport:
+    want = expected(ROLES_SQL, {"public": ["activity"]})
+    base: dict[str, object] = {
+        "migration": "0003_roles.sql",
+        "applied": True,
+        "expected": want,
+        "missing_roles": [],
+        "wrong": [],
+    }
+    base.update(changes)
+    return RolesReport(**base)  # type: ignore[arg-type]
+
+
+def test_roles_check() -> None:
+    assert doctor.roles_check(None).status == "warn"
+    assert doctor.roles_check(_report(applied=False)).status == "warn"
+    assert doctor.roles_check(_report(expected=Expected())).status == "warn"
+    assert doctor.roles_check(_report()).status == "pass"
+    missing = doctor.roles_check(_report(missing_roles=["ackline_ingest"]))
+    assert missing.status == "fail"
+    assert "ackline_ingest" in missing.detail
+    held = Privilege("ackline_ingest", "table", "activity", "UPDATE")
+    wrong = doctor.roles_check(_report(wrong=[(held, True)]))
+    assert wrong.status == "fail"
+    assert "UPDATE on table activity is held" in wrong.detail
+
+
+def test_append_only_check() -> None:
+    assert doctor.append_only_check("ingest", []).status == "pass"
+    bad = doctor.append_only_check("postgres", ["UPDATE", "DELETE"])
+    assert bad.status == "fail"
+    assert "UPDATE/DELETE" in bad.detail
+
+
+def facts(rf: int = 3, min_isr: str = "2", retention: str = "604800000") -> TopicFacts:
+    return TopicFacts("t", 3, rf, 3, {"min.insync.replicas": min_isr, "retention.ms": retention})
+
+
+@pytest.mark.parametrize(
+    ("rf", "min_isr", "status", "words"),
+    [
+        (3, "2", "pass", "replication factor 3"),
+        (1, "1", "warn", "use 3"),
+        (3, "1", "warn", "one broker only"),
+        (2, "2", "warn", "stops every producer"),
+        (1, "2", "fail", "can never write"),
+    ],
+)
+def test_replication_check(rf: int, min_isr: str, status: str, words: str) -> None:
+    check = doctor.replication_check(facts(rf, min_isr))
+    assert check.status == status
+    assert words in check.detail
+
+
+def test_partitions_and_dlq_checks() -> None:
+    assert doctor.partitions_check("t", None).status == "fail"
+    assert doctor.partitions_check("t", facts()).detail == "t: 3 partitions"
+    assert doctor.dlq_check("t.dlq", True).status == "pass"
+    assert doctor.dlq_check("t.dlq", False).status == "warn"
+
+
+def row(p: int, db_next: int | None, low: int = 0, high: int = 100) -> PartitionStatus:
+    lag = None if db_next is None else high - db_next
+    return PartitionStatus(p, db_next, None, low, high, lag, 1, "w", None)
+
+
+def test_offsets_check() -> None:
+    assert doctor.offsets_check([row(0, 100), row(1, None)], 3).status == "pass"
+    below = doctor.offsets_check([row(0, 5, low=20)], 3)
+    assert below.status == "fail"
+    assert "records 5..19 were deleted" in below.detail
+    past = doctor.offsets_check([row(0, 500)], 3)
+    assert (past.status, "past the log end" in past.detail) == ("fail", True)
+    gone = doctor.offsets_check([row(7, 5)], 3)
+    assert gone.status == "fail"
+
+
+def test_retention_check() -> None:
+    week = facts().config
+    now = 10 * 86_400_000
+    assert doctor.retention_check(week, {}, now).status == "pass"
+    assert doctor.retention_check(week, {0: now - 60_000}, now).status == "pass"
+    old = doctor.retention_check(week, {0: now - 60_000, 1: now - 4 * 86_400_000}, now)
+    assert (old.status, "partition 1" in old.detail) == ("warn", True)
+    assert doctor.retention_check(week, {2: now - 8 * 86_400_000}, now).status == "fail"
+    assert doctor.retention_check({"retention.ms": "-1"}, {0: 0}, now).status == "pass"
+
+
+def test_exit_status_and_json() -> None:
+    ok = [doctor.Check("a", "pass", ""), doctor.Check("b", "warn", "")]
+    assert doctor.exit_status(ok) == 0
+    bad = [*ok, doctor.Check("c", "fail", "x")]
+    assert doctor.exit_status(bad) == 1
+    assert doctor.to_json(bad)["ok"] is False
+    assert "FAIL  c" in doctor.render(bad)
+
+
+def test_status_merge() -> None:
+    stamp = datetime(2026, 1, 1, tzinfo=UTC)
+    db = [OffsetRow(0, 90, 3, "w1", stamp), OffsetRow(1, None, 1, "w2", None)]
+    kafka = [
+        PartitionOffsets(0, 0, 100, 85),
+        PartitionOffsets(1, 10, 40, None),
+        PartitionOffsets(2, 0, 7, None),
+    ]
+    rows = merge(db, kafka)
+    assert [r.partition for r in rows] == [0, 1, 2]
+    assert (rows[0].db_next, rows[0].kafka_committed, rows[0].lag, rows[0].epoch) == (90, 85, 10, 3)
+    assert rows[1].lag == 30  # nothing committed: everything from the log start
+    assert (rows[2].owner, rows[2].lag) == (None, 7)
+    assert rows[0].to_json()["updated_at"] == "2026-01-01T00:00:00+00:00"
+
+
+def test_safe_rendering_of_hostile_bytes() -> None:
+    hostile = b"ok\x1b[31mred\x07\xff\xfe\n\xe2\x80\xaeevil"
+    text = show_bytes(hostile)
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "\\x1b[31mred" in text
+    assert "\ufffd" in text  # invalid UTF-8 replaced
+    assert "\\u202e" in text  # bidi override shown, not obeyed
+    assert base64.b64decode(show_bytes(hostile, raw=True)) == hostile
+    cut = show_bytes(b"x" * 10, limit=4)
+    assert cut.startswith("xxxx\n")
+    assert "6 more bytes" in cut
+    assert show_bytes(None) == "(null)"
+    assert safe_text("a\tb") == "a\\x09b"
+
+
+def test_table_pads_columns() -> None:
+    out = table(("a", "long header"), [(1, None), ("wide value", 2)])
+    lines = out.splitlines()
+    assert lines[0] == "a           long header"
+    assert lines[2] == "1           -"
+    assert lines[3] == "wide value  2"
+
+
+def test_grantees_may_hold_no_write_the_file_does_not_grant() -> None:
+    want = expected(
+        "GRANT SELECT, INSERT ON activity TO ingest; GRANT USAGE ON SCHEMA public TO other;",
+    )
+    expect = with_no_extra_writes(want, {"public": ["activity", "offsets"], "audit": ["log"]})
+    assert expect[Privilege("ingest", "table", "activity", "INSERT")] is True
+    assert expect[Privilege("ingest", "table", "activity", "UPDATE")] is False
+    assert expect[Privilege("ingest", "table", "activity", "DELETE")] is False
+    assert expect[Privilege("ingest", "table", "offsets", "INSERT")] is False
+    assert expect[Privilege("ingest", "table", "audit.log", "TRUNCATE")] is False
+    assert not any(p.role == "other" and p.kind == "table" for p in expect)  # no table grants
+
+
+def test_the_shipped_roles_migration_is_readable() -> None:
+    roles = roles_migration(load_migrations())
+    if roles is None:  # the check is data-driven: without the file there is nothing to read
+        assert doctor.roles_check(None).status == "warn"
+        return
+    want = expected(roles.sql, {"public": ["activity"]})
+    assert want.privileges, f"no GRANT read from {roles.name}"
+    assert not any(
+        granted and p.obj == "activity" and p.privilege in ("UPDATE", "DELETE", "TRUNCATE")
+        for p, granted in want.privileges.items()
+    )

@@ -1,0 +1,149 @@
+"""make_app builds without I/O, and its consumer cannot derive an offset from acks."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import faust
+import pytest
+from faust.types import TP, Message
+
+from ackline.errors import SettingsError
+from ackline.settings import load_settings
+from sinks.batch import PartitionRange
+from sinks.offsets import Claim
+from streams.faust_runtime import risk
+from streams.faust_runtime.app import AGENT_NAME, FaustApp, make_app
+from streams.faust_runtime.transport import AcklineConsumer
+
+T = "events"
+
+
+def _app(tmp_path: Path, **env: str) -> FaustApp:
+    environ = {"ACKLINE_TOPIC": T, "ACKLINE_GROUP_ID": "g", "ACKLINE_STATE_DIR": str(tmp_path)}
+    environ.update(env)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in environ.items():
+            mp.setenv(key, value)
+        settings = load_settings()
+    return make_app(settings, bootstrap="127.0.0.1:1", dsn="postgresql://u@127.0.0.1:1/db")
+
+
+def test_importing_the_package_does_not_import_faust() -> None:
+    code = "import sys, streams.faust_runtime; print('faust' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_faust_environment_cannot_change_the_settings_the_runtime_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STREAM_WAIT_EMPTY", "false")
+    monkeypatch.setenv("BROKER_COMMIT_EVERY", "1")
+    monkeypatch.setenv("WEB_ENABLED", "true")
+    app = _app(tmp_path)
+    assert app.conf.stream_wait_empty is True
+    assert app.conf.web_enabled is False
+    assert app.conf.broker_commit_every != 1
+    assert app.conf.id == "g"  # the consumer group is ackline's group id
+    assert app.agents[next(iter(app.agents))].name.endswith(AGENT_NAME)
+
+
+def test_only_plaintext_kafka(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="ACKLINE_KAFKA_SECURITY_PROTOCOL"):
+        _app(
+            tmp_path,
+            ACKLINE_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
+            ACKLINE_KAFKA_SASL_MECHANISM="PLAIN",
+            ACKLINE_KAFKA_SASL_USERNAME="u",
+            ACKLINE_KAFKA_SASL_PASSWORD="p",
+        )
+
+
+def _message(partition: int, offset: int) -> Message:
+    return Message(T, partition, offset, 0.0, 0, [], b"k", b"v", None, tp=TP(T, partition))
+
+
+def test_acks_never_make_an_offset_committable(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+
+    async def go() -> None:
+        consumer = app.consumer
+        assert isinstance(consumer, AcklineConsumer)
+        try:
+            _check(consumer)
+            await consumer._add_gap(TP(T, 0), 105, 110)
+            assert not consumer._gap
+        finally:
+            consumer._thread.thread_loop.close()  # never started: the test owns its loop
+
+    def _check(consumer: AcklineConsumer) -> None:
+        app.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=5)])
+        for offset in (100, 101, 103, 104):  # 102 in flight (faust #606's shape)
+            msg = _message(0, offset)
+            consumer.track_message(msg)
+            assert consumer.ack(msg) is True
+            assert consumer.ack(msg) is False  # once
+        assert not consumer.unacked
+        assert consumer._acked == {} or not any(consumer._acked.values())
+        tps = list(consumer._filter_tps_with_pending_acks())
+        assert consumer._filter_committable_offsets(tps) == {TP(T, 0): 100}  # the DB's
+        app.ownership.ledger.committed([PartitionRange(T, 0, 100, 102, epoch=5)])
+        assert consumer._filter_committable_offsets(tps) == {TP(T, 0): 102}
+        assert consumer._read_offset[TP(T, 0)] is None  # faust never drops a record as read
+
+    asyncio.run(go())
+
+
+def test_stock_faust_commits_past_an_in_flight_message_ackline_does_not(tmp_path: Path) -> None:
+    """faust #606, reproduced on the installed faust: offset 100 is still being processed,
+    101-104 are acked, and faust's own arithmetic makes 105 committable (100 would be
+    lost at the next restart). ackline's consumer, given the same acks, offers the DB's."""
+    stock = faust.App("stock", broker="kafka://127.0.0.1:1", env={}, web_enabled=False)
+    ours = _app(tmp_path)
+
+    async def go() -> None:
+        tp = TP(T, 0)
+        for app in (stock, ours):
+            app.topics._acking_topics.add(T)  # as faust does when the agent subscribes
+            consumer = app.consumer
+            try:
+                consumer._committed_offset[tp] = 100
+                for offset in (101, 102, 103, 104):
+                    msg = _message(0, offset)
+                    consumer.track_message(msg)
+                    consumer.ack(msg)
+            finally:
+                consumer._thread.thread_loop.close()
+        assert stock.consumer._filter_committable_offsets([tp]) == {tp: 105}  # past 100
+        ours.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=1)])
+        assert ours.consumer._filter_committable_offsets([tp]) == {tp: 100}
+
+    asyncio.run(go())
+
+
+def test_the_installed_faust_is_the_proven_one() -> None:
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    problems = risk.version_problems(
+        faust.__version__, faust_aiokafka.Consumer, faust_aiokafka.AIOKafkaConsumerThread
+    )
+    assert problems == []
+    risk.check(problems, "")  # starts without accepting anything
+
+
+def test_an_untested_faust_is_refused_unless_the_risk_is_accepted() -> None:
+    class Bare:
+        pass
+
+    problems = risk.version_problems("0.16.0", Bare, Bare)
+    assert any("0.16.0 is not 0.15.x" in p for p in problems)
+    assert any("Bare.ack no longer exists" in p for p in problems)
+    with pytest.raises(SettingsError, match="ACKLINE_FAUST_ACCEPT_RISK"):
+        risk.check(problems, "")
+    risk.check(problems, "untested-faust-version")
+    with pytest.raises(SettingsError, match="unknown risk"):
+        risk.check([], "lose-everything")
