@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit integration lint up down status clean chaos
+.PHONY: install demo test unit integration lint up down status clean chaos bench bench-backlog
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,3 +50,13 @@ status: install
 
 clean: down
 	rm -rf .ackline
+
+## Throughput beside the COPY limit and three peers (1M events, ~40 min): load/bench/results.*
+## Its own stack (.ackline/bench); peers installed by the bench itself. BENCH_EVENTS=... to size.
+bench: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python -m load.bench
+
+## One worker drains a 10M-event backlog while its RSS is sampled (~1 h): load/bench/backlog.json
+bench-backlog: install
+	$(BIN)/python -m load.bench.backlog

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 POINTS = frozenset(
     {
         "after_fetch",  # messages fetched, before the DB transaction
-        "mid_copy",  # inside the transaction, after COPY into staging, before INSERT
+        "mid_copy",  # inside the transaction, after COPY into the ledger, before activity
         "before_commit",  # all statements done, COMMIT not yet sent
         "during_commit",  # COMMIT about to be sent; fail = connection lost before it arrived
         "commit_reply_lost",  # COMMIT done on the server; fail = its reply lost with the link

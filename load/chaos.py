@@ -102,6 +102,8 @@ class _Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.manifest = self.run_dir / "manifest.jsonl.gz"
         self.summary = self.run_dir / "produced.json"
+        self.pause_file = self.run_dir / "produce.pause"
+        self.paused_file = self.run_dir / "produce.paused"
         self.admin = Pg(admin_dsn)
         self.dsn = admin_dsn.rsplit("/", 1)[0] + f"/chaos_{seed}_{stamp}"
         self.pg = Pg(self.dsn)
@@ -129,32 +131,36 @@ class _Run:
             pg_restarts=self.cfg.pg_restarts,
             commit_faults=self.cfg.commit_faults,
         )
-        deferred: list[Fault] = []  # broker restarts wait for production to finish
         for n, fault in enumerate(faults, 1):
             self._wait_progress(fault.at)
             wait_for(lambda: False, FAULT_SPACING_S, self._tick)  # not all in one instant
-            if deferred and self._produced():
-                self._broker(deferred.pop(0))
-            if fault.kind == "broker" and not self._produced():
-                deferred.append(fault)
-                continue
             self.say(f"{self._progress():4.0%} fault {n}/{len(faults)}: {fault.describe()}")
             self._execute(fault)
-        for fault in deferred:
-            self._broker(fault)
         self._top_up_stops()
         self._drain()
         return self._finish()
 
     def _broker(self, fault: Fault) -> None:
+        """Restart the broker; while production runs, between two of its transactions.
+
+        The producer child parks in its ``pace`` hook while the pause file exists and says
+        so with the paused file: a transaction open across a broker crash would abort, and
+        the manifest must record every record as committed or aborted for certain.
+        """
         from ackline.dev import stack
 
-        if not self._produced():
-            self.say("waiting for production to finish before restarting the broker")
-            if not wait_for(self._produced, 3600, self._tick):
-                raise ChaosError("production did not finish")
-        self.say(f"{self._progress():4.0%} fault: {fault.describe()}")
-        stack.restart_kafka(self.state_dir, hard=fault.hard)
+        def parked() -> bool:
+            return self.paused_file.exists() or self._produced()
+
+        self.pause_file.touch()
+        try:
+            if not wait_for(parked, 600, self._tick):
+                raise ChaosError("the producer did not pause for the broker restart")
+            if self.watch is not None:
+                self.watch.reset()  # no request of it may straddle the restart
+            stack.restart_kafka(self.state_dir, hard=fault.hard)
+        finally:
+            self.pause_file.unlink(missing_ok=True)
         self.counts.broker_restarts += 1
 
     def _prepare(self) -> None:
@@ -217,9 +223,13 @@ class _Run:
             "manifest": str(self.manifest),
             "summary": str(self.summary),
             "rate": self.cfg.produce_rate,
+            "pause": str(self.pause_file),
+            "paused": str(self.paused_file),
         }
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.reset()
         if self.pool is not None:
             self.pool.shutdown()
         if self.producer is not None and self.producer.poll() is None:
@@ -273,6 +283,9 @@ class _Run:
         if self._expected is None and self._produced():
             self._expected = int(json.loads(self.summary.read_text())["committed"])
         return done / max(self._expected or self._estimate(), 1)
+
+    def _drained_now(self) -> bool:
+        return self._produced() and self._progress() >= 0.999
 
     def _estimate(self) -> float:
         """The committed records production will write (known exactly once it is done)."""
@@ -346,8 +359,16 @@ class _Run:
         """A worker stalled after fetching a batch is SIGSTOPped until every partition it
         owned is claimed by others, then SIGCONTed: its batch must be fenced."""
         pool = self._pool()
+        if self._drained_now():
+            self.say("nothing left to fetch: no zombie")
+            return False
         z = self._restart_armed(slot, f"after_fetch=stall@{self.rng.randint(2, 3)}", ZOMBIE_STALL_S)
-        if not wait_for(lambda: "fault point after_fetch fired" in z.log(), 120, self._reap_only):
+        stalled = wait_for(
+            lambda: "fault point after_fetch fired" in z.log() or self._drained_now(),
+            120,
+            self._reap_only,
+        )
+        if not stalled or "fault point after_fetch fired" not in z.log():
             self.say(f"{z.worker_id} never stalled (no batch to fetch?)")
             return False
         pool.stop(z)
@@ -376,11 +397,17 @@ class _Run:
             self._zombie(self.rng.randrange(self.cfg.workers))
 
     def _commit_fault(self, fault: Fault) -> None:
+        if self._drained_now():
+            self.counts.skipped.append("nothing left to commit: no COMMIT fault")
+            return
         if fault.method == "before_commit":
             w = self._restart_armed(fault.slot, "before_commit=stall@2", STALL_BEFORE_COMMIT_S)
-            if not wait_for(
-                lambda: "fault point before_commit fired" in w.log(), 120, self._reap_only
-            ):
+            stalled = wait_for(
+                lambda: "fault point before_commit fired" in w.log() or self._drained_now(),
+                120,
+                self._reap_only,
+            )
+            if not stalled or "fault point before_commit fired" not in w.log():
                 self.counts.skipped.append(f"{w.worker_id} never stalled before COMMIT")
                 return
             pids = self.pg.writer_backends(IDLE_IN_TRANSACTION, w.worker_id)
@@ -388,8 +415,8 @@ class _Run:
                 self.counts.commit_faults += 1
             return
         for _ in range(20):
-            if self._produced() and self._progress() >= 0.999:
-                break  # drained: nothing commits any more
+            if self._drained_now():
+                break  # nothing commits any more
             if self._terminate_in_commit():
                 self.counts.commit_faults += 1
                 self.counts.commit_faults_in_commit += 1
@@ -469,11 +496,18 @@ def _produce_child(args: dict[str, Any]) -> None:
     from load.produce import produce
 
     rate, started = float(args["rate"]), time.monotonic()
+    pause, paused = Path(args["pause"]), Path(args["paused"])
 
     def pace(sent: int) -> None:
+        """Between two transactions: hold the rate; park while the harness asks to."""
         ahead = sent / rate - (time.monotonic() - started) if rate > 0 else 0.0
         if ahead > 0:
             time.sleep(ahead)
+        if pause.exists():
+            paused.touch()
+            while pause.exists():
+                time.sleep(0.1)
+            paused.unlink()
 
     summary = produce(
         args["bootstrap"],

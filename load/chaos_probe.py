@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 _ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
@@ -131,32 +130,50 @@ class Ahead:
 
 
 class OffsetWatch:
-    """Samples Kafka's committed offsets of the group against the DB offsets."""
+    """Samples Kafka's committed offsets of the group against the DB offsets.
+
+    Kafka's side is read with a plain consumer of the group's id that never subscribes
+    (``committed()``: no group membership, nothing committed). Not the AdminClient's
+    list_consumer_group_offsets: a request of it that times out while the broker
+    restarts can abort the process (librdkafka issue 4605). The consumer is made anew
+    after every broker restart (:meth:`reset`).
+    """
 
     def __init__(self, bootstrap: str, group: str, topic: str, partitions: int) -> None:
-        quiet = logging.getLogger("load.chaos.kafka")  # broker restarts are expected here
-        quiet.setLevel(logging.CRITICAL)
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "socket.timeout.ms": 5000,
-            "logger": quiet,
-        }
-        self._admin = AdminClient(conf)
+        self._bootstrap = bootstrap
         self._group, self._topic, self._partitions = group, topic, partitions
+        self._consumer: Consumer | None = None
         self.samples = 0
         self.max_ahead = 0
         self.worst: Ahead | None = None
 
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            quiet = logging.getLogger("load.chaos.kafka")  # broker restarts are expected
+            quiet.setLevel(logging.CRITICAL)
+            conf: dict[str, Any] = {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": self._group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "socket.timeout.ms": 5000,
+                "logger": quiet,
+            }
+            self._consumer = Consumer(conf)
+        return self._consumer
+
+    def reset(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
     def kafka_committed(self) -> dict[int, int] | None:
-        request = ConsumerGroupTopicPartitions(
-            self._group, [TopicPartition(self._topic, p) for p in range(self._partitions)]
-        )
+        tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
         try:
-            futures = self._admin.list_consumer_group_offsets([request], request_timeout=5)
-            found = futures[self._group].result(10)
-        except (KafkaException, TimeoutError):
+            found = self._client().committed(tps, timeout=5)
+        except KafkaException:
             return None  # the broker is restarting: no sample now
-        return {tp.partition: tp.offset for tp in found.topic_partitions or [] if tp.offset >= 0}
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
 
     def sample(self, pg: Pg) -> None:
         kafka = self.kafka_committed()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -23,7 +24,8 @@ from typing import Any, Final
 from load.capture import CapturedRecord, CaptureHeader, CaptureReader, CaptureWriter
 from load.produce import Knobs, produce
 from load.topics import RangeSpec, capture
-from streams.admin import delete_topic
+from streams.admin import delete_topic, ensure_topic
+from streams.errors import StreamError
 
 SEED: Final = 20_240_501
 CHANGE_EVERY: Final = 100
@@ -133,6 +135,7 @@ def prepare(bootstrap: str, events: int, data_dir: Path, log: Callable[[str], No
     if not base.is_file():
         scratch = f"bench-generate-{events}"
         log(f"generating {events:,} events with load.produce (first run only)")
+        ensure_topic_patiently(bootstrap, scratch, 12)
         produce(
             bootstrap,
             scratch,
@@ -154,6 +157,19 @@ def prepare(bootstrap: str, events: int, data_dir: Path, log: Callable[[str], No
     _transform(base, again, _change)
     _transform(again, connect_again, _wrap)
     return Dataset(events, base, connect, again, connect_again)
+
+
+def ensure_topic_patiently(bootstrap: str, topic: str, partitions: int, tries: int = 10) -> None:
+    """ensure_topic, retried: a broker that has just started may not show a new topic in
+    its metadata at once ("created but is not visible")."""
+    for attempt in range(tries):
+        try:
+            ensure_topic(bootstrap, topic, partitions)
+            return
+        except StreamError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(2.0)
 
 
 def head(path: Path, count: int, skip: int = 0) -> Iterator[CapturedRecord]:

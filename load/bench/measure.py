@@ -83,6 +83,17 @@ class ProcessResult:
     """max(kernel ru_maxrss of the process, sampled RSS of its whole tree)."""
 
 
+_LIVE: set[Measured] = set()
+
+
+def kill_all() -> None:
+    """SIGKILL the process group of every Measured not reaped yet (the bench is dying)."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.killpg(proc.proc.pid, signal.SIGKILL)
+            proc.reap(5)
+
+
 class Measured:
     """A started command whose CPU and memory are measured until it is reaped."""
 
@@ -110,6 +121,7 @@ class Measured:
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
         self.result: ProcessResult | None = None
+        _LIVE.add(self)
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
@@ -150,6 +162,7 @@ class Measured:
         return self.result
 
     def _finish(self, status: int, usage: resource.struct_rusage) -> None:
+        _LIVE.discard(self)
         self._stop.set()
         self._sampler.join()
         self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -192,6 +205,7 @@ __all__ = [
     "ProcessResult",
     "cpu_seconds_of",
     "descendants",
+    "kill_all",
     "percentile",
     "rss_kb",
     "steady_rate",

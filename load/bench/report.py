@@ -16,7 +16,7 @@ SYSTEMS: Final = ("limit", "ackline", "ackline-faust", *PEERS)
 LABELS: Final = {
     "limit": "limit (COPY)",
     "ackline": "ackline",
-    "ackline-faust": "ackline on faust (--runtime faust)",
+    "ackline-faust": "ackline on faust",
     "quix": "Quix Streams",
     "connect": "Kafka Connect + Debezium JDBC",
     "faust": "faust (naive)",

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
 import time
 import uuid
@@ -36,8 +38,15 @@ from typing import Any
 
 from ackline.dev import stack
 from load.bench import report
-from load.bench.data import Dataset, event_id_of, head, prepare
-from load.bench.measure import ProcessResult, cpu_seconds_of, descendants, percentile, steady_rate
+from load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
+from load.bench.measure import (
+    ProcessResult,
+    cpu_seconds_of,
+    descendants,
+    kill_all,
+    percentile,
+    steady_rate,
+)
 from load.bench.peers import ensure_connect_jars, ensure_python_peers
 from load.bench.systems import (
     Ackline,
@@ -59,6 +68,9 @@ from streams.admin import ensure_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 12
+STALL_RECORDS = 1_000
+"""Fewer records than this committed in a whole stall window counts as stalled (a
+crashing agent that a supervisor restarts keeps moving, one record per restart)."""
 RESULTS = Path(__file__).resolve().parent / "results.json"
 CHART = Path(__file__).resolve().parent / "results.png"
 
@@ -111,7 +123,7 @@ def _wait(
 ) -> bool:
     """Poll ``done`` every 0.5 s; False when stalled (no progress for ``stall_after``)."""
     deadline = time.monotonic() + timeout
-    last, last_change = -1, time.monotonic()
+    history: list[tuple[float, int]] = []
     while time.monotonic() < deadline:
         if done():
             return True
@@ -122,11 +134,11 @@ def _wait(
                     + proc.log_text()[-3000:]
                 )
         if stall_after is not None and progress is not None:
-            now = progress()
-            if now != last:
-                last, last_change = now, time.monotonic()
-            elif time.monotonic() - last_change > stall_after:
-                return False
+            now = time.monotonic()
+            history.append((now, progress()))
+            window = [v for t, v in history if t >= now - stall_after]
+            if history[0][0] <= now - stall_after and window[-1] - window[0] < STALL_RECORDS:
+                return False  # (almost) no progress for stall_after seconds
         time.sleep(0.5)
     raise BenchError(f"{system.name}: timed out after {timeout:.0f} s waiting for {what}")
 
@@ -367,10 +379,14 @@ def _sampled_rate(samples: list[tuple[float, int]], base: int, started: float) -
     return (v1 - v0) / (t1 - t0)
 
 
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(?:Error|Exception): .*")
+
+
 def _first_error(system: System) -> str:
+    """The first exception line in the system's log (what stalled it)."""
     for proc in system.procs:
         for line in proc.log_text().splitlines():
-            if "Error" in line or "error" in line:
+            if _EXCEPTION_LINE.match(line.strip()):
                 return line.strip()[:300]
     return "no progress for 60 s"
 
@@ -417,6 +433,10 @@ def conditions(events: int) -> dict[str, Any]:
     }
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop processes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m load.bench", description=__doc__)
     p.add_argument("--events", type=int, default=int(os.environ.get("BENCH_EVENTS", "1000000")))
@@ -433,9 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     say(f"run {run_id}: logs in {logs}")
     info, started_here = ensure_stack(state_dir)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         summary = _run(args, state_dir, logs, run_id, info)
     finally:
+        kill_all()  # whatever a failed phase left running
         if started_here and not args.keep:
             say("stopping the bench stack")
             stack.down(state_dir)
@@ -460,7 +482,7 @@ def _run(
     data = prepare(env.bootstrap, args.events, state_dir / "data", say)
     topic = f"bench-events-{run_id}"
     for capture, name in ((data.capture, topic), (data.connect_capture, f"{topic}.connect")):
-        ensure_topic(env.bootstrap, name, PARTITIONS)
+        ensure_topic_patiently(env.bootstrap, name, PARTITIONS)
         with CaptureReader(capture) as reader:
             parts = list(reader.header.ranges)
             say(replay(env.bootstrap, reader, name, Pace("max"), source_partitions=parts).render())

@@ -120,7 +120,16 @@ class FaustSink:
     # ---- the agent -------------------------------------------------------------------
 
     async def consume(self, stream: Any) -> None:
-        """The agent body. ``stream`` is the faust stream of the topic (raw values)."""
+        """The agent body. ``stream`` is the faust stream of the topic (raw values).
+
+        Order of effects per batch: ``noack_take`` yields the events (nothing acked);
+        :meth:`handle` writes them (dead letters, then the PostgreSQL transaction); only
+        then each event is acked, in delivery order (an ack marks it done for faust's
+        in-flight tracking and moves no offset). A crash before the COMMIT: nothing moved,
+        the events are re-read from the DB offset. A crash after it and before the acks:
+        the DB offset is already past them, so they are not written again. Any failure
+        but fencing exits the process here without acking (:func:`die`).
+        """
         events_stream = stream.noack()
         try:
             async for events in events_stream.noack_take(

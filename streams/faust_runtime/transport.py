@@ -97,6 +97,10 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Commit ``offsets`` (the DB next offsets) to Kafka; advisory, so never fatal.
 
+        Order of effects: keep the partitions still assigned; one OffsetCommit request;
+        on success note the time (faust's livelock check). A crash or a failure at any
+        step leaves Kafka at or behind the DB offsets, which decide where work resumes.
+
         faust crashes the consumer — and with it the worker — when a commit raises
         anything but a rebalance (a broker restart, a timeout). Here a failed commit is
         logged and retried at the next commit interval; the DB offsets decide where a

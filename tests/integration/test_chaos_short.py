@@ -35,7 +35,7 @@ def test_short_chaos_run_is_exactly_once() -> None:
     seed = random.SystemRandom().randrange(1, 1 << 31)
     argv = [sys.executable, "-m", "ackline", "chaos", "--seed", str(seed), "--events", "100000"]
     argv += ["--workers", "3", "--partitions", "12", "--batch-max-events", "500"]
-    argv += ["--produce-rate", "2000"]  # spread production over the faults on any machine
+    argv += ["--produce-rate", "1500"]  # spread production over the faults on any machine
     argv += ["--state-dir", str(state)]
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]

@@ -83,8 +83,18 @@ def test_two_workers_through_rebalances(
 ) -> None:
     manifest = _produce(services, topic, tmp_path, 10_000, seed=13)
     group = f"g-{topic}"
+    # a pauses 4 s after its third commit, so that records are left for b however fast
+    # a drains (10k events take a worker about a second).
     a = Worker(
-        services, dsn, topic, tmp_path, name="a", batch_max_events=300, group_protocol=protocol
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="a",
+        batch_max_events=300,
+        group_protocol=protocol,
+        faults="after_commit=stall@3",
+        fault_stall_seconds=4,
     )
     wait_until(lambda: _batches(dsn, "a") >= 2, 60, "worker a to commit")
     b = Worker(

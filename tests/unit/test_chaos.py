@@ -1,0 +1,94 @@
+"""The chaos harness's pure parts: the seeded schedule, the verdict line, the fault log line."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from ackline.faults import Faults, InjectedFault, parse
+from load.chaos_model import ChaosConfig, ChaosReport, Counts
+from load.chaos_plan import KILL_POINTS, plan
+from load.verify import Verdict
+
+SIZES = {"kills": 30, "stops": 3, "broker_restarts": 2, "pg_restarts": 2, "commit_faults": 10}
+
+
+def test_same_seed_same_schedule_other_seed_other_schedule() -> None:
+    assert plan(7, workers=3, **SIZES) == plan(7, workers=3, **SIZES)
+    assert plan(7, workers=3, **SIZES) != plan(8, workers=3, **SIZES)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_counts_order_and_targets(seed: int) -> None:
+    faults = plan(seed, workers=3, **SIZES)
+    kinds = Counter(f.kind for f in faults)
+    assert kinds == {"kill": 30, "stop": 3, "broker": 2, "postgres": 2, "commit": 10}
+    assert [f.at for f in faults] == sorted(f.at for f in faults)
+    assert all(0 < f.at < 1 and 0 <= f.slot < 3 for f in faults)
+    assert {f.hard for f in faults if f.kind == "broker"} == {False, True}
+    assert {f.hard for f in faults if f.kind == "postgres"} == {False, True}
+    assert all(f.at <= 0.6 for f in faults if f.kind == "stop")
+
+
+def test_armed_kills_are_valid_fault_specs() -> None:
+    arms = [f.arm for s in range(30) for f in plan(s, workers=3, **SIZES) if f.arm]
+    assert len(arms) > 100  # about 40% of 900 kills
+    for arm in arms:
+        ((point, armed),) = parse(arm).items()
+        assert point in KILL_POINTS and armed.action == "kill"
+
+
+def test_a_zombie_needs_an_heir() -> None:
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        plan(1, workers=1, **SIZES)
+
+
+def test_a_fired_point_says_so_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """The crash-window tests and the chaos harness wait for this line, not for time."""
+    faults = Faults("mid_copy=fail@2,after_fetch=stall", stall_seconds=0.01)
+    with caplog.at_level(logging.WARNING, logger="ackline.faults"):
+        faults.hit("mid_copy")
+        assert "fault point mid_copy fired" not in caplog.text
+        with pytest.raises(InjectedFault):
+            faults.hit("mid_copy")
+        faults.hit("after_fetch")
+    assert "fault point mid_copy fired: fail" in caplog.text
+    assert "fault point after_fetch fired: stall" in caplog.text
+
+
+def _report(**changes: Any) -> ChaosReport:
+    verdict = Verdict(
+        run_id="r", topic="t", group_id="g", produced=110, aborted=5, unique_expected=100,
+        ingested=100, lost=0, duplicated=0, duplicates_expected=3, duplicates_dropped=3,
+        conflicts_expected=2, conflicts_quarantined=2, conflicts_unexpected=0,
+        conflict_layer_mismatch=0, rejects_expected=1, rejected=1, rejects_unexpected=0,
+        reject_reason_mismatch=0, drained=True,
+    )  # fmt: skip
+    counts = Counts(
+        kills=30, stops=3, stops_fenced=3, broker_restarts=2, pg_restarts=2, commit_faults=10
+    )
+    fields: dict[str, Any] = {
+        "seed": 5, "config": ChaosConfig(), "counts": counts, "verdict": verdict,
+        "fenced_batches": 3, "fenced_log_lines": 3, "offset_samples": 9,
+        "max_kafka_ahead_of_db": 0, "duration_s": 1.0,
+    }  # fmt: skip
+    fields.update(changes)
+    return ChaosReport(**fields)
+
+
+def test_the_verdict_line_has_every_field_and_ok_needs_every_minimum() -> None:
+    line = _report().to_json()
+    assert line["ok"] is True
+    assert set(line) >= {
+        "events", "workers", "kills", "stops", "broker_restarts", "pg_restarts",
+        "commit_faults", "fenced_batches", "lost", "duplicated", "conflicts_expected",
+        "conflicts_quarantined", "rejects_expected", "rejected", "max_kafka_ahead_of_db",
+        "ok", "seed", "duration_s",
+    }  # fmt: skip
+    assert not _report(max_kafka_ahead_of_db=1).ok
+    assert not _report(fenced_batches=2).ok
+    assert not _report(counts=Counts(kills=29, stops=3, stops_fenced=3)).ok
+    assert "chaos verdict: OK" in _report().render()
