@@ -145,9 +145,10 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
     log = logging.getLogger("ackline.dispatch")
-    log.info("dispatcher %s following the feed as reader %s", instance, args.reader)
     stop = asyncio.Event()
     with _stop_on_signals(stop):
+        # Logged once SIGTERM is handled: from here a stop request exits 0.
+        log.info("dispatcher %s following the feed as reader %s", instance, args.reader)
         cursor = await dispatcher.run(
             connect, stop, wait=not args.once, poll_interval=args.poll_interval
         )

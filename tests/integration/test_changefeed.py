@@ -611,6 +611,11 @@ class Dispatch:
                 stdout=out,
                 stderr=log,
             )
+        wait_until(self._ready, 60, f"dispatcher {instance} to handle SIGTERM")
+
+    def _ready(self) -> bool:
+        self.ensure_alive()
+        return "following the feed" in self.log_path.read_text(errors="replace")
 
     def ensure_alive(self) -> None:
         if self.proc.poll() is not None:
@@ -705,7 +710,9 @@ def test_dispatcher_starts_one_run_per_ingested_request(
         assert runs[f"r{i}"]["dispatcher"] == "d1"
     requested_rows = db(dsn, "SELECT count(*) AS n FROM activity WHERE type = 'agent.requested'")
     assert requested_rows[0]["n"] == 31  # 30 originals + r22 asked again under a new txn_id
-    assert summary["started"] == 30 and summary["already_started"] == 1
+    # r22's second request is counted in `deliveries` (asserted above); whether the summary
+    # calls it "already started" depends on whether both landed in one feed read.
+    assert summary["started"] == 30 and summary["already_started"] in (0, 1)
     replayed = db(
         dsn, "SELECT count(*) AS n FROM ingest_batches WHERE group_id = $1", f"replay-{topic}"
     )
