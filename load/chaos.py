@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import asyncpg
 
@@ -70,15 +71,20 @@ def run_chaos(cfg: ChaosConfig, out: TextIO = sys.stdout) -> ChaosReport:
     try:
         run = _Run(cfg, seed, info.kafka_bootstrap, info.database_url, state_dir, out)
         try:
-            return run.execute()
+            report = run.execute()
         finally:
             run.close()
+        if report.ok:
+            run.discard()  # a failed run keeps its database, topic, manifest and logs
+        return report
     finally:
         if not cfg.keep_stack:
             stack.down(state_dir)
 
 
 class _Run:
+    """One chaos run: its database, topic, producer child, workers and counts."""
+
     def __init__(
         self,
         cfg: ChaosConfig,
@@ -88,13 +94,11 @@ class _Run:
         state_dir: Path,
         out: TextIO,
     ) -> None:
-        self.cfg, self.seed, self.bootstrap, self.state_dir, self.out = (
-            cfg,
-            seed,
-            bootstrap,
-            state_dir,
-            out,
-        )
+        self.cfg = cfg
+        self.seed = seed
+        self.bootstrap = bootstrap
+        self.state_dir = state_dir
+        self.out = out
         self.started = time.monotonic()
         stamp = time.strftime("%Y%m%d%H%M%S")
         self.name = f"chaos-{seed}-{stamp}"
@@ -110,6 +114,7 @@ class _Run:
         self.counts = Counts()
         self.rng = random.Random(seed ^ 0x5EED)  # choices made while running (stall points)
         self.producer: subprocess.Popen[bytes] | None = None
+        self._produce_log: IO[bytes] | None = None
         self.pool: WorkerPool | None = None
         self.watch: OffsetWatch | None = None
         self._last_sample = self._last_scrape = 0.0
@@ -182,10 +187,11 @@ class _Run:
         topic_config = {"max.message.bytes": str(2 * 1_048_576)}
         ensure_topic(self.bootstrap, self.name, self.cfg.partitions, topic_config)
         self.say(f"topic {self.name} ({self.cfg.partitions} partitions), database {database}")
+        self._produce_log = (self.run_dir / "produce.log").open("ab")
         self.producer = subprocess.Popen(
             [sys.executable, "-m", "load.chaos", json.dumps(self._child_args())],
             stdin=subprocess.DEVNULL,
-            stdout=(self.run_dir / "produce.log").open("ab"),
+            stdout=self._produce_log,
             stderr=subprocess.STDOUT,
         )
         self.say(f"producing {self.cfg.events:,} events (child pid {self.producer.pid})")
@@ -235,11 +241,31 @@ class _Run:
         if self.producer is not None and self.producer.poll() is None:
             self.producer.kill()
             self.producer.wait(30)
+        if self._produce_log is not None:
+            self._produce_log.close()
         try:
             self.admin.set_ghost_standby(False)
         finally:
             self.admin.close()
             self.pg.close()
+
+    def discard(self) -> None:
+        """Drop the run's database and topics and delete its directory (after an ok run:
+        the chaos stack would otherwise grow by a million rows a run)."""
+        from streams.admin import delete_topic
+        from streams.errors import TopicError
+
+        admin = Pg(self.admin.dsn)
+        try:
+            admin.retry(f'DROP DATABASE IF EXISTS "{self.dsn.rsplit("/", 1)[1]}" WITH (FORCE)')
+        finally:
+            admin.close()
+        for topic in (self.name, f"{self.name}.dlq"):
+            try:
+                delete_topic(self.bootstrap, topic)
+            except TopicError as exc:
+                self.say(f"could not delete topic {topic}: {exc}")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # ---- waiting -----------------------------------------------------------------------
 
