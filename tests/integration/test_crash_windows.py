@@ -353,12 +353,14 @@ def test_window_08_lost_vs_revoked(
             tmp_path,
             name="a",
             faults="after_fetch=stall@2",
-            fault_stall_seconds=8,
+            fault_stall_seconds=15,
             max_poll_interval_ms=3000,
             **FAST,
         )
-        b = Worker(services, dsn, topic, tmp_path, name="b", **FAST)  # the heir
+        # a alone owns every partition when it stalls; the heir joins only then, so it
+        # cannot drain the topic before a reaches its second batch.
         wait_until(lambda: fired(a, "after_fetch"), 60, "a's batch to stall after fetch")
+        b = Worker(services, dsn, topic, tmp_path, name="b", **FAST)  # the heir
         wait_until(lambda: "fenced and rolled back" in a.log(), 90, "a's stale batch fenced")
         wait_until(lambda: "lost [" in a.log(), 60, "a's lost callback")
         assert a.metric("ackline_fenced_batches_total") >= 1

@@ -35,7 +35,7 @@ def test_short_chaos_run_on_faust_is_exactly_once() -> None:
     state.chmod(0o755)  # PostgreSQL runs as an unprivileged user when we are root
     seed = random.SystemRandom().randrange(1, 1 << 31)
     argv = [sys.executable, "-m", "ackline", "chaos", "--runtime", "faust", "--seed", str(seed)]
-    argv += ["--events", "50000", "--workers", "3", "--partitions", "12"]
+    argv += ["--events", "100000", "--workers", "3", "--partitions", "12"]
     argv += ["--batch-max-events", "500", "--state-dir", str(state)]
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
@@ -53,7 +53,7 @@ def test_short_chaos_run_on_faust_is_exactly_once() -> None:
     verdict = json.loads(lines[-1])
     assert verdict["runtime"] == "faust", output
     assert proc.returncode == 0 and verdict["ok"] is True, output
-    assert verdict["seed"] == seed and verdict["events"] >= 50_000
+    assert verdict["seed"] == seed and verdict["events"] >= 100_000
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0, output
     assert verdict["conflicts_quarantined"] == verdict["conflicts_expected"] > 0
     assert verdict["rejected"] == verdict["rejects_expected"] > 0
