@@ -22,13 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from load.bench.data import prepare
+from load.bench.data import ensure_topic_patiently, prepare
 from load.bench.measure import descendants, kill_all, rss_kb
 from load.bench.run import PARTITIONS, ROOT, Cluster, ensure_stack, say
 from load.bench.systems import Ackline, Env
 from load.capture import CapturedRecord, CaptureReader
 from load.replay import Pace, replay
-from streams.admin import ensure_topic
 
 RESULT = Path(__file__).resolve().parent / "backlog.json"
 
@@ -81,7 +80,7 @@ def _run(
     data = prepare(bootstrap, args.events, state_dir / "data", say)
     total = args.events * args.copies
     topic = f"bench-backlog-{run_id}"
-    ensure_topic(bootstrap, topic, PARTITIONS)
+    ensure_topic_patiently(bootstrap, topic, PARTITIONS)
     say(f"producing the backlog: {total:,} events into {topic} (untimed)")
     sent = replay(
         bootstrap,

@@ -1,8 +1,8 @@
 """What the bench measures about a process run: CPU seconds, peak RSS, rates, percentiles.
 
 * :class:`Measured` starts a command, samples the resident memory of its process tree
-  every 0.2 s and reaps it with ``os.wait4``, whose rusage gives its exact CPU time and
-  the kernel's peak RSS (``ru_maxrss``) of the process and its reaped children.
+  (and each process's kernel peak, VmHWM) every 0.2 s and reaps it with ``os.wait4``,
+  whose rusage gives its exact CPU time.
 * :func:`cpu_seconds_of` reads utime+stime (+ reaped children) of running processes from
   ``/proc``: the PostgreSQL cluster (its postmaster accumulates the CPU of exited
   backends) and the Kafka broker, before and after a run.
@@ -63,6 +63,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def hwm_kb(pid: int) -> int:
+    """The kernel's peak RSS (VmHWM) of ``pid``'s current address space, 0 if gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def rss_kb(pids: Sequence[int]) -> int:
     total = 0
     for pid in pids:
@@ -80,7 +91,7 @@ class ProcessResult:
     wall_s: float
     cpu_s: float
     peak_rss_mb: float
-    """max(kernel ru_maxrss of the process, sampled RSS of its whole tree)."""
+    """max(sampled peak VmHWM of any process of the tree, sampled RSS of the whole tree)."""
 
 
 _LIVE: set[Measured] = set()
@@ -117,6 +128,7 @@ class Measured:
             start_new_session=True,
         )
         self.peak_tree_kb = 0
+        self.peak_hwm_kb = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -125,7 +137,9 @@ class Measured:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
-            self.peak_tree_kb = max(self.peak_tree_kb, rss_kb(descendants(self.proc.pid)))
+            tree = descendants(self.proc.pid)
+            self.peak_tree_kb = max(self.peak_tree_kb, rss_kb(tree))
+            self.peak_hwm_kb = max([self.peak_hwm_kb, *(hwm_kb(p) for p in tree)])
 
     def alive(self) -> bool:
         return self._try_reap() is None
@@ -168,7 +182,9 @@ class Measured:
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         self._log.close()
         cpu = usage.ru_utime + usage.ru_stime
-        peak = max(usage.ru_maxrss, self.peak_tree_kb) / 1024
+        # Not usage.ru_maxrss: Linux starts a forked child's maxrss at its parent's RSS
+        # (kept across exec), so it reported the bench's own memory for small children.
+        peak = max(self.peak_hwm_kb, self.peak_tree_kb) / 1024
         self.result = ProcessResult(
             self.proc.returncode, time.monotonic() - self.started, cpu, peak
         )

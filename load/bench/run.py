@@ -16,7 +16,8 @@ Phases, all on the bench's own stack (``.ackline/bench``: Kafka + PostgreSQL wit
 
 Rates are steady rates from the rows' commit timestamps (:func:`measure.steady_rate`:
 events after the first commit over the time from the first to the last commit), so
-process start-up and group joins do not count, whatever a system's batch size. CPU is
+process start-up and group joins do not count, whatever a system's batch size; the
+limit's is its rows over its timed COPY + COMMIT seconds. CPU is
 the system's own processes (rusage) plus PostgreSQL's and the broker's CPU over the
 phase; peak RSS is the system's processes'.
 """
@@ -40,6 +41,7 @@ from ackline.dev import stack
 from load.bench import report
 from load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
 from load.bench.measure import (
+    Measured,
     ProcessResult,
     cpu_seconds_of,
     descendants,
@@ -175,8 +177,6 @@ class Bench:
         dsn = run_sql(lambda: fresh_database(self.env, "bench_limit", migrated=True))
         cpu0 = self.cluster.cpu()
         log = self.env.logs / "limit.log"
-        from load.bench.measure import Measured
-
         proc = Measured(
             [sys.executable, "-m", "load.bench.limit", dsn, str(self.data.capture)],
             dict(os.environ),
@@ -190,12 +190,12 @@ class Bench:
         phase = Phase(events=int(out["rows"]))
         _fill(phase, [result], cpu0, self.cluster)
         phase.cpu_client_s = float(out["copy_cpu_s"])  # the COPY, not the untimed decode
-        system = Ackline("limit", self.env, database="bench_limit")
-        times = system.commit_times()
-        phase.events_per_s = steady_rate(times)
+        # The limit's time is its COPY + COMMIT time only: its commit timestamps would
+        # also count the untimed decoding between chunks.
         phase.wall_s = float(out["copy_seconds"])
+        phase.events_per_s = phase.events / max(phase.wall_s, 1e-9)
         phase.notes["decode_us_per_event"] = round(float(out["decode_us_per_event"]), 1)
-        phase.notes["copy_rows_per_s"] = round(phase.events / max(phase.wall_s, 1e-9))
+        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
         return phase
 
     # -- first ingest -----------------------------------------------------------------
@@ -223,6 +223,7 @@ class Bench:
         phase.events_per_s = steady_rate(times)
         phase.wall_s = max(times) - started
         phase.notes["rows"] = len(times)
+        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
         say(f"{system.name}: {phase.events_per_s:,.0f} events/s")
         return phase
 
@@ -289,6 +290,7 @@ class Bench:
         phase.notes["changed_bodies"] = len(changed)
         phase.notes.update(system.changed_outcome(changed))
         phase.notes["rows_after"] = system.rows()
+        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
         phase.notes["verdict"] = _verdict(system, phase)
         say(f"{system.name}: replay {phase.events_per_s:,.0f} events/s; {phase.notes['verdict']}")
         return phase
