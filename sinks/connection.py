@@ -15,24 +15,6 @@ from sinks.errors import TransientDatabaseError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The staging table lives per session and empties at every commit.
-STAGE_DDL = """
-CREATE TEMP TABLE IF NOT EXISTS ackline_stage (
-    event_id       uuid,
-    txn_id         text,
-    type           text,
-    agent_id       text,
-    request_id     text,
-    occurred_at    timestamptz,
-    schema_version integer,
-    payload        jsonb,
-    body_hash      bytea,
-    src_topic      text,
-    src_partition  integer,
-    src_offset     bigint
-) ON COMMIT DELETE ROWS
-"""
-
 _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash, cannot connect now
@@ -82,7 +64,6 @@ class Database:
                 conn = await asyncpg.connect(
                     self._dsn, timeout=self._connect_timeout, server_settings=self._settings
                 )
-                await conn.execute(STAGE_DDL)
             except BaseException as exc:
                 if isinstance(exc, Exception) and is_transient(exc):
                     raise TransientDatabaseError(f"cannot connect to PostgreSQL: {exc}") from exc

@@ -70,7 +70,7 @@ def last_line(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _fmt(value: Any, spec: str = ",.0f") -> str:
+def fmt(value: Any, spec: str = ",.0f") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
@@ -91,29 +91,36 @@ def table(summary: dict[str, Any]) -> str:
             lines.append(f"{LABELS[s]:<31} failed: {entry['error'][:80]}")
             continue
         lines.append(
-            f"{LABELS[s]:<31} {_fmt(ing.get('events_per_s')):>9} "
-            f"{_fmt(lat.get('p50_ms'), ',.1f'):>8} "
-            f"{_fmt(lat.get('p99_ms'), ',.1f'):>8} {_fmt(ing.get('cpu_client_s'), ',.1f'):>7} "
-            f"{_fmt(ing.get('cpu_pg_s'), ',.1f'):>8} {_fmt(ing.get('peak_rss_mb'), ',.0f'):>11} "
-            f"{_fmt(rep.get('events_per_s')):>11}"
+            f"{LABELS[s]:<31} {fmt(ing.get('events_per_s')):>9} "
+            f"{fmt(lat.get('p50_ms'), ',.1f'):>8} "
+            f"{fmt(lat.get('p99_ms'), ',.1f'):>8} {fmt(ing.get('cpu_client_s'), ',.1f'):>7} "
+            f"{fmt(ing.get('cpu_pg_s'), ',.1f'):>8} {fmt(ing.get('peak_rss_mb'), ',.0f'):>11} "
+            f"{fmt(rep.get('events_per_s')):>11}"
         )
     lines.append("")
+    for s in SYSTEMS:
+        own = summary["systems"].get(s, {}).get("latency_own_half", {})
+        if "p99_ms" in own:
+            lines.append(
+                f"latency, {LABELS[s]} at half its own maximum ({fmt(own['offered_rate'])}/s): "
+                f"p50 {fmt(own['p50_ms'], ',.1f')} ms, p99 {fmt(own['p99_ms'], ',.1f')} ms"
+            )
     for s in SYSTEMS:
         verdict = summary["systems"].get(s, {}).get("replay", {}).get("notes", {}).get("verdict")
         if verdict:
             lines.append(f"replay, {LABELS[s]}: {verdict}")
     if "scale_out" in summary:
         parts = [
-            f"{n} worker{'s' if n != '1' else ''} {_fmt(r.get('events_per_s'))}/s "
-            f"(PG CPU {_fmt(r.get('cpu_pg_s'), ',.0f')} s)"
+            f"{n} worker{'s' if n != '1' else ''} {fmt(r.get('events_per_s'))}/s "
+            f"(PG CPU {fmt(r.get('cpu_pg_s'), ',.0f')} s)"
             for n, r in summary["scale_out"].items()
         ]
         lines.append("scale-out: " + ", ".join(parts))
     r = ratios(summary)
     lines.append(
-        f"ackline / limit = {_fmt(r['ratio_to_limit'], '.2f')}, ackline / best peer "
-        f"({r['best_peer']}) = {_fmt(r['ratio_to_best_peer'], '.2f')}, replay / first ingest = "
-        f"{_fmt(r['replay_ratio'], '.2f')}"
+        f"ackline / limit = {fmt(r['ratio_to_limit'], '.2f')}, ackline / best peer "
+        f"({r['best_peer']}) = {fmt(r['ratio_to_best_peer'], '.2f')}, replay / first ingest = "
+        f"{fmt(r['replay_ratio'], '.2f')}"
     )
     c = summary["conditions"]
     lines.append(
@@ -168,4 +175,4 @@ def draw(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["draw", "last_line", "ratios", "table", "write"]
+__all__ = ["draw", "fmt", "last_line", "ratios", "table", "write"]

@@ -1,0 +1,181 @@
+"""The README's bench tables, generated from ``results.json`` so the two cannot disagree.
+
+``make bench`` rewrites the block between :data:`START` and :data:`END` in README.md after
+it writes the results and the chart; ``python -m load.bench.readme`` does the same from the
+committed results (after editing this module). ``tests/unit/test_bench_readme.py`` fails
+when README's block is not :func:`block` of the committed ``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from load.bench.report import SYSTEMS, fmt, ratios
+from load.errors import LoadError
+
+START: Final = "<!-- bench:start (generated from load/bench/results.json by make bench) -->"
+END: Final = "<!-- bench:end -->"
+ROOT: Final = Path(__file__).resolve().parents[2]
+README: Final = ROOT / "README.md"
+RESULTS: Final = Path(__file__).resolve().parent / "results.json"
+
+ROWS: Final = {
+    "limit": "**limit**: asyncpg binary COPY of the decoded rows into `activity` + "
+    "`txn_ledger`, no Kafka",
+    "ackline": "**ackline** (`ackline run`, default settings: read_committed, fencing, "
+    "two-layer dedup, dead letters)",
+    "ackline-faust": 'ackline on faust (`--runtime faust`, README "Faust runtime")',
+    "quix": "Quix Streams, `PostgreSQLSink(on_conflict_do_nothing=True)`",
+    "connect": "Kafka Connect standalone + Debezium JDBC sink, upsert",
+    "faust": "faust agent, one `INSERT` per event (naive)",
+}
+TARGETS: Final = {
+    "ratio_to_limit>=0.7": "≥ 0.7 x the limit",
+    "ratio_to_best_peer>=1.5": "≥ 1.5 x the best peer",
+    "replay_ratio>=1.0": "replay ≥ 1.0 x first ingest",
+    "p99_ms<=1000_at_half_max": "p99 ≤ 1 s at half of the maximum",
+    "backlog_peak_rss_mb<=300": "peak RSS ≤ 300 MB on a 10M backlog",
+}
+
+
+def _cell(entry: dict[str, Any], phase: str, key: str, spec: str = ",.0f") -> str:
+    return fmt(entry.get(phase, {}).get(key), spec)
+
+
+def _latency(entry: dict[str, Any]) -> str:
+    lat = entry.get("latency", {})
+    text = f"{fmt(lat.get('p50_ms'))} / {fmt(lat.get('p99_ms'))}"
+    own = entry.get("latency_own_half", {})
+    if "p99_ms" in own:
+        text += (
+            f" (at half its own max, {fmt(own['offered_rate'])}/s: "
+            f"{fmt(own['p50_ms'])} / {fmt(own['p99_ms'])})"
+        )
+    return text
+
+
+def _verdict(entry: dict[str, Any]) -> str:
+    verdict = str(entry.get("replay", {}).get("notes", {}).get("verdict", "-"))
+    return verdict.replace("|", "\\|")[:160]
+
+
+def _system_rows(summary: dict[str, Any]) -> list[str]:
+    rate = next(
+        (
+            summary["systems"][s]["latency"].get("offered_rate")
+            for s in SYSTEMS
+            if "offered_rate" in summary["systems"].get(s, {}).get("latency", {})
+        ),
+        None,
+    )
+    lines = [
+        "| system (first ingest, backlog drain) | events/s | CPU s: own / PostgreSQL "
+        f"| peak RSS MB | p50 / p99 ms at {fmt(rate)}/s | replay events/s "
+        "| 1 % changed bodies on replay |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in SYSTEMS:
+        entry = summary["systems"].get(s)
+        if entry is None:
+            continue
+        if "error" in entry:
+            lines.append(f"| {ROWS[s]} | failed: {str(entry['error'])[:100]} | | | | | |")
+            continue
+        cpu = f"{_cell(entry, 'ingest', 'cpu_client_s', ',.1f')} / "
+        cpu += _cell(entry, "ingest", "cpu_pg_s", ",.1f")
+        limit = s == "limit"
+        lines.append(
+            f"| {ROWS[s]} | {_cell(entry, 'ingest', 'events_per_s')} | {cpu} "
+            f"| {_cell(entry, 'ingest', 'peak_rss_mb')} "
+            f"| {'-' if limit else _latency(entry)} "
+            f"| {'-' if limit else _cell(entry, 'replay', 'events_per_s')} "
+            f"| {'-' if limit else _verdict(entry)} |"
+        )
+    return lines
+
+
+def _headline(summary: dict[str, Any]) -> list[str]:
+    r = ratios(summary)
+    met = [TARGETS[k] for k, v in r["targets"].items() if v is True]
+    missed = [TARGETS[k] for k, v in r["targets"].items() if v is False]
+    unknown = [TARGETS[k] for k, v in r["targets"].items() if v is None]
+    best = r["best_peer"]
+    lines = [
+        f"Headline (`load/bench/results.json`, and the last line of `make bench`): "
+        f"**ackline / limit = {fmt(r['ratio_to_limit'], '.2f')}, ackline / best peer "
+        f"({best}) = {fmt(r['ratio_to_best_peer'], '.2f')}**, replay of 100 % duplicates / "
+        f"first ingest = {fmt(r['replay_ratio'], '.2f')}, ackline's p99 at half of its "
+        f"measured maximum = {fmt(r['ackline_p99_ms'])} ms, peak RSS while one worker "
+        f"drains a 10M backlog = {fmt(r['backlog_peak_rss_mb'])} MB.",
+        "",
+        f"Targets met: {', '.join(met) or 'none'}. Missed: {', '.join(missed) or 'none'}."
+        + (f" Not measured: {', '.join(unknown)}." if unknown else ""),
+    ]
+    c = summary["conditions"]
+    lines += [
+        "",
+        f"Conditions: {c['events']:,} events, {c['partitions']} partitions, {c['cores']} "
+        f"cores, Python {c.get('python', '?')}, started {c.get('started_at', '?')}, "
+        f"1-minute load average {c['load_avg_1m_at_start']} at start and "
+        f"{c.get('load_avg_1m_at_end')} at end.",
+    ]
+    return lines
+
+
+def _scale_rows(summary: dict[str, Any]) -> list[str]:
+    scale = summary.get("scale_out")
+    if not scale:
+        return []
+    lines = [
+        "",
+        "Scale-out, the same backlog, a fresh database and group each time:",
+        "",
+        "| workers | events/s | worker CPU s | PostgreSQL CPU s | PostgreSQL busy |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n, r in scale.items():
+        busy = r["cpu_pg_s"] / r["wall_s"] if r.get("wall_s") else None
+        lines.append(
+            f"| {n} | {fmt(r.get('events_per_s'))} | {fmt(r.get('cpu_client_s'), ',.1f')} "
+            f"| {fmt(r.get('cpu_pg_s'), ',.1f')} | {fmt(busy, '.2f')} core |"
+        )
+    return lines
+
+
+def block(summary: dict[str, Any]) -> str:
+    """The generated README block, markers included."""
+    lines = [START, "", *_system_rows(summary), "", *_headline(summary), *_scale_rows(summary)]
+    return "\n".join([*lines, "", END])
+
+
+def splice(readme: str, generated: str) -> str:
+    """``readme`` with its block between the markers replaced by ``generated``."""
+    at, end = readme.find(START), readme.find(END)
+    if at < 0 or end < at:
+        raise LoadError(f"README has no bench block: expected the markers {START!r} … {END!r}")
+    return readme[:at] + generated + readme[end + len(END) :]
+
+
+def update(results: Path = RESULTS, readme: Path = README) -> None:
+    """Rewrite README's bench block from ``results``."""
+    summary = json.loads(results.read_text(encoding="utf-8"))
+    text = readme.read_text(encoding="utf-8")
+    new = splice(text, block(summary))
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+
+
+def main() -> int:
+    try:
+        update()
+    except (LoadError, OSError, ValueError, KeyError) as exc:
+        print(f"load.bench.readme: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""README's bench block is generated from the committed results and must equal them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from load.bench import readme
+from load.errors import LoadError
+
+
+def test_readme_block_is_the_committed_results() -> None:
+    summary = json.loads(readme.RESULTS.read_text(encoding="utf-8"))
+    text = readme.README.read_text(encoding="utf-8")
+    assert readme.block(summary) in text, (
+        "README's bench block differs from load/bench/results.json: "
+        "run `.venv/bin/python -m load.bench.readme`"
+    )
+    ackline = summary["systems"]["ackline"]["ingest"]["events_per_s"]
+    assert f"| {ackline:,.0f} |" in readme.block(summary)
+
+
+def test_splice_replaces_only_the_block() -> None:
+    text = f"before\n{readme.START}\nold\n{readme.END}\nafter\n"
+    assert readme.splice(text, "NEW") == "before\nNEW\nafter\n"
+
+
+def test_splice_without_markers_is_a_clear_error() -> None:
+    with pytest.raises(LoadError, match="no bench block"):
+        readme.splice("no markers here", "NEW")
