@@ -24,10 +24,8 @@ from schemas.errors import SchemaError
 from schemas.plugins import load_plugins
 from sinks.connection import Database
 from sinks.writer import BatchWriter
-from streams.admin import ensure_topic, partition_count
 from streams.consumer import ConsumerRuntime, RuntimeConfig
-from streams.deadletter import DLQ_TOPIC_CONFIG, DeadLetterProducer
-from streams.errors import TopicError
+from streams.deadletter import DeadLetterProducer, prepare_topics
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +79,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     dsn = ingest_dsn(settings, dsn)
     load_payload_plugins(settings.payload_plugins)
     kafka_conf = kafka_client_config(settings)
-    partitions = partition_count(bootstrap, settings.topic, conf=kafka_conf)
-    if partitions is None:
-        raise TopicError(
-            f"topic {settings.topic} does not exist on {bootstrap} "
-            "(create it, or set ACKLINE_TOPIC)"
-        )
-    ensure_topic(
-        bootstrap,
-        settings.dlq_topic,
-        partitions=min(partitions, 3),
-        config=DLQ_TOPIC_CONFIG,
-        conf=kafka_conf,
-    )
+    prepare_topics(bootstrap, settings.topic, settings.dlq_topic, kafka_conf)
     faults = Faults(settings.faults, settings.fault_stall_seconds)
     metrics = Metrics()
     server = StatusServer(

@@ -44,6 +44,7 @@ from sinks.batch import Batch
 from sinks.classify import Classified, classify
 from sinks.connection import Database, is_transient
 from sinks.errors import FencedError, RaceLostError, TransientDatabaseError
+from sinks.rows import ACTIVITY_COLUMNS, LEDGER_COLUMNS, activity_record, ledger_record
 
 log = logging.getLogger(__name__)
 
@@ -63,32 +64,6 @@ WITH fenced AS (
 SELECT batch.batch_id, fenced.topic, fenced.partition
 FROM batch LEFT JOIN fenced ON true
 """
-
-_LEDGER_COLUMNS = (
-    "txn_id",
-    "event_id",
-    "body_hash",
-    "src_topic",
-    "src_partition",
-    "src_offset",
-    "batch_id",
-)
-
-_ACTIVITY_COLUMNS = (
-    "event_id",
-    "txn_id",
-    "type",
-    "agent_id",
-    "request_id",
-    "occurred_at",
-    "schema_version",
-    "payload",
-    "body_hash",
-    "src_topic",
-    "src_partition",
-    "src_offset",
-    "batch_id",
-)
 
 _STORED_KEYS = """
 SELECT true AS ledger, txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])
@@ -322,40 +297,14 @@ class BatchWriter:
         activity = []
         for i in verdict.inserts:
             row, coord = i.row, i.coord
-            ledger.append(
-                (
-                    row.txn_id,
-                    row.event_id,
-                    row.body_hash,
-                    coord.topic,
-                    coord.partition,
-                    coord.offset,
-                    batch_id,
-                )
-            )
+            ledger.append(ledger_record(row, coord.topic, coord.partition, coord.offset, batch_id))
             activity.append(
-                (
-                    row.event_id,
-                    row.txn_id,
-                    row.type,
-                    row.agent_id,
-                    row.request_id,
-                    row.occurred_at,
-                    row.schema_version,
-                    row.payload_json,
-                    row.body_hash,
-                    coord.topic,
-                    coord.partition,
-                    coord.offset,
-                    batch_id,
-                )
+                activity_record(row, coord.topic, coord.partition, coord.offset, batch_id)
             )
         try:
-            await conn.copy_records_to_table("txn_ledger", columns=_LEDGER_COLUMNS, records=ledger)
+            await conn.copy_records_to_table("txn_ledger", columns=LEDGER_COLUMNS, records=ledger)
             await self._faults.ahit("mid_copy")
-            await conn.copy_records_to_table(
-                "activity", columns=_ACTIVITY_COLUMNS, records=activity
-            )
+            await conn.copy_records_to_table("activity", columns=ACTIVITY_COLUMNS, records=activity)
         except asyncpg.UniqueViolationError as exc:
             raise RaceLostError(f"a key of this batch was taken by another writer: {exc}") from exc
 

@@ -17,7 +17,8 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from sinks.batch import Coord, RejectRecord
-from streams.errors import ProduceError
+from streams.admin import ensure_topic, partition_count
+from streams.errors import ProduceError, TopicError
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +179,23 @@ class _Report:
         else:
             log.warning("dead-letter write failed for %s: %s", self.item.coord, err)
             self.failed.append(self.item)
+
+
+def prepare_topics(
+    bootstrap: str, topic: str, dlq_topic: str, conf: dict[str, Any] | None = None
+) -> int:
+    """The source topic's partition count, once the dead-letter topic exists.
+
+    Raises TopicError naming ``ACKLINE_TOPIC`` when the source topic does not exist: a
+    worker never creates the topic it reads. Creates ``dlq_topic`` (up to 3 partitions,
+    :data:`DLQ_TOPIC_CONFIG`) when it is missing, so the first reject has somewhere to go.
+    """
+    partitions = partition_count(bootstrap, topic, conf=conf)
+    if partitions is None:
+        raise TopicError(
+            f"topic {topic} does not exist on {bootstrap} (create it, or set ACKLINE_TOPIC)"
+        )
+    ensure_topic(
+        bootstrap, dlq_topic, partitions=min(partitions, 3), config=DLQ_TOPIC_CONFIG, conf=conf
+    )
+    return partitions

@@ -21,24 +21,9 @@ import asyncpg
 
 from load.capture import CapturedRecord, CaptureReader
 from schemas.decode import Row, decode
+from sinks.rows import ACTIVITY_COLUMNS, LEDGER_COLUMNS, activity_record, ledger_record
 
 CHUNK = 10_000
-LEDGER = ("txn_id", "event_id", "body_hash", "src_topic", "src_partition", "src_offset", "batch_id")
-ACTIVITY = (
-    "event_id",
-    "txn_id",
-    "type",
-    "agent_id",
-    "request_id",
-    "occurred_at",
-    "schema_version",
-    "payload",
-    "body_hash",
-    "src_topic",
-    "src_partition",
-    "src_offset",
-    "batch_id",
-)
 
 
 def _cpu() -> float:
@@ -52,26 +37,8 @@ def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any
         row = decode(rec.value)
         if not isinstance(row, Row):
             continue
-        ledger.append(
-            (row.txn_id, row.event_id, row.body_hash, topic, rec.partition, rec.offset, batch)
-        )
-        activity.append(
-            (
-                row.event_id,
-                row.txn_id,
-                row.type,
-                row.agent_id,
-                row.request_id,
-                row.occurred_at,
-                row.schema_version,
-                row.payload_json,
-                row.body_hash,
-                topic,
-                rec.partition,
-                rec.offset,
-                batch,
-            )
-        )
+        ledger.append(ledger_record(row, topic, rec.partition, rec.offset, batch))
+        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch))
     return ledger, activity
 
 
@@ -95,8 +62,12 @@ async def run(dsn: str, path: Path) -> dict[str, Any]:
                 decode_s += time.perf_counter() - t0
                 c0, t0 = _cpu(), time.perf_counter()
                 async with conn.transaction():
-                    await conn.copy_records_to_table("txn_ledger", columns=LEDGER, records=ledger)
-                    await conn.copy_records_to_table("activity", columns=ACTIVITY, records=activity)
+                    await conn.copy_records_to_table(
+                        "txn_ledger", columns=LEDGER_COLUMNS, records=ledger
+                    )
+                    await conn.copy_records_to_table(
+                        "activity", columns=ACTIVITY_COLUMNS, records=activity
+                    )
                 timed += time.perf_counter() - t0
                 cpu += _cpu() - c0
                 rows += len(activity)

@@ -29,9 +29,7 @@ from ackline.health import probe_database
 from ackline.httpserver import StatusServer
 from ackline.metrics import Metrics
 from ackline.settings import Settings
-from streams.admin import ensure_topic, partition_count
-from streams.deadletter import DLQ_TOPIC_CONFIG
-from streams.errors import TopicError
+from streams.deadletter import prepare_topics
 from streams.faust_runtime import risk
 from streams.faust_runtime.app import FaustApp, make_app
 
@@ -64,19 +62,7 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     if problems:
         log.warning("running with the accepted risk %s: %s", risk.UNTESTED_VERSION, problems)
     kafka_conf = kafka_client_config(settings)
-    partitions = partition_count(bootstrap, settings.topic, conf=kafka_conf)
-    if partitions is None:
-        raise TopicError(
-            f"topic {settings.topic} does not exist on {bootstrap} "
-            "(create it, or set ACKLINE_TOPIC)"
-        )
-    ensure_topic(
-        bootstrap,
-        settings.dlq_topic,
-        partitions=min(partitions, 3),
-        config=DLQ_TOPIC_CONFIG,
-        conf=kafka_conf,
-    )
+    partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, kafka_conf)
     metrics = Metrics()
     server = StatusServer(
         metrics,

@@ -1,10 +1,11 @@
-"""A short chaos run in `make test`: the `make chaos` harness (load.chaos), scaled down.
+"""A short chaos run in `make test`, once per runtime: the `make chaos` harness (load.chaos),
+scaled down.
 
-100,000 events with the full fault mix, 3 workers on 12 partitions, at least 10 SIGKILLs,
-a zombie that must be fenced, a broker restart, a PostgreSQL restart and writer backends
-terminated at COMMIT, on a stack of its own (a temporary state directory, never the
-shared one). The seed is random and printed: a failure is reproduced with `ackline chaos
---seed N` and the same options.
+100,000 events with the full fault mix, 3 workers on 12 partitions, at least 10 SIGKILLs
+(some at armed injection points), a zombie that must be fenced, a broker restart, a
+PostgreSQL restart and writer backends terminated at COMMIT, on a stack of its own (a
+temporary state directory, never the shared one). The seed is random and printed: a
+failure is reproduced with `ackline chaos --runtime R --seed N` and the same options.
 """
 
 from __future__ import annotations
@@ -26,17 +27,23 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMUM = {"kills": 10, "stops": 1, "broker_restarts": 1, "pg_restarts": 1, "commit_faults": 3}
+EXTRA = {
+    # spread the default runtime's fast production over the faults on any machine
+    "confluent": ["--produce-rate", "1500"],
+    # the faust runtime ingests slower than that already (README "Faust runtime")
+    "faust": [],
+}
 
 
 @pytest.mark.timeout(600)
-def test_short_chaos_run_is_exactly_once() -> None:
-    state = Path(tempfile.mkdtemp(prefix="ackline-chaos-", dir="/tmp"))
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
+    state = Path(tempfile.mkdtemp(prefix=f"ackline-chaos-{runtime}-", dir="/tmp"))
     state.chmod(0o755)  # PostgreSQL runs as an unprivileged user when we are root
     seed = random.SystemRandom().randrange(1, 1 << 31)
-    argv = [sys.executable, "-m", "ackline", "chaos", "--seed", str(seed), "--events", "100000"]
-    argv += ["--workers", "3", "--partitions", "12", "--batch-max-events", "500"]
-    argv += ["--produce-rate", "1500"]  # spread production over the faults on any machine
-    argv += ["--state-dir", str(state)]
+    argv = [sys.executable, "-m", "ackline", "chaos", "--runtime", runtime, "--seed", str(seed)]
+    argv += ["--events", "100000", "--workers", "3", "--partitions", "12"]
+    argv += ["--batch-max-events", "500", *EXTRA[runtime], "--state-dir", str(state)]
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
@@ -51,6 +58,7 @@ def test_short_chaos_run_is_exactly_once() -> None:
     lines = proc.stdout.strip().splitlines()
     assert lines, output
     verdict = json.loads(lines[-1])
+    assert verdict["runtime"] == runtime, output
     assert proc.returncode == 0 and verdict["ok"] is True, output
     assert verdict["seed"] == seed and verdict["events"] >= 100_000
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0, output

@@ -8,9 +8,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from load.produce import Knobs, produce
-from load.verify import Verdict, drained, verify
+from load.produce import Knobs
+from load.verify import Verdict, drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
+from tests.integration.windows import batches, produce_mix, verify_ok, wait_drained
 
 MIX = Knobs(
     redeliver=0.03, retry=0.02, conflict_ledger=0.003, conflict_pk=0.003, poison=0.003, abort=0.03
@@ -18,19 +19,7 @@ MIX = Knobs(
 
 
 def _produce(services: Services, topic: str, tmp_path: Path, events: int, seed: int) -> Path:
-    manifest = tmp_path / "manifest.jsonl.gz"
-    produce(
-        services.bootstrap,
-        topic,
-        partitions=3,
-        events=events,
-        knobs=MIX,
-        seed=seed,
-        manifest_path=manifest,
-        progress=False,
-        out=None,
-    )
-    return manifest
+    return produce_mix(services, topic, tmp_path, events, seed, knobs=MIX, txn_size=500)
 
 
 def _faust(
@@ -39,32 +28,12 @@ def _faust(
     return Worker(services, dsn, topic, tmp_path, name=name, runtime="faust", **kw)
 
 
-def _wait_drained(
-    dsn: str, manifest: Path, group: str, workers: list[Worker], timeout: float
-) -> None:
-    def done() -> bool:
-        for w in workers:
-            w.ensure_alive()
-        return run_async(drained(dsn, manifest, group))
-
-    wait_until(done, timeout, "every produced offset to be committed in PostgreSQL")
-
-
 def _verify_ok(dsn: str, manifest: Path, group: str) -> Verdict:
-    verdict = run_async(verify(dsn, manifest, group))
+    """Exactly once, and the mix really had duplicates, conflicts and rejects to prove."""
+    verdict = verify_ok(dsn, manifest, group)
     j = verdict.to_json()
-    assert verdict.ok, j
-    assert j["lost"] == 0 and j["duplicated"] == 0
     assert j["duplicates_dropped"] > 0 and j["conflicts_quarantined"] > 0 and j["rejected"] > 0
     return verdict
-
-
-def _batches(dsn: str, worker: str | None = None) -> int:
-    if worker is None:
-        return int(db(dsn, "SELECT count(*) AS n FROM ingest_batches")[0]["n"])
-    return int(
-        db(dsn, "SELECT count(*) AS n FROM ingest_batches WHERE worker = $1", worker)[0]["n"]
-    )
 
 
 def test_mixed_workload_then_graceful_stop(
@@ -73,7 +42,7 @@ def test_mixed_workload_then_graceful_stop(
     manifest = _produce(services, topic, tmp_path, 6_000, seed=31)
     group = f"g-{topic}"
     w = _faust(services, dsn, topic, tmp_path, "f1", batch_max_events=500)
-    _wait_drained(dsn, manifest, group, [w], 120)
+    wait_drained(dsn, manifest, group, [w], 120)
     assert w.metric("ackline_batches_total") >= 1
     assert w.stop() == 0
     _verify_ok(dsn, manifest, group)
@@ -88,11 +57,11 @@ def test_sigkill_mid_stream_then_restart(
     manifest = _produce(services, topic, tmp_path, 12_000, seed=32)
     group = f"g-{topic}"
     first = _faust(services, dsn, topic, tmp_path, "f1", batch_max_events=400)
-    wait_until(lambda: _batches(dsn) >= 3, 90, "three committed batches")
+    wait_until(lambda: batches(dsn) >= 3, 90, "three committed batches")
     first.kill()  # SIGKILL, mid-stream
     assert not run_async(drained(dsn, manifest, group))
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=400)
-    _wait_drained(dsn, manifest, group, [second], 120)
+    wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
     _verify_ok(dsn, manifest, group)
 
@@ -109,9 +78,9 @@ def test_crash_after_db_commit_before_ack(
     )
     wait_until(lambda: first.proc.poll() is not None, 90, "the armed kill after the 2nd commit")
     assert first.reap() == -signal.SIGKILL
-    assert _batches(dsn) == 2
+    assert batches(dsn) == 2
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=500)
-    _wait_drained(dsn, manifest, group, [second], 120)
+    wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
     _verify_ok(dsn, manifest, group)
 
@@ -129,9 +98,9 @@ def test_failed_batch_exits_without_ack(
     wait_until(lambda: first.proc.poll() is not None, 90, "the failed 3rd batch to end it")
     assert first.reap() == 70, first.log()[-3000:]
     assert "exiting without acking" in first.log()
-    assert _batches(dsn) == 2
+    assert batches(dsn) == 2
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=300)
-    _wait_drained(dsn, manifest, group, [second], 120)
+    wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
     _verify_ok(dsn, manifest, group)
 
@@ -154,11 +123,11 @@ def test_stalled_worker_is_fenced_when_it_resumes(
         fault_stall_seconds=20,
         max_poll_interval_ms=6000,
     )
-    wait_until(lambda: _batches(dsn, "zombie") >= 2, 90, "the zombie's first batches")
+    wait_until(lambda: batches(dsn, "zombie") >= 2, 90, "the zombie's first batches")
     heir = _faust(services, dsn, topic, tmp_path, "heir", batch_max_events=300)
     wait_until(lambda: "fenced and rolled back" in zombie.log(), 120, "the zombie to be fenced")
     assert zombie.metric("ackline_fenced_batches_total") >= 1
-    _wait_drained(dsn, manifest, group, [zombie, heir], 120)
+    wait_drained(dsn, manifest, group, [zombie, heir], 120)
     assert zombie.stop() == 0
     assert heir.stop() == 0
     _verify_ok(dsn, manifest, group)
@@ -172,11 +141,11 @@ def test_two_workers_through_rebalances(
     manifest = _produce(services, topic, tmp_path, 12_000, seed=36)
     group = f"g-{topic}"
     a = _faust(services, dsn, topic, tmp_path, "a", batch_max_events=300)
-    wait_until(lambda: _batches(dsn, "a") >= 2, 90, "worker a to commit")
+    wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a to commit")
     b = _faust(services, dsn, topic, tmp_path, "b", batch_max_events=300)
-    wait_until(lambda: _batches(dsn, "b") >= 1, 90, "worker b to get partitions and commit")
+    wait_until(lambda: batches(dsn, "b") >= 1, 90, "worker b to get partitions and commit")
     assert a.stop() == 0  # a leaves: b takes everything
-    _wait_drained(dsn, manifest, group, [b], 120)
+    wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0
     _verify_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT min(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)

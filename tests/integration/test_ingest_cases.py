@@ -37,7 +37,7 @@ POISON: dict[str, bytes | None] = {
     "invalid_json": b'{"event_id": ',
     "duplicate_key": b'{"type": "agent.step", "type": "agent.step"}',
     "non_finite_number": b'{"x": NaN}',
-    "too_deep": b"{\"a\": " + b"[" * 100 + b"]" * 100 + b"}",
+    "too_deep": b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}",
     "unknown_type": None,  # filled below from a valid envelope
     "unsupported_version": None,
     "schema_invalid": None,
