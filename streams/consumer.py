@@ -551,8 +551,10 @@ class ConsumerRuntime:
             offset = c.next_offset if c.next_offset is not None else default
             assign.append(TopicPartition(c.topic, c.partition, offset))
         consumer.incremental_assign(assign)
-        if self._paused:  # the kept partitions are paused: so are the new ones
-            consumer.pause(assign)
+        # New partitions are not paused here even when the kept ones are: a pause right
+        # after the assign can make librdkafka drop the assign offset (its issue #2190) and
+        # leave the partition unfetched. Until the next pause they only fill librdkafka's
+        # prefetch queue, which queued.max.messages.kbytes bounds.
         self._metrics.assigned.set(len(self._epochs))
         log.info("assigned %s", [(c.partition, c.next_offset, c.epoch) for c in claims])
 
@@ -576,6 +578,14 @@ class ConsumerRuntime:
             self._settle(self.cfg.revoke_wait_s)
         tps = [(tp.topic, tp.partition) for tp in partitions]
         self._forget(tps)
+        if self._paused:
+            # librdkafka keeps a partition's pause flag across unassign and a later assign
+            # (librdkafka #1849): a partition given up while paused would come back paused
+            # and never be fetched again. Resume before giving it up.
+            try:
+                consumer.resume(partitions)
+            except KafkaException as exc:
+                log.info("resume before unassign: %s", exc)
         try:
             consumer.incremental_unassign(partitions)
         except KafkaException as exc:
@@ -610,8 +620,14 @@ class ConsumerRuntime:
 
     def _pause(self, consumer: Consumer) -> None:
         if not self._paused:
-            consumer.pause(consumer.assignment())
+            assignment = consumer.assignment()
+            consumer.pause(assignment)
             self._paused = True
+            log.info(
+                "paused %s: the buffer is full and the write in flight has taken %.1fs",
+                sorted(p.partition for p in assignment),
+                time.monotonic() - self._inflight_started,
+            )
 
     def _resume(self, consumer: Consumer) -> None:
         if self._paused:

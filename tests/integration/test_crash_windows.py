@@ -424,12 +424,15 @@ def test_window_11_postgres_restart_and_connection_reset(
     recovery), each while a batch is stalled inside its transaction, then through the
     termination of every ackline connection; no worker dies, nothing is lost or doubled."""
     dsn, topic = private_dsn, private_topic
-    manifest = produce_mix(private, topic, tmp_path, 5000, seed=111)
+    manifest = produce_mix(private, topic, tmp_path, 20_000, seed=111)
     group = f"g-{topic}"
     stall = {"fault_stall_seconds": 3, **FAST}
+    # b starts once a's batch is stalled, and stalls at its own first batch: so b's stall
+    # cannot fire and end before the restarts (it did when both started together and b
+    # happened to get the partitions first).
     a = Worker(private, dsn, topic, tmp_path, name="a", faults="before_commit=stall@2", **stall)
-    b = Worker(private, dsn, topic, tmp_path, name="b", faults="before_commit=stall@3", **stall)
     wait_until(lambda: fired(a, "before_commit"), 60, "a batch of a inside its transaction")
+    b = Worker(private, dsn, topic, tmp_path, name="b", faults="before_commit=stall@1", **stall)
     stack.restart_postgres(private.state_dir, hard=False)
     wait_until(lambda: fired(b, "before_commit"), 60, "a batch of b inside its transaction")
     stack.restart_postgres(private.state_dir, hard=True)

@@ -140,7 +140,18 @@ def test_two_workers_through_rebalances(
     each assignment is claimed (epochs bumped) and read from the DB offsets."""
     manifest = _produce(services, topic, tmp_path, 12_000, seed=36)
     group = f"g-{topic}"
-    a = _faust(services, dsn, topic, tmp_path, "a", batch_max_events=300)
+    # a stalls 4 s after its third commit, so that records are left for b however fast a
+    # drains (without it, a once read a partition to its end before b was given it).
+    a = _faust(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        "a",
+        batch_max_events=300,
+        faults="after_commit=stall@3",
+        fault_stall_seconds=4,
+    )
     wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a to commit")
     b = _faust(services, dsn, topic, tmp_path, "b", batch_max_events=300)
     wait_until(lambda: batches(dsn, "b") >= 1, 90, "worker b to get partitions and commit")

@@ -6,6 +6,7 @@ The crash windows of DESIGN.md (after commit, zombies, shutdown with a write in 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,38 @@ def test_sigkill_mid_stream_then_restart(
     second = Worker(services, dsn, topic, tmp_path, name="w2", batch_max_events=500)
     wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
+    _verify_ok(dsn, manifest, group)
+
+
+def test_a_partition_given_up_while_paused_is_fetched_when_it_comes_back(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Backpressure pauses a worker's partitions while a write is slow; one revoked in that
+    state and assigned back later must be fetched again. librdkafka keeps the pause flag
+    across unassign and assign (its issue #1849): found by the short chaos run, where one
+    partition stopped being read for good while its worker idled."""
+    manifest = _produce(services, topic, tmp_path, 12_000, seed=14)
+    group = f"g-{topic}"
+    a = Worker(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="a",
+        batch_max_events=200,
+        faults="before_commit=stall@2",
+        fault_stall_seconds=8,
+    )
+    wait_until(lambda: "paused [0, 1, 2]" in a.log(), 60, "worker a to pause behind its stall")
+    # b takes some of a's paused partitions, commits once and dies: they go back to a.
+    b = Worker(
+        services, dsn, topic, tmp_path, name="b", batch_max_events=200, faults="after_commit=kill@1"
+    )
+    wait_until(lambda: b.proc.poll() is not None, 90, "worker b's armed kill after its commit")
+    assert b.reap() == -signal.SIGKILL
+    assert "revoked" in a.log()
+    wait_drained(dsn, manifest, group, [a], 120)
+    assert a.stop() == 0
     _verify_ok(dsn, manifest, group)
 
 
