@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,15 +48,28 @@ def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+    # Its own process group: on a timeout the harness *and* its workers are killed (a
+    # killed harness alone left its workers running against a stopped stack).
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560, check=False
-        )
+        stdout, stderr = proc.communicate(timeout=560)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"chaos run (seed {seed}) did not finish in 560 s:\n{stdout[-5000:]}")
     finally:
         stack.down(state)  # normally stopped by the run itself; not if it was killed
         shutil.rmtree(state, ignore_errors=True)
-    output = proc.stdout + proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+    output = stdout + stderr[-3000:]
+    lines = stdout.strip().splitlines()
     assert lines, output
     verdict = json.loads(lines[-1])
     assert verdict["runtime"] == runtime, output
