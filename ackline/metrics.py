@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from sinks.writer import WriteResult
 
 
 class Metrics:
@@ -69,6 +74,20 @@ class Metrics:
             "Unix time of the last PostgreSQL health check",
             registry=r,
         )
+
+    def count_committed(self, result: WriteResult, seconds: float) -> None:
+        """Count a batch PostgreSQL has committed (both runtimes call it after the COMMIT)."""
+        self.batches.inc()
+        self.ingested.inc(result.inserted)
+        for layer, n in result.duplicates.items():
+            self.duplicates.labels(layer).inc(n)
+        for layer, n in result.conflicts.items():
+            self.conflicts.labels(layer).inc(n)
+        for reason, n in result.rejects.items():
+            self.rejects.labels(reason).inc(n)
+        self.batch_size.observe(result.events)
+        self.batch_seconds.observe(seconds)
+        self.last_commit.set_to_current_time()
 
     def serve(self, port: int) -> None:
         """Expose /metrics on 127.0.0.1:port (0 disables)."""

@@ -410,19 +410,8 @@ class ConsumerRuntime:
         self._faults.hit("after_commit")
         self._store(batch)
         self.committed_batches += 1
-        m = self._metrics
-        m.batches.inc()
-        m.ingested.inc(result.inserted)
-        for layer, n in result.duplicates.items():
-            m.duplicates.labels(layer).inc(n)
-        for layer, n in result.conflicts.items():
-            m.conflicts.labels(layer).inc(n)
-        for reason, n in result.rejects.items():
-            m.rejects.labels(reason).inc(n)
-        m.batch_size.observe(result.events)
         seconds = time.monotonic() - self._inflight_started
-        m.batch_seconds.observe(seconds)
-        m.last_commit.set_to_current_time()
+        self._metrics.count_committed(result, seconds)
         log_committed(batch, result, seconds)
 
     def _store(self, batch: Batch) -> None:
@@ -578,14 +567,13 @@ class ConsumerRuntime:
             self._settle(self.cfg.revoke_wait_s)
         tps = [(tp.topic, tp.partition) for tp in partitions]
         self._forget(tps)
-        if self._paused:
-            # librdkafka keeps a partition's pause flag across unassign and a later assign
-            # (librdkafka #1849): a partition given up while paused would come back paused
-            # and never be fetched again. Resume before giving it up.
-            try:
-                consumer.resume(partitions)
-            except KafkaException as exc:
-                log.info("resume before unassign: %s", exc)
+        # librdkafka keeps a partition's pause flag across unassign and a later assign
+        # (librdkafka #1849): a partition given up while paused (backpressure or a hold)
+        # would come back paused and never be fetched again. Resume whatever is given up.
+        try:
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.info("resume before unassign: %s", exc)
         try:
             consumer.incremental_unassign(partitions)
         except KafkaException as exc:

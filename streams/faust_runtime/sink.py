@@ -193,18 +193,7 @@ class FaustSink:
 
     def _count(self, batch: Batch, result: WriteResult, seconds: float) -> None:
         self.committed_batches += 1
-        m = self._metrics
-        m.batches.inc()
-        m.ingested.inc(result.inserted)
-        for layer, n in result.duplicates.items():
-            m.duplicates.labels(layer).inc(n)
-        for layer, n in result.conflicts.items():
-            m.conflicts.labels(layer).inc(n)
-        for reason, n in result.rejects.items():
-            m.rejects.labels(reason).inc(n)
-        m.batch_size.observe(result.events)
-        m.batch_seconds.observe(seconds)
-        m.last_commit.set_to_current_time()
+        self._metrics.count_committed(result, seconds)
         log_committed(batch, result, seconds)
 
 

@@ -8,18 +8,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from load.produce import Knobs
-from load.verify import Verdict, drained
+from load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
-from tests.integration.windows import batches, produce_mix, verify_ok, wait_drained
-
-MIX = Knobs(
-    redeliver=0.03, retry=0.02, conflict_ledger=0.003, conflict_pk=0.003, poison=0.003, abort=0.03
-)
-
-
-def _produce(services: Services, topic: str, tmp_path: Path, events: int, seed: int) -> Path:
-    return produce_mix(services, topic, tmp_path, events, seed, knobs=MIX, txn_size=500)
+from tests.integration.windows import batches, produce_worker_mix, verify_mixed_ok, wait_drained
 
 
 def _faust(
@@ -28,24 +19,16 @@ def _faust(
     return Worker(services, dsn, topic, tmp_path, name=name, runtime="faust", **kw)
 
 
-def _verify_ok(dsn: str, manifest: Path, group: str) -> Verdict:
-    """Exactly once, and the mix really had duplicates, conflicts and rejects to prove."""
-    verdict = verify_ok(dsn, manifest, group)
-    j = verdict.to_json()
-    assert j["duplicates_dropped"] > 0 and j["conflicts_quarantined"] > 0 and j["rejected"] > 0
-    return verdict
-
-
 def test_mixed_workload_then_graceful_stop(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    manifest = _produce(services, topic, tmp_path, 6_000, seed=31)
+    manifest = produce_worker_mix(services, topic, tmp_path, 6_000, seed=31)
     group = f"g-{topic}"
     w = _faust(services, dsn, topic, tmp_path, "f1", batch_max_events=500)
     wait_drained(dsn, manifest, group, [w], 120)
     assert w.metric("ackline_batches_total") >= 1
     assert w.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
     assert "faust" in w.log().lower()  # it really was the faust runtime
     rejects = db(dsn, "SELECT count(*) AS n FROM rejects WHERE dlq_offset IS NOT NULL")
     assert rejects[0]["n"] > 0  # poison went to the dead-letter topic first
@@ -54,7 +37,7 @@ def test_mixed_workload_then_graceful_stop(
 def test_sigkill_mid_stream_then_restart(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    manifest = _produce(services, topic, tmp_path, 12_000, seed=32)
+    manifest = produce_worker_mix(services, topic, tmp_path, 12_000, seed=32)
     group = f"g-{topic}"
     first = _faust(services, dsn, topic, tmp_path, "f1", batch_max_events=400)
     wait_until(lambda: batches(dsn) >= 3, 90, "three committed batches")
@@ -63,7 +46,7 @@ def test_sigkill_mid_stream_then_restart(
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=400)
     wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 def test_crash_after_db_commit_before_ack(
@@ -71,7 +54,7 @@ def test_crash_after_db_commit_before_ack(
 ) -> None:
     """The DB has the batch, faust never saw its ack nor committed it to Kafka: the
     restart resumes from the DB offset and must not write it again."""
-    manifest = _produce(services, topic, tmp_path, 6_000, seed=33)
+    manifest = produce_worker_mix(services, topic, tmp_path, 6_000, seed=33)
     group = f"g-{topic}"
     first = _faust(
         services, dsn, topic, tmp_path, "f1", batch_max_events=500, faults="after_commit=kill@2"
@@ -82,7 +65,7 @@ def test_crash_after_db_commit_before_ack(
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=500)
     wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 def test_failed_batch_exits_without_ack(
@@ -90,7 +73,7 @@ def test_failed_batch_exits_without_ack(
 ) -> None:
     """A batch that fails is never acked: the worker exits at once (crash-only) and the
     next one resumes from the DB offset."""
-    manifest = _produce(services, topic, tmp_path, 4_000, seed=34)
+    manifest = produce_worker_mix(services, topic, tmp_path, 4_000, seed=34)
     group = f"g-{topic}"
     first = _faust(
         services, dsn, topic, tmp_path, "f1", batch_max_events=300, faults="mid_copy=fail@3"
@@ -102,7 +85,7 @@ def test_failed_batch_exits_without_ack(
     second = _faust(services, dsn, topic, tmp_path, "f2", batch_max_events=300)
     wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 def test_stalled_worker_is_fenced_when_it_resumes(
@@ -110,7 +93,7 @@ def test_stalled_worker_is_fenced_when_it_resumes(
 ) -> None:
     """A faust worker stalls with a batch in hand past max.poll.interval; another takes
     its partitions; when the zombie resumes, its batch is fenced and rolled back."""
-    manifest = _produce(services, topic, tmp_path, 12_000, seed=35)
+    manifest = produce_worker_mix(services, topic, tmp_path, 12_000, seed=35)
     group = f"g-{topic}"
     zombie = _faust(
         services,
@@ -130,7 +113,7 @@ def test_stalled_worker_is_fenced_when_it_resumes(
     wait_drained(dsn, manifest, group, [zombie, heir], 120)
     assert zombie.stop() == 0
     assert heir.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 def test_two_workers_through_rebalances(
@@ -138,7 +121,7 @@ def test_two_workers_through_rebalances(
 ) -> None:
     """faust rebalances eagerly: every join and leave revokes and re-assigns everything;
     each assignment is claimed (epochs bumped) and read from the DB offsets."""
-    manifest = _produce(services, topic, tmp_path, 12_000, seed=36)
+    manifest = produce_worker_mix(services, topic, tmp_path, 12_000, seed=36)
     group = f"g-{topic}"
     # a stalls 4 s after its third commit, so that records are left for b however fast a
     # drains (without it, a once read a partition to its end before b was given it).
@@ -158,6 +141,6 @@ def test_two_workers_through_rebalances(
     assert a.stop() == 0  # a leaves: b takes everything
     wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT min(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)
     assert epochs[0]["e"] >= 2  # every partition changed hands and was claimed again

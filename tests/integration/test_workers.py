@@ -11,32 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from load.produce import Knobs
-from load.verify import Verdict, drained
+from load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
-from tests.integration.windows import batches, produce_mix, verify_ok, wait_drained
-
-MIX = Knobs(
-    redeliver=0.03, retry=0.02, conflict_ledger=0.003, conflict_pk=0.003, poison=0.003, abort=0.03
-)
-
-
-def _produce(services: Services, topic: str, tmp_path: Path, events: int, seed: int) -> Path:
-    return produce_mix(services, topic, tmp_path, events, seed, knobs=MIX, txn_size=500)
-
-
-def _verify_ok(dsn: str, manifest: Path, group: str) -> Verdict:
-    """Exactly once, and the mix really had duplicates, conflicts and rejects to prove."""
-    verdict = verify_ok(dsn, manifest, group)
-    j = verdict.to_json()
-    assert j["duplicates_dropped"] > 0 and j["conflicts_quarantined"] > 0 and j["rejected"] > 0
-    return verdict
+from tests.integration.windows import batches, produce_worker_mix, verify_mixed_ok, wait_drained
 
 
 def test_sigkill_mid_stream_then_restart(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    manifest = _produce(services, topic, tmp_path, 20_000, seed=11)
+    manifest = produce_worker_mix(services, topic, tmp_path, 20_000, seed=11)
     group = f"g-{topic}"
     first = Worker(services, dsn, topic, tmp_path, name="w1", batch_max_events=500)
     wait_until(lambda: batches(dsn) >= 3, 60, "three committed batches")
@@ -45,7 +28,7 @@ def test_sigkill_mid_stream_then_restart(
     second = Worker(services, dsn, topic, tmp_path, name="w2", batch_max_events=500)
     wait_drained(dsn, manifest, group, [second], 120)
     assert second.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 def test_a_partition_given_up_while_paused_is_fetched_when_it_comes_back(
@@ -55,7 +38,7 @@ def test_a_partition_given_up_while_paused_is_fetched_when_it_comes_back(
     state and assigned back later must be fetched again. librdkafka keeps the pause flag
     across unassign and assign (its issue #1849): found by the short chaos run, where one
     partition stopped being read for good while its worker idled."""
-    manifest = _produce(services, topic, tmp_path, 12_000, seed=14)
+    manifest = produce_worker_mix(services, topic, tmp_path, 12_000, seed=14)
     group = f"g-{topic}"
     a = Worker(
         services,
@@ -77,14 +60,14 @@ def test_a_partition_given_up_while_paused_is_fetched_when_it_comes_back(
     assert "revoked" in a.log()
     wait_drained(dsn, manifest, group, [a], 120)
     assert a.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_two_workers_through_rebalances(
     services: Services, dsn: str, topic: str, tmp_path: Path, protocol: str
 ) -> None:
-    manifest = _produce(services, topic, tmp_path, 10_000, seed=13)
+    manifest = produce_worker_mix(services, topic, tmp_path, 10_000, seed=13)
     group = f"g-{topic}"
     # a pauses 4 s after its third commit, so that records are left for b however fast
     # a drains (10k events take a worker about a second).
@@ -107,6 +90,6 @@ def test_two_workers_through_rebalances(
     assert a.stop() == 0  # a leaves: b takes everything
     wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0
-    _verify_ok(dsn, manifest, group)
+    verify_mixed_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT max(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)
     assert epochs[0]["e"] >= 2  # partitions changed hands and were re-claimed

@@ -61,6 +61,27 @@ def produce_mix(
     return manifest
 
 
+WORKER_MIX = Knobs(
+    redeliver=0.03, retry=0.02, conflict_ledger=0.003, conflict_pk=0.003, poison=0.003, abort=0.03
+)
+"""The lighter mix of the worker tests (both runtimes): thousands of events per test."""
+
+
+def produce_worker_mix(
+    services: Services, topic: str, tmp_path: Path, events: int, seed: int
+) -> Path:
+    """:data:`WORKER_MIX` in 500-record upstream transactions on 3 partitions."""
+    return produce_mix(services, topic, tmp_path, events, seed, knobs=WORKER_MIX, txn_size=500)
+
+
+def verify_mixed_ok(dsn: str, manifest: Path, group: str) -> Verdict:
+    """:func:`verify_ok`, and the mix really had duplicates, conflicts and rejects to prove."""
+    verdict = verify_ok(dsn, manifest, group)
+    j = verdict.to_json()
+    assert j["duplicates_dropped"] > 0 and j["conflicts_quarantined"] > 0 and j["rejected"] > 0
+    return verdict
+
+
 def verify_ok(dsn: str, manifest: Path, group: str) -> Verdict:
     """The verdict, asserted: exactly once, with the exact conflicts and rejects."""
     verdict = run_async(verify(dsn, manifest, group))
