@@ -38,7 +38,7 @@ integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check ackline schemas streams sinks load tests
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 up: install
@@ -55,8 +55,8 @@ clean: down
 ## Its own stack (.ackline/bench); peers installed by the bench itself. BENCH_EVENTS=... to size.
 bench: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
-	$(BIN)/python -m load.bench
+	$(BIN)/python -m ackline.load.bench
 
 ## One worker drains a 10M-event backlog while its RSS is sampled (~1 h): load/bench/backlog.json
 bench-backlog: install
-	$(BIN)/python -m load.bench.backlog
+	$(BIN)/python -m ackline.load.bench.backlog

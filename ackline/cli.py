@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ackline.commands import MODULES, Handler
-from ackline.errors import AcklineError
-from ackline.logs import configure_logging
+from ackline.core.errors import AcklineError
+from ackline.core.logs import configure_logging
 from ackline.settings import load_settings
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ackline.core.errors import SettingsError
+from ackline.roles import INGEST, dsn_password, with_user
 from ackline.settings import Settings
 
 
@@ -52,3 +54,23 @@ def database_dsn(dsn: str, settings: Settings) -> str:
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in extra]
     query.extend(extra.items())
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def ingest_dsn(settings: Settings, dsn: str) -> str:
+    """The DSN `ackline run` connects with: the ingest role, never the migrating user.
+
+    ``database_ingest_url`` when set (with the TLS settings); else ``dsn`` (the operator's,
+    from :func:`endpoints`) with its user swapped for ``ackline_ingest`` and no password,
+    which works where PostgreSQL trusts that role, as the local stack does. A ``dsn`` with
+    a password and no ``database_ingest_url`` is a SettingsError: the worker must not
+    borrow the migrating user's credentials, and has none of its own.
+    """
+    if settings.database_ingest_url is not None:
+        return database_dsn(settings.database_ingest_url.get_secret_value(), settings)
+    if dsn_password(dsn) is not None:
+        raise SettingsError(
+            "ACKLINE_DATABASE_INGEST_URL",
+            f"required when ACKLINE_DATABASE_URL carries a password: the worker connects as "
+            f"{INGEST} (set its password with `ackline roles set-password {INGEST}`)",
+        )
+    return with_user(dsn, INGEST)

@@ -15,17 +15,16 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import asyncpg
 
-from ackline.app import run
 from ackline.clients import database_dsn, kafka_client_config
-from ackline.progress import Progress
+from ackline.core.progress import Progress
+from ackline.load.produce import Knobs, produce
+from ackline.load.verify import print_summary, verify
+from ackline.runtime.confluent import run
 from ackline.settings import Settings
-from load.produce import Knobs, produce
-from load.verify import print_summary, verify
-from sinks.migrate import migrate
+from ackline.sinks.admin.migrate import migrate
 
 
 async def _ingest_progress(dsn: str, group: str, total: int, stop: asyncio.Event) -> None:
@@ -119,6 +118,3 @@ async def _migrate(dsn: str) -> None:
         await migrate(conn)
     finally:
         await conn.close()
-
-
-__all__ = ["Path", "demo"]

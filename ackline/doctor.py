@@ -15,15 +15,19 @@ from typing import Any, Literal
 
 import asyncpg
 
-from ackline.clients import kafka_client_config
-from ackline.endpoints import ingest_dsn
-from ackline.errors import AcklineError
+from ackline.clients import ingest_dsn, kafka_client_config
+from ackline.core.errors import AcklineError
 from ackline.render import table
 from ackline.settings import Settings
+from ackline.sinks.admin.grants import (
+    RolesReport,
+    check_roles,
+    may_modify_activity,
+    roles_migration,
+)
+from ackline.sinks.admin.migrate import Migration, load_migrations
 from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge
-from sinks.grants import RolesReport, check_roles, may_modify_activity, roles_migration
-from sinks.migrate import Migration, load_migrations
-from streams.positions import (
+from ackline.streams.kafkainfo import (
     TopicFacts,
     describe_topic,
     reachable,

@@ -4,7 +4,7 @@ Precedence, highest first: explicit overrides passed by the CLI (``--topic``,
 ``--group-id``, ``--log-format``), ``ACKLINE_*`` environment variables, the TOML file
 named by ``--config`` or ``ACKLINE_CONFIG_FILE`` (flat ``name = value`` keys, the
 field names below), defaults. A setting that fails validation stops the program at
-start with a :class:`~ackline.errors.SettingsError` that names it, and so does an
+start with a :class:`~ackline.core.errors.SettingsError` that names it, and so does an
 ``ACKLINE_*`` variable that names no setting (a typo must not be silently ignored).
 Secrets are :class:`~pydantic.SecretStr` and never logged; :meth:`Settings.redacted`
 is the only printable view.
@@ -36,7 +36,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from ackline.errors import SettingsError
+from ackline.core.errors import SettingsError
 
 ENV_PREFIX = "ACKLINE_"
 CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"

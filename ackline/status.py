@@ -17,8 +17,8 @@ from typing import Any
 import asyncpg
 
 from ackline.render import table
-from sinks.offsets import read_offsets
-from streams.positions import PartitionOffsets
+from ackline.sinks.ingest.offsets import read_offsets
+from ackline.streams.kafkainfo import PartitionOffsets
 
 
 @dataclass(frozen=True, slots=True)

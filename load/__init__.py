@@ -1,10 +1,10 @@
 """Load generation and verification: realistic agent activity with every fault kind.
 
-* :mod:`load.generate` plans the records (pure, seeded);
-* :mod:`load.produce` sends the plan to Kafka in transactions and writes the manifest;
-* :mod:`load.manifest` is the ground truth file (JSON lines, gzip when ``.gz``);
-* :mod:`load.verify` compares the manifest with what landed in PostgreSQL;
-* :mod:`load.capture` is the capture file format, :mod:`load.topics` reads a topic range
-  (``ackline capture``) and :mod:`load.replay` re-produces it at a pace (``ackline replay``);
-* :mod:`load.bench` is ``make bench``: ackline beside the COPY limit and three peers.
+* :mod:`.generate` plans the records (pure, seeded);
+* :mod:`.produce` sends the plan to Kafka in transactions and writes the manifest;
+* :mod:`.manifest` is the ground truth file (JSON lines, gzip when ``.gz``);
+* :mod:`.verify` compares the manifest with what landed in PostgreSQL;
+* :mod:`.capture.file` is the capture file format, :mod:`.capture.topics` reads a topic range
+  (``ackline capture``) and :mod:`.capture.replay` re-produces it at a pace (``ackline replay``);
+* :mod:`.bench` is ``make bench``: ackline beside the COPY limit and three peers.
 """

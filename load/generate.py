@@ -22,7 +22,7 @@ Faults, as fractions of originals (each original draws each fault independently)
 ``conflict_ledger`` same txn_id, changed body, new event_id: a layer-1 conflict.
 ``conflict_pk``     same event_id, new txn_id and changed body: a layer-2 conflict.
 ``poison``          bytes the decoder rejects; :data:`POISON_KINDS` maps each kind to
-                    the ``schemas.decode`` reason it must produce.
+                    the ``ackline.schemas.decode`` reason it must produce.
 
 A variant always has its original's key and comes after it: immediately (often in the
 same consumer batch), a few records later, or much later (``Knobs.far_max``).
@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from load import text
-from load.errors import LoadError
-from schemas.canonical import hash_envelope
-from schemas.decode import (
+from ackline.load import text
+from ackline.load.errors import LoadError
+from ackline.schemas.canonical import hash_envelope
+from ackline.schemas.decode import (
     DEFAULT_LIMITS,
     DUPLICATE_KEY,
     EMPTY,
@@ -64,9 +64,9 @@ from schemas.decode import (
     UNKNOWN_TYPE,
     UNSUPPORTED_VERSION,
 )
-from schemas.envelope import ENVELOPES, EVENT_TYPES, Envelope, new_envelope
-from schemas.errors import SchemaError
-from streams.producer import CONTENT_TYPE, serialize
+from ackline.schemas.envelope import ENVELOPES, EVENT_TYPES, Envelope, new_envelope
+from ackline.schemas.errors import SchemaError
+from ackline.streams.producer import CONTENT_TYPE, serialize
 
 Kind = Literal["original", "redelivery", "retry", "conflict_ledger", "conflict_pk", "poison"]
 KINDS: Final[tuple[Kind, ...]] = (
@@ -96,7 +96,7 @@ POISON_KINDS: Final[dict[str, str]] = {
     "missing_field": SCHEMA_INVALID,
     "mistyped_field": SCHEMA_INVALID,
 }
-"""Poison kind -> the ``schemas.decode`` rejection reason its bytes must produce."""
+"""Poison kind -> the ``ackline.schemas.decode`` rejection reason its bytes must produce."""
 
 DEFAULT_START: Final = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 """Simulated time of the first event (occurred_at is simulated, never the wall clock)."""
@@ -176,11 +176,11 @@ class Send:
     """The envelope's event_id (None for poison)."""
     txn_id: str | None
     body_hash_hex: str | None
-    """SHA-256 of the canonical body (``schemas.canonical.hash_envelope``), hex."""
+    """SHA-256 of the canonical body (``ackline.schemas.canonical.hash_envelope``), hex."""
     original_index: int | None
     """For a variant: the ``seq`` of its original."""
     poison_reason: str | None
-    """For poison: the ``schemas.decode`` reason the value must be rejected with."""
+    """For poison: the ``ackline.schemas.decode`` reason the value must be rejected with."""
     seq: int = 0
     """Position in the committed plan; an aborted copy has the seq of its committed twin."""
     transaction: int = 0
@@ -589,7 +589,7 @@ def _ascii(obj: Any) -> str:
 
 
 def make_poison(kind: str, rng: random.Random, env: Envelope, knobs: Knobs) -> bytes:
-    """Bytes that ``schemas.decode.decode`` rejects with ``POISON_KINDS[kind]``.
+    """Bytes that ``ackline.schemas.decode.decode`` rejects with ``POISON_KINDS[kind]``.
 
     Built from a realistic envelope (``env``, given a fresh event_id and txn_id) with one
     thing wrong, the way buggy producers get it wrong.

@@ -28,8 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, Literal
 
-from load.errors import LoadError
-from load.generate import Send
+from ackline.load.errors import LoadError
+from ackline.load.generate import Send
 
 FORMAT: Final = "ackline-load"
 VERSION: Final = 1

@@ -1,11 +1,12 @@
 """Send a generated plan to Kafka in transactions and record the manifest.
 
 :func:`produce` creates the topic if needed, starts a transactional
-:class:`~streams.producer.ActivityProducer`, and sends the :func:`load.generate.generate`
-plan transaction by transaction. Planned aborts are real: the records are sent and
-flushed (so they occupy offsets), then the transaction is aborted; the committed
-re-send follows. Every record's delivery report (partition, offset) goes into the
-manifest, which :mod:`load.verify` later compares with the database.
+:class:`~ackline.streams.producer.ActivityProducer`, and sends the
+:func:`ackline.load.generate.generate` plan transaction by transaction. Planned aborts
+are real: the records are sent and flushed (so they occupy offsets), then the
+transaction is aborted; the committed re-send follows. Every record's delivery report
+(partition, offset) goes into the manifest, which :mod:`ackline.load.verify` later
+compares with the database.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from typing import Any, TextIO
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from load.errors import LoadError
-from load.generate import Knobs, Send, generate
-from load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
-from streams.admin import ensure_topic
-from streams.errors import StreamError
-from streams.producer import ActivityProducer
+from ackline.load.errors import LoadError
+from ackline.load.generate import Knobs, Send, generate
+from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
+from ackline.streams.admin import ensure_topic
+from ackline.streams.errors import StreamError
+from ackline.streams.producer import ActivityProducer
 
 __all__ = ["Knobs", "ProduceSummary", "produce"]
 

@@ -2,11 +2,11 @@
 
 The expected outcome is derived from the manifest alone (:func:`expected_outcome`, pure):
 replay the committed records in (partition, offset) order through the sink's dedup rules
-(:mod:`sinks.classify`): a txn_id seen before makes a duplicate (equal body hash) or a
-ledger conflict; else an event_id seen before makes a duplicate or a primary-key conflict;
-else the record is a *winner*, the one activity row its event must have. Poison must be
-rejected with the manifest's reason. Records of aborted transactions count as produced
-and must leave no trace at all.
+(:mod:`ackline.sinks.ingest.classify`): a txn_id seen before makes a duplicate (equal
+body hash) or a ledger conflict; else an event_id seen before makes a duplicate or a
+primary-key conflict; else the record is a *winner*, the one activity row its event must
+have. Poison must be rejected with the manifest's reason. Records of aborted transactions
+count as produced and must leave no trace at all.
 
 The database side (:func:`verify`) is set-based: the winners and every id of the run
 are COPYed into temporary tables and compared with a handful of queries.
@@ -26,8 +26,8 @@ from typing import Any, TextIO
 
 import asyncpg
 
-from load.errors import LoadError
-from load.manifest import ManifestRecord, read_manifest
+from ackline.load.errors import LoadError
+from ackline.load.manifest import ManifestRecord, read_manifest
 
 _DUPLICATE_KINDS = frozenset({"redelivery", "retry"})
 _EXPECTED_LAYER = {"conflict_ledger": "ledger", "conflict_pk": "primary_key"}

@@ -1,13 +1,13 @@
 """Event schema v1, the canonical body hash and the record decoder.
 
-* :mod:`schemas.envelope`: the pydantic models, the (type, version) -> payload registry
+* :mod:`ackline.schemas.envelope`: the pydantic models, the (type, version) -> payload registry
   and :func:`new_envelope` for producers.
-* :mod:`schemas.canonical`: the canonical JSON form and the body hash (``CANONICAL.md``).
-* :mod:`schemas.decode`: bytes -> :class:`Row` or :class:`Rejection`, pure and total.
-* :mod:`schemas.jsonschema`: the JSON Schema export (``json/envelope.v1.schema.json``).
+* :mod:`ackline.schemas.canonical`: the canonical JSON form and the body hash (``CANONICAL.md``).
+* :mod:`ackline.schemas.decode`: bytes -> :class:`Row` or :class:`Rejection`, pure and total.
+* :mod:`ackline.schemas.jsonschema`: the JSON Schema export (``json/envelope.v1.schema.json``).
 """
 
-from schemas.canonical import (
+from ackline.schemas.canonical import (
     CANONICAL_FORM_VERSION,
     body_dict,
     body_hash,
@@ -16,7 +16,7 @@ from schemas.canonical import (
     canonical_text,
     hash_envelope,
 )
-from schemas.decode import (
+from ackline.schemas.decode import (
     DEFAULT_LIMITS,
     REASONS,
     Limits,
@@ -24,7 +24,7 @@ from schemas.decode import (
     Row,
     decode,
 )
-from schemas.envelope import (
+from ackline.schemas.envelope import (
     ENVELOPES,
     EVENT_TYPES,
     PAYLOADS,
@@ -42,8 +42,8 @@ from schemas.envelope import (
     envelope_model,
     new_envelope,
 )
-from schemas.errors import SchemaError
-from schemas.jsonschema import envelope_json_schema, write_json_schema
+from ackline.schemas.errors import SchemaError
+from ackline.schemas.jsonschema import envelope_json_schema, write_json_schema
 
 __all__ = [
     "CANONICAL_FORM_VERSION",

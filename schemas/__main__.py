@@ -1,5 +1,5 @@
-"""``python -m schemas [PATH]``: regenerate the committed JSON Schema export."""
+"""``python -m ackline.schemas [PATH]``: regenerate the committed JSON Schema export."""
 
-from schemas.jsonschema import main
+from ackline.schemas.jsonschema import main
 
 raise SystemExit(main())

@@ -56,8 +56,8 @@ import json.encoder
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from schemas.envelope import Envelope
-from schemas.errors import SchemaError
+from ackline.schemas.envelope import Envelope
+from ackline.schemas.errors import SchemaError
 
 CANONICAL_FORM_VERSION: Final = 1
 

@@ -42,8 +42,8 @@ version to take it over (README, "Evolving the schema").
 
 A :class:`Row` holds the typed columns, the canonical JSON of the payload (for the
 ``jsonb`` column), the canonical JSON of the body (for the conflicts table) and the
-SHA-256 of that body text, computed by the same :func:`schemas.canonical.canonical_text`
-the producer SDK uses (see :mod:`schemas.canonical`).
+SHA-256 of that body text, computed by the same :func:`ackline.schemas.canonical.canonical_text`
+the producer SDK uses (see :mod:`ackline.schemas.canonical`).
 """
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from schemas.canonical import canonical_texts
-from schemas.envelope import (
+from ackline.schemas.canonical import canonical_texts
+from ackline.schemas.envelope import (
     PARSED_JSON_CONTEXT,
     describe_validation_error,
     newest_version,
     route_envelope,
 )
-from schemas.errors import SchemaError
+from ackline.schemas.errors import SchemaError
 
 EMPTY: Final = "empty"
 TOO_LARGE: Final = "too_large"

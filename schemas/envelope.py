@@ -53,7 +53,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from schemas.errors import SchemaError
+from ackline.schemas.errors import SchemaError
 
 SCHEMA_VERSION: Final = 1
 """The schema version :func:`new_envelope` writes unless told otherwise."""
@@ -225,7 +225,7 @@ refused, and its text has no ``\\u0000`` and no ``\\uD800``..``\\uDFFF`` escape.
 Then every nested value is already plain JSON: exact dict/list/str/int/float/bool/None,
 finite floats, no NUL or lone surrogate in any string or key (valid UTF-8 text and the
 strict parser cannot produce them otherwise). JSON objects are then taken as they are,
-not walked and copied. Only :func:`schemas.decode.decode` passes it (compared by
+not walked and copied. Only :func:`ackline.schemas.decode.decode` passes it (compared by
 identity), after checking those conditions.
 """
 
@@ -384,7 +384,7 @@ class Envelope(BaseModel):
         ``Envelope.model_validate(data)`` picks ``ENVELOPES[(type, schema_version)]``
         and returns an instance of it; an unknown type or version is a ValidationError.
         On a concrete model it is pydantic's ``model_validate``. (Only this entry point
-        dispatches, not ``model_validate_json``; the hot path is ``schemas.decode``.)
+        dispatches, not ``model_validate_json``; the hot path is ``ackline.schemas.decode``.)
         """
         if cls is Envelope and isinstance(obj, Mapping):
             model = route_envelope(obj)
@@ -469,7 +469,7 @@ def newest_version(event_type: str) -> int | None:
 def register_payloads(entries: Mapping[tuple[str, int], type[Payload]]) -> list[tuple[str, int]]:
     """Add payload versions to the registry at start; return the keys added.
 
-    For ``ACKLINE_PAYLOAD_PLUGINS`` (:mod:`schemas.plugins`): a worker can learn a new
+    For ``ACKLINE_PAYLOAD_PLUGINS`` (:mod:`ackline.schemas.plugins`): a worker can learn a new
     version of a known type without a new build. Rules: the type is one of
     :data:`EVENT_TYPES` (a new type is added in code); the version is a positive int;
     a (type, version) already registered keeps its model (a published version never

@@ -8,7 +8,7 @@ rule the pydantic models enforce (no NUL or lone surrogate in strings, a UTC off
 
 The committed export ``schemas/json/envelope.v1.schema.json`` is regenerated with::
 
-    python -m schemas
+    python -m ackline.schemas
 
 and a unit test fails when it differs from :func:`render_json_schema`.
 """
@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from pydantic.json_schema import models_json_schema
 
-from schemas.envelope import ENVELOPES, SCHEMA_VERSION
-from schemas.errors import SchemaError
+from ackline.schemas.envelope import ENVELOPES, SCHEMA_VERSION
+from ackline.schemas.errors import SchemaError
 
 JSON_SCHEMA_PATH: Final = Path(__file__).resolve().parent / "json" / "envelope.v1.schema.json"
 """Where the committed v1 export lives."""
@@ -77,7 +77,7 @@ def write_json_schema(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m schemas [PATH]``: regenerate the committed export."""
+    """``python -m ackline.schemas [PATH]``: regenerate the committed export."""
     args = sys.argv[1:] if argv is None else argv
     written = write_json_schema(args[0] if args else JSON_SCHEMA_PATH)
     sys.stdout.write(f"wrote {written}\n")

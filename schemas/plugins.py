@@ -2,9 +2,9 @@
 
 The setting is a comma-separated list of ``module:attribute``; each attribute is a
 mapping ``{(type, schema_version): PayloadModel}`` handed to
-:func:`schemas.envelope.register_payloads`. This is how a worker learns a new payload
+:func:`ackline.schemas.envelope.register_payloads`. This is how a worker learns a new payload
 version during a rollout (README, "Evolving the schema"); the model moves into
-:data:`schemas.envelope.PAYLOADS` in the next release.
+:data:`ackline.schemas.envelope.PAYLOADS` in the next release.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from schemas.envelope import register_payloads
-from schemas.errors import SchemaError
+from ackline.schemas.envelope import register_payloads
+from ackline.schemas.errors import SchemaError
 
 
 def parse_plugins(spec: str) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from sinks.errors import TransientDatabaseError
+from ackline.sinks.errors import TransientDatabaseError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

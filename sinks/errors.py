@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ackline.errors import AcklineError
+from ackline.core.errors import AcklineError
 
 
 class SinkError(AcklineError):

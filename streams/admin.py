@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from streams.errors import KafkaUnavailableError, TopicError
+from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 
 def admin(bootstrap: str, conf: Mapping[str, Any] | None = None) -> AdminClient:

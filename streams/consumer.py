@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,27 +32,25 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
 )
 
-from ackline.faults import DISARMED, Faults
-from ackline.logs import log_committed
-from ackline.metrics import Metrics
-from schemas.decode import DEFAULT_LIMITS, Limits, Rejection, Row, decode
-from sinks.batch import Batch, Coord, Incoming, PartitionRange
-from sinks.connection import Database
-from sinks.errors import FencedError
-from sinks.offsets import claim, positions
-from sinks.writer import BatchWriter, WriteResult
-from streams.deadletter import DeadLetterProducer, Poison
-from streams.errors import FatalConsumerError
-from streams.holds import Holds
+from ackline.core.faults import DISARMED, Faults
+from ackline.core.metrics import Metrics
+from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Rejection, Row, decode
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import FencedError
+from ackline.sinks.ingest.batch import TP, Batch, Coord, Incoming, PartitionRange
+from ackline.sinks.ingest.offsets import claim, locked_offsets
+from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.streams.committed import record_committed
+from ackline.streams.deadletter import DeadLetterProducer, Poison
+from ackline.streams.errors import FatalConsumerError
+from ackline.streams.holds import Holds
 
 log = logging.getLogger(__name__)
-TP = tuple[str, int]
 _CANCEL_WAIT_S = 30.0  # a cancelled write ends within this, or it is logged again
 _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check frequent
 # A full buffer waits this long for the in-flight batch before pausing the assignment:
@@ -313,7 +311,7 @@ class ConsumerRuntime:
         self._inflight = _Write(self._loop, self._writer.write(batch))
 
     def _held_back(self, tp: TP, offset: int, msg: Message, decoded: Row | Rejection) -> bool:
-        """Park ``msg`` if its partition is held, or if it starts a hold (streams.holds).
+        """Park ``msg`` if its partition is held, or if it starts a hold (ackline.streams.holds).
 
         A new hold pauses the partition; the records before it in this batch still commit.
         """
@@ -340,7 +338,7 @@ class ConsumerRuntime:
 
     def _end_holds(self, consumer: Consumer) -> None:
         """Expired holds: the parked records go back, in order, to the front of the buffer;
-        the held record is then rejected (streams.holds)."""
+        the held record is then rejected (ackline.streams.holds)."""
         for tp in self._holds.due(time.monotonic()):
             records = self._holds.release(tp)
             log.warning(
@@ -411,8 +409,7 @@ class ConsumerRuntime:
         self._store(batch)
         self.committed_batches += 1
         seconds = time.monotonic() - self._inflight_started
-        self._metrics.count_committed(result, seconds)
-        log_committed(batch, result, seconds)
+        record_committed(self._metrics, batch, result, seconds)
 
     def _store(self, batch: Batch) -> None:
         consumer = self._consumer
@@ -455,7 +452,7 @@ class ConsumerRuntime:
 
         async def read() -> list[Any]:
             return await self._control_db.retrying(
-                "resync", lambda conn: positions(conn, self.cfg.group_id, kept)
+                "resync", lambda conn: locked_offsets(conn, self.cfg.group_id, kept)
             )
 
         rows = asyncio.run_coroutine_threadsafe(read(), self._loop).result()
@@ -708,10 +705,3 @@ def _headers(msg: Message) -> list[tuple[str, str | bytes | None]]:
     if raw is None:
         return []
     return list(raw.items()) if isinstance(raw, dict) else list(raw)
-
-
-def error_logger(prefix: str) -> Callable[[KafkaError], None]:
-    def on_error(err: KafkaError) -> None:
-        log.warning("%s: %s", prefix, err)
-
-    return on_error

@@ -16,9 +16,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from sinks.batch import Coord, RejectRecord
-from streams.admin import ensure_topic, partition_count
-from streams.errors import ProduceError, TopicError
+from ackline.sinks.ingest.batch import Coord, RejectRecord
+from ackline.streams.admin import ensure_topic, partition_count
+from ackline.streams.errors import ProduceError, TopicError
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from ackline.sinks.ingest.batch import TP
+
 M = TypeVar("M")
-TP = tuple[str, int]
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Holds(Generic[M]):
     def decide(self, tp: TP, offset: int, newer: tuple[str, int] | None, now: float) -> bool:
         """Hold ``tp`` at this record (True), or let it be rejected (False).
 
-        ``newer`` is :attr:`schemas.decode.Rejection.newer`. A record whose hold expired
+        ``newer`` is :attr:`ackline.schemas.decode.Rejection.newer`. A record whose hold expired
         is rejected, and its (type, version) is given up on for good.
         """
         expired = self._expired.pop(tp, None)

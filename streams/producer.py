@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from schemas.canonical import canonical_json
-from schemas.envelope import Envelope
-from streams.errors import ProduceError
+from ackline.schemas.canonical import canonical_json
+from ackline.schemas.envelope import Envelope
+from ackline.streams.errors import ProduceError
 
 log = logging.getLogger(__name__)
 

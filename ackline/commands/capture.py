@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ackline.commands import Subparsers
-from ackline.errors import AcklineError
+from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
-    from load.topics import RangeSpec
+    from ackline.load.capture.topics import RangeSpec
 
 
 class ArgumentProblem(AcklineError):
@@ -35,7 +35,7 @@ def parse_time_ms(text: str) -> int:
 
 
 def _spec(args: argparse.Namespace) -> RangeSpec:
-    from load.topics import RangeSpec
+    from ackline.load.capture.topics import RangeSpec
 
     return RangeSpec(
         start_offset=args.from_offset,
@@ -48,9 +48,9 @@ def _spec(args: argparse.Namespace) -> RangeSpec:
 
 def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.clients import kafka_client_config
+    from ackline.core.progress import Progress
     from ackline.endpoints import endpoints
-    from ackline.progress import Progress
-    from load.topics import capture
+    from ackline.load.capture.topics import capture
 
     bootstrap, _ = endpoints(settings)
     spec = _spec(args)
@@ -83,11 +83,11 @@ def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.clients import kafka_client_config
+    from ackline.core.progress import Progress
     from ackline.endpoints import endpoints
-    from ackline.progress import Progress
-    from load.capture import CaptureReader
-    from load.replay import Pace, replay
-    from load.topics import open_range
+    from ackline.load.capture.file import CaptureReader
+    from ackline.load.capture.replay import Pace, replay
+    from ackline.load.capture.topics import open_range
 
     if bool(args.source) == bool(args.from_topic):
         raise ArgumentProblem("replay: give either a capture file or --from-topic TOPIC")

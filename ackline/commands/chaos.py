@@ -1,4 +1,4 @@
-"""`ackline chaos`: the guarantees under crashes, restarts and zombies (load.chaos)."""
+"""`ackline chaos`: the guarantees under crashes, restarts and zombies (load/chaos)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ackline.settings import Settings
 
 
 def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
-    from load.chaos import ChaosConfig, run_chaos
+    from ackline.load.chaos.harness import ChaosConfig, run_chaos
 
     cfg = ChaosConfig(
         events=args.events,

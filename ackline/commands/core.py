@@ -16,7 +16,7 @@ from ackline.settings import Settings
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     import asyncpg
 
-    from sinks.migrate import migrate
+    from ackline.sinks.admin.migrate import migrate
 
     _, dsn = endpoints(settings)
 
@@ -33,17 +33,15 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.app import run, run_faust
+    from ackline.runtime import run
 
     bootstrap, dsn = endpoints(settings)
-    if (args.runtime or settings.runtime) == "faust":
-        return run_faust(settings, bootstrap, dsn, until_drained=args.until_drained)
-    return asyncio.run(run(settings, bootstrap, dsn, until_drained=args.until_drained))
+    return run(settings, bootstrap, dsn, runtime=args.runtime, until_drained=args.until_drained)
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.clients import kafka_client_config
-    from load.produce import Knobs, produce
+    from ackline.load.produce import Knobs, produce
 
     bootstrap, _ = endpoints(settings)
     knobs = Knobs(
@@ -69,7 +67,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
-    from load.verify import print_summary, verify
+    from ackline.load.verify import print_summary, verify
 
     _, dsn = endpoints(settings)
     verdict = asyncio.run(verify(dsn, Path(args.manifest), settings.group_id))
@@ -81,7 +79,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.jsonschema import envelope_json_schema
+    from ackline.schemas.jsonschema import envelope_json_schema
 
     text = json.dumps(envelope_json_schema(), indent=2, sort_keys=True) + "\n"
     if args.output == "-":

@@ -1,4 +1,4 @@
-"""`ackline tail` and `ackline dispatch`: readers of the changefeed (sinks.changefeed)."""
+"""`ackline tail` and `ackline dispatch`: readers of the changefeed (sinks/feed)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ackline.settings import Settings
 if TYPE_CHECKING:
     import asyncpg
 
-    from sinks.feedtypes import Cursor
+    from ackline.sinks.feed.types import Cursor
 
 
 def _dsn(settings: Settings) -> str:
@@ -53,9 +53,16 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tail(args: argparse.Namespace, dsn: str) -> int:
-    from sinks.changefeed import AnyReader, Changefeed, LocalReader, Reader, connector, follow
-    from sinks.errors import FeedError
-    from sinks.feedtypes import START, Cursor, FeedBatch, Filter, event_line
+    from ackline.sinks.errors import FeedError
+    from ackline.sinks.feed.changefeed import (
+        AnyReader,
+        Changefeed,
+        LocalReader,
+        Reader,
+        connector,
+        follow,
+    )
+    from ackline.sinks.feed.types import START, Cursor, FeedBatch, Filter, event_line
 
     if args.limit is not None and args.limit < 1:
         raise FeedError("--limit must be at least 1")
@@ -107,8 +114,8 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
 async def _saved_cursor(
     connect: Callable[[], Awaitable[asyncpg.Connection]], reader: str
 ) -> Cursor:
-    from sinks.changefeed import saved_cursor
-    from sinks.errors import FeedError
+    from ackline.sinks.errors import FeedError
+    from ackline.sinks.feed.changefeed import saved_cursor
 
     conn = await connect()
     try:
@@ -128,9 +135,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     import json
     import logging
 
-    from ackline.faults import Faults
-    from sinks.changefeed import connector
-    from sinks.dispatcher import Dispatcher
+    from ackline.core.faults import Faults
+    from ackline.sinks.feed.changefeed import connector
+    from ackline.sinks.feed.dispatcher import Dispatcher
 
     instance = args.instance or settings.worker_id
     dispatcher = Dispatcher(

@@ -35,8 +35,8 @@ def _print_json(value: Any) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline import status
     from ackline.clients import kafka_client_config
-    from streams.errors import TopicError
-    from streams.positions import topic_offsets
+    from ackline.streams.errors import TopicError
+    from ackline.streams.kafkainfo import topic_offsets
 
     bootstrap, dsn = endpoints(settings)
     topic, group = settings.topic, settings.group_id
@@ -54,7 +54,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import short_hex, table
-    from sinks import inspect
+    from ackline.sinks.admin import inspect
 
     _, dsn = endpoints(settings)
     group = settings.group_id
@@ -110,7 +110,7 @@ def _conflict_text(detail: Any) -> str:
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import safe_text, show_bytes, table
-    from sinks import inspect
+    from ackline.sinks.admin import inspect
 
     _, dsn = endpoints(settings)
     group = settings.group_id

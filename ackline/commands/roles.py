@@ -16,9 +16,10 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+from ackline.clients import ingest_dsn
 from ackline.commands import Subparsers
-from ackline.endpoints import endpoints, ingest_dsn
-from ackline.errors import AcklineError
+from ackline.core.errors import AcklineError
+from ackline.endpoints import endpoints
 from ackline.roles import RoleState
 from ackline.settings import Settings
 
@@ -36,7 +37,7 @@ async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]
     import asyncpg
 
     from ackline.roles import role_states
-    from sinks.grants import may_modify_activity
+    from ackline.sinks.admin.grants import may_modify_activity
 
     conn = await asyncpg.connect(dsn)
     try:

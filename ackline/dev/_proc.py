@@ -6,8 +6,9 @@ import contextlib
 import fcntl
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -155,3 +156,29 @@ def find_processes(needles: Iterable[str]) -> list[int]:
             if argv and all(n in argv for n in wanted) and is_alive(pid):
                 found.append(pid)
     return found
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    new_session: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run a helper program to completion: no stdin, output captured as text, no check.
+
+    Raises subprocess.TimeoutExpired (the program is killed) and OSError as run() does;
+    callers turn both into DevStackError with what they were doing.
+    """
+    return subprocess.run(
+        list(argv),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=new_session,
+        check=False,
+    )

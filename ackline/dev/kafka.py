@@ -103,15 +103,7 @@ def _fetch_jars(libs: Path) -> int:
             *_maven_repo_override(),
         ]
         try:
-            proc = subprocess.run(
-                argv,
-                cwd=work,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=_MAVEN_TIMEOUT_S,
-                check=False,
-            )
+            proc = _proc.run(argv, cwd=work, timeout=_MAVEN_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             raise DevStackError(f"fetching the Kafka jars with Maven timed out: {argv}") from exc
         if proc.returncode != 0:
@@ -283,15 +275,11 @@ class KafkaNode:
         self._log_offset = _file_size(self.log_path)
         self._out_offset = _file_size(self.stdout_path)
         argv = [*self._java_argv(java, libs), MAIN_CLASS, str(self.properties_path)]
-        proc = subprocess.run(
+        proc = _proc.run(
             ["/bin/sh", "-c", _DETACH_SCRIPT, "ackline-kafka", str(self.stdout_path), *argv],
             cwd=self.home,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            start_new_session=True,
+            new_session=True,
             timeout=30,
-            check=False,
         )
         try:
             pid = int(proc.stdout.strip())
@@ -327,15 +315,7 @@ class KafkaNode:
             str(self.properties_path),
         ]
         try:
-            proc = subprocess.run(
-                argv,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+            proc = _proc.run(argv, cwd=self.home, timeout=120)
         except subprocess.TimeoutExpired as exc:
             raise DevStackError("formatting the Kafka storage timed out") from exc
         if proc.returncode != 0 or not (self.data_dir / "meta.properties").is_file():

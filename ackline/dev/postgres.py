@@ -63,9 +63,7 @@ def find_pg_bindir() -> Path:
     pg_config = shutil.which("pg_config")
     if pg_config is not None:
         try:
-            out = subprocess.run(
-                [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=False
-            ).stdout.strip()
+            out = _proc.run([pg_config, "--bindir"], timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             out = ""
         if out:
@@ -94,15 +92,7 @@ def ensure_pg_installed() -> Path:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql"]):
         try:
-            proc = subprocess.run(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=1800,
-                check=False,
-            )
+            proc = _proc.run(argv, env=env, timeout=1800)
         except subprocess.TimeoutExpired as exc:
             raise DevStackError(f"`{' '.join(argv)}` timed out") from exc
         if proc.returncode != 0:
@@ -234,9 +224,7 @@ class PostgresNode:
                     "PostgreSQL is not running; last log lines:\n" + self._log_tail()
                 )
             if port_accepts(self.port):
-                ready = subprocess.run(
-                    argv, env=_client_env(), capture_output=True, timeout=10, check=False
-                )
+                ready = _proc.run(argv, env=_client_env(), timeout=10)
                 if ready.returncode == 0:
                     return
             if time.monotonic() >= deadline:
@@ -263,7 +251,7 @@ class PostgresNode:
             entry = pwd.getpwnam(self.os_user)
         except KeyError:
             useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-            proc = subprocess.run(
+            proc = _proc.run(
                 [
                     useradd,
                     "--system",
@@ -277,10 +265,7 @@ class PostgresNode:
                     "ackline dev PostgreSQL",
                     self.os_user,
                 ],
-                capture_output=True,
-                text=True,
                 timeout=60,
-                check=False,
             )
             try:
                 entry = pwd.getpwnam(self.os_user)
@@ -313,16 +298,7 @@ class PostgresNode:
     ) -> subprocess.CompletedProcess[str]:
         full = ["runuser", "-u", self.os_user, "--", *argv] if self.as_root else list(argv)
         try:
-            return subprocess.run(
-                full,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                start_new_session=True,
-                check=False,
-            )
+            return _proc.run(full, cwd=self.home, timeout=timeout, new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise DevStackError(f"`{' '.join(full)}` timed out after {timeout:.0f} s") from exc
 
@@ -398,15 +374,7 @@ class PostgresNode:
             "-c",
             sql,
         ]
-        proc = subprocess.run(
-            argv,
-            env=_client_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = _proc.run(argv, env=_client_env(), timeout=60)
         if proc.returncode != 0:
             raise DevStackError(f"psql failed: {proc.stderr.strip()} (sql: {sql})")
         return proc.stdout.strip()

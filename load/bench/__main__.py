@@ -1,5 +1,5 @@
-"""``python -m load.bench``: see :mod:`load.bench.run`."""
+"""``python -m ackline.load.bench``: see :mod:`ackline.load.bench.run`."""
 
-from load.bench.run import main
+from ackline.load.bench.run import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """`make bench-backlog`: one `ackline run` drains a 10 M-event backlog; peak RSS sampled.
 
-The backlog is the bench's 1 M generated events (:mod:`load.bench.data`) written ten
+The backlog is the bench's 1 M generated events (:mod:`ackline.load.bench.data`) written ten
 times into one fresh 12-partition topic, each copy with fresh ids (``event_id`` from
 UUID5 of the original and the copy number, ``txn_id`` suffixed ``~c<copy>``), so every
 one of the 10 M is a new event, with realistic bodies. Producing is untimed; then a
@@ -22,12 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from load.bench.data import ensure_topic_patiently, prepare
-from load.bench.measure import descendants, kill_all, rss_kb
-from load.bench.run import PARTITIONS, ROOT, Cluster, ensure_stack, say
-from load.bench.systems import Ackline, Env
-from load.capture import CapturedRecord, CaptureReader
-from load.replay import Pace, replay
+from ackline.load.bench.data import ensure_topic_patiently, prepare
+from ackline.load.bench.measure import descendants, kill_all, rss_kb
+from ackline.load.bench.run import PARTITIONS, ROOT, Cluster, ensure_stack, say
+from ackline.load.bench.systems import Ackline, Env
+from ackline.load.capture.file import CapturedRecord, CaptureReader
+from ackline.load.capture.replay import Pace, replay
 
 RESULT = Path(__file__).resolve().parent / "backlog.json"
 
@@ -50,7 +50,7 @@ def copies(path: Path, count: int) -> Iterator[CapturedRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m load.bench.backlog", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ackline.load.bench.backlog", description=__doc__)
     p.add_argument("--copies", type=int, default=10, help="copies of the 1 M events")
     p.add_argument("--events", type=int, default=1_000_000, help="events per copy")
     args = p.parse_args(argv)

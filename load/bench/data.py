@@ -1,6 +1,6 @@
 """The bench's data: generated once, kept as capture files, replayed into fresh topics.
 
-* ``events-<N>.ackcap``: N original events (no faults) made by :func:`load.produce.produce`
+* ``events-<N>.ackcap``: N original events (no faults) made by :func:`ackline.load.produce.produce`
   into a scratch topic on the first run, then captured; later runs reuse the file (the
   seed is fixed, so it is the same events).
 * ``events-<N>.connect.ackcap``: the same records with each value wrapped as schema'd
@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from load.capture import CapturedRecord, CaptureHeader, CaptureReader, CaptureWriter
-from load.produce import Knobs, produce
-from load.topics import RangeSpec, capture
-from streams.admin import delete_topic, ensure_topic
-from streams.errors import StreamError
+from ackline.load.capture.file import CapturedRecord, CaptureReader, CaptureWriter
+from ackline.load.capture.topics import RangeSpec, capture
+from ackline.load.produce import Knobs, produce
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import StreamError
 
 SEED: Final = 20_240_501
 CHANGE_EVERY: Final = 100
@@ -134,7 +134,7 @@ def prepare(bootstrap: str, events: int, data_dir: Path, log: Callable[[str], No
     base = data_dir / f"events-{events}.ackcap"
     if not base.is_file():
         scratch = f"bench-generate-{events}"
-        log(f"generating {events:,} events with load.produce (first run only)")
+        log(f"generating {events:,} events with ackline.load.produce (first run only)")
         ensure_topic_patiently(bootstrap, scratch, 12)
         produce(
             bootstrap,
@@ -180,11 +180,6 @@ def head(path: Path, count: int, skip: int = 0) -> Iterator[CapturedRecord]:
                 return
             if i >= skip:
                 yield rec
-
-
-def header_of(path: Path) -> CaptureHeader:
-    with CaptureReader(path) as reader:
-        return reader.header
 
 
 __all__ = ["CHANGE_EVERY", "Dataset", "changed", "event_id_of", "head", "prepare", "to_connect"]

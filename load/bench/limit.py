@@ -1,6 +1,6 @@
 """The limit: the same rows COPYed straight into ackline's tables, no Kafka, no checks.
 
-``python -m load.bench.limit DSN CAPTURE`` decodes the capture's events with the same
+``python -m ackline.load.bench.limit DSN CAPTURE`` decodes the capture's events with the same
 decoder as the worker (untimed), then, chunk after chunk, binary-COPYs the rows into
 ``txn_ledger`` and ``activity`` of a freshly migrated database (same columns, same
 indexes) with ``asyncpg.copy_records_to_table``, one transaction per chunk. Only the
@@ -19,9 +19,14 @@ from typing import Any
 
 import asyncpg
 
-from load.capture import CapturedRecord, CaptureReader
-from schemas.decode import Row, decode
-from sinks.rows import ACTIVITY_COLUMNS, LEDGER_COLUMNS, activity_record, ledger_record
+from ackline.load.capture.file import CapturedRecord, CaptureReader
+from ackline.schemas.decode import Row, decode
+from ackline.sinks.ingest.rows import (
+    ACTIVITY_COLUMNS,
+    LEDGER_COLUMNS,
+    activity_record,
+    ledger_record,
+)
 
 CHUNK = 10_000
 

@@ -1,7 +1,7 @@
 """The README's bench tables, generated from ``results.json`` so the two cannot disagree.
 
 ``make bench`` rewrites the block between :data:`START` and :data:`END` in README.md after
-it writes the results and the chart; ``python -m load.bench.readme`` does the same from the
+it writes the results and the chart; ``python -m ackline.load.bench.readme`` does the same from the
 committed results (after editing this module). ``tests/unit/test_bench_readme.py`` fails
 when README's block is not :func:`block` of the committed ``results.json``.
 """
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from load.bench.report import SYSTEMS, fmt, ratios
-from load.errors import LoadError
+from ackline.load.bench.report import SYSTEMS, fmt, ratios
+from ackline.load.errors import LoadError
 
 START: Final = "<!-- bench:start (generated from load/bench/results.json by make bench) -->"
 END: Final = "<!-- bench:end -->"
@@ -172,7 +172,7 @@ def main() -> int:
     try:
         update()
     except (LoadError, OSError, ValueError, KeyError) as exc:
-        print(f"load.bench.readme: {exc}", file=sys.stderr)
+        print(f"ackline.load.bench.readme: {exc}", file=sys.stderr)
         return 1
     return 0
 

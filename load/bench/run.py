@@ -3,16 +3,17 @@
 Phases, all on the bench's own stack (``.ackline/bench``: Kafka + PostgreSQL with
 ``track_commit_timestamp = on``, started here and stopped at the end when started here):
 
-1. data: N events (:mod:`load.bench.data`) replayed into a fresh 12-partition topic, and
+1. data: N events (:mod:`ackline.load.bench.data`) replayed into a fresh 12-partition topic, and
    their schema'd-JSON copy into ``<topic>.connect`` for Kafka Connect (untimed);
 2. first ingest, a backlog drain of the N events, per system: the limit (COPY, no
    Kafka), ackline with 1 worker, then 2 and 3 workers (scale-out), Quix Streams, Kafka
    Connect + Debezium JDBC sink, the naive faust agent. Each gets a fresh database;
 3. replay: the whole topic again (100 % duplicates, 1 % with a changed body) appended
-   with ``load.replay``, and each system drains it on the same database and group;
-4. latency: for each system, a fresh topic fed by ``load.replay`` at a fixed rate (half
-   of ackline's first-ingest rate); produce-to-commit = PostgreSQL commit timestamp of
-   the row minus the record's Kafka CreateTime.
+   with ``ackline.load.capture.replay``, and each system drains it on the same database
+   and group;
+4. latency: for each system, a fresh topic fed by ``ackline.load.capture.replay`` at a
+   fixed rate (half of ackline's first-ingest rate); produce-to-commit = PostgreSQL
+   commit timestamp of the row minus the record's Kafka CreateTime.
 
 Rates are steady rates from the rows' commit timestamps (:func:`measure.steady_rate`:
 events after the first commit over the time from the first to the last commit), so
@@ -38,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from ackline.dev import stack
-from load.bench import readme as bench_readme
-from load.bench import report
-from load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
-from load.bench.measure import (
+from ackline.load.bench import readme as bench_readme
+from ackline.load.bench import report
+from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
+from ackline.load.bench.measure import (
     Measured,
     ProcessResult,
     cpu_seconds_of,
@@ -50,8 +51,8 @@ from load.bench.measure import (
     percentile,
     steady_rate,
 )
-from load.bench.peers import ensure_connect_jars, ensure_python_peers
-from load.bench.systems import (
+from ackline.load.bench.peers import ensure_connect_jars, ensure_python_peers
+from ackline.load.bench.systems import (
     Ackline,
     AcklineFaust,
     Connect,
@@ -63,11 +64,11 @@ from load.bench.systems import (
     query,
     run_sql,
 )
-from load.capture import CaptureReader
-from load.errors import LoadError
-from load.replay import Pace, replay
-from load.topics import RangeSpec, open_range
-from streams.admin import ensure_topic
+from ackline.load.capture.file import CaptureReader
+from ackline.load.capture.replay import Pace, replay
+from ackline.load.capture.topics import RangeSpec, open_range
+from ackline.load.errors import LoadError
+from ackline.streams.admin import ensure_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 12
@@ -179,7 +180,7 @@ class Bench:
         cpu0 = self.cluster.cpu()
         log = self.env.logs / "limit.log"
         proc = Measured(
-            [sys.executable, "-m", "load.bench.limit", dsn, str(self.data.capture)],
+            [sys.executable, "-m", "ackline.load.bench.limit", dsn, str(self.data.capture)],
             dict(os.environ),
             log,
             cwd=ROOT,
@@ -441,7 +442,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m load.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ackline.load.bench", description=__doc__)
     p.add_argument("--events", type=int, default=int(os.environ.get("BENCH_EVENTS", "1000000")))
     p.add_argument("--only", default="", help=f"comma list of: {','.join(ALL)}")
     p.add_argument("--no-replay", action="store_true")

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import asyncpg
 from confluent_kafka import Consumer, TopicPartition
 
-from load.bench.measure import Measured
-from load.bench.peers import ConnectJars, free_port, peer_table_ddl, render
-from sinks.migrate import migrate
+from ackline.load.bench.measure import Measured
+from ackline.load.bench.peers import ConnectJars, free_port, peer_table_ddl, render
+from ackline.sinks.admin.migrate import migrate
 
 T = TypeVar("T")
 QUIX_EXTRA = ',\n            "__key" text,\n            "timestamp" timestamp'

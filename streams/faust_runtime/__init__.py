@@ -7,7 +7,7 @@ taking those decisions away from faust:
 
 - :mod:`.ledger` (pure): what this worker owns, under which epoch and consumer
   generation, what PostgreSQL committed, and which records a batch may take;
-- :mod:`.batching` (pure): records → one :class:`~sinks.batch.Batch` and its poison;
+- :mod:`.batching` (pure): records → one :class:`~ackline.sinks.ingest.batch.Batch` and its poison;
 - :mod:`.transport`: the faust/aiokafka subclasses — read_committed fetching, acks that
   never move an offset, commits of the PostgreSQL offsets only, seeks to the PostgreSQL
   offsets after every assignment;

@@ -1,4 +1,4 @@
-"""Records taken from a faust stream → one batch for :class:`~sinks.writer.BatchWriter`.
+"""Records taken from a faust stream → one batch for the batch writer.
 
 No I/O and no faust: the agent turns each faust event into a :class:`Record` (its raw
 key, value, headers and coordinates, untouched by any faust serializer) and this module
@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from schemas.decode import Limits, Rejection, decode
-from sinks.batch import Batch, Coord, Incoming, PartitionRange
-from streams.deadletter import Poison
-from streams.faust_runtime.ledger import TP, Admit, Ledger
+from ackline.schemas.decode import Limits, Rejection, decode
+from ackline.sinks.ingest.batch import TP, Batch, Coord, Incoming, PartitionRange
+from ackline.streams.deadletter import Poison
+from ackline.streams.faust_runtime.ledger import Admit, Ledger
 
 Headers = list[tuple[str, str | bytes | None]]
 

@@ -21,10 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from sinks.batch import PartitionRange
-from sinks.offsets import Claim
+from ackline.sinks.ingest.batch import TP, PartitionRange
+from ackline.sinks.ingest.offsets import Claim
 
-TP = tuple[str, int]
 NO_GENERATION = -1
 
 
@@ -93,7 +92,7 @@ class Ledger:
     def epoch(self, tp: TP) -> int:
         return self._owned[_tp(tp)].epoch
 
-    def positions(self) -> dict[TP, int | None]:
+    def resume_offsets(self) -> dict[TP, int | None]:
         """Where each owned partition resumes: the DB next offset (None: no offset yet)."""
         return {tp: o.next_offset for tp, o in self._owned.items()}
 

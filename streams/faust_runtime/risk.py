@@ -13,7 +13,7 @@ Pure: the caller passes the version and the base classes.
 
 from __future__ import annotations
 
-from ackline.errors import SettingsError
+from ackline.core.errors import SettingsError
 
 SETTING = "ACKLINE_FAUST_ACCEPT_RISK"
 UNTESTED_VERSION = "untested-faust-version"

@@ -24,18 +24,18 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ackline.faults import DISARMED, Faults
-from ackline.logs import log_committed
-from ackline.metrics import Metrics
-from schemas.decode import Limits
-from sinks.batch import Batch
-from sinks.connection import Database
-from sinks.errors import FencedError
-from sinks.offsets import claim
-from sinks.writer import BatchWriter, WriteResult
-from streams.deadletter import DeadLetterProducer
-from streams.faust_runtime.batching import Draft, Record, draft_batch, headers_of
-from streams.faust_runtime.ledger import Ledger
+from ackline.core.faults import DISARMED, Faults
+from ackline.core.metrics import Metrics
+from ackline.schemas.decode import Limits
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import FencedError
+from ackline.sinks.ingest.batch import Batch
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.streams.committed import record_committed
+from ackline.streams.deadletter import DeadLetterProducer
+from ackline.streams.faust_runtime.batching import Draft, Record, draft_batch, headers_of
+from ackline.streams.faust_runtime.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +193,7 @@ class FaustSink:
 
     def _count(self, batch: Batch, result: WriteResult, seconds: float) -> None:
         self.committed_batches += 1
-        self._metrics.count_committed(result, seconds)
-        log_committed(batch, result, seconds)
+        record_committed(self._metrics, batch, result, seconds)
 
 
 def _record(event: Any) -> Record:

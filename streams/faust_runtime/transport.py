@@ -42,8 +42,8 @@ from faust.types.transports import TPorTopicSet, TransportT
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
-from streams.errors import StreamError
-from streams.faust_runtime.ledger import Ledger
+from ackline.streams.errors import StreamError
+from ackline.streams.faust_runtime.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Ownership:
     """What the consumer needs from the runtime: the ledger and how to claim.
 
     ``claim(partitions, generation)`` bumps the epochs in PostgreSQL and records the
-    claims in ``ledger`` (see :meth:`streams.faust_runtime.sink.FaustSink.claim`);
+    claims in ``ledger`` (see :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`);
     ``revoking()`` is called when a revoke starts (the revoke_in_flight fault point).
     """
 
@@ -211,7 +211,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         faust resumes the flow only after this returns (``Recovery._resume_streams``),
         and it gives up on a seek after ``broker_request_timeout``, so the claim has a
         shorter deadline of its own and exits the process when it passes
-        (:meth:`streams.faust_runtime.sink.FaustSink.claim`).
+        (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
         """
         own = self._ownership()
         async with self._seek_lock:
@@ -221,7 +221,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                     (tp.topic, tp.partition) for tp in self.assignment() if tp.topic == own.topic
                 )
                 await own.claim(assigned, generation)
-            positions = own.ledger.positions()
+            positions = own.ledger.resume_offsets()
             known = {TP(t, p): off for (t, p), off in positions.items() if off is not None}
             fresh = [TP(t, p) for (t, p), off in positions.items() if off is None]
             if known:
@@ -252,7 +252,7 @@ class AcklineTransport(faust_aiokafka.Transport):
 class AcklineApp(faust.App):
     """A faust App whose consumer is :class:`AcklineConsumer`.
 
-    Built only by :func:`streams.faust_runtime.app.make_app`, which sets ``ownership``.
+    Built only by :func:`ackline.runtime.faust_app.make_app`, which sets ``ownership``.
     """
 
     ownership: Ownership

@@ -17,9 +17,9 @@ import asyncpg
 import pytest
 
 from ackline.dev import stack
-from sinks.migrate import migrate
-from streams.admin import delete_topic, ensure_topic
-from streams.errors import TopicError
+from ackline.sinks.admin.migrate import migrate
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import TopicError
 from tests.integration.harness import LIVE_WORKERS, Services, dsn_for
 
 ROOT = Path(__file__).resolve().parents[2]

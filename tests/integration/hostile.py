@@ -19,8 +19,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from schemas import Envelope, Limits, new_envelope
-from streams.producer import serialize
+from ackline.schemas import Envelope, Limits, new_envelope
+from ackline.streams.producer import serialize
 
 Headers = list[tuple[str, str | bytes | None]] | None
 REJECT_ANY = frozenset(
@@ -473,9 +473,9 @@ def predict(
     Records of one agent share a partition and no two partitions share a key, so
     classifying in (partition, offset) order is the order the worker commits them in.
     """
-    from schemas.decode import Rejection, decode
-    from sinks.batch import Coord, Incoming
-    from sinks.classify import classify
+    from ackline.schemas.decode import Rejection, decode
+    from ackline.sinks.ingest.batch import Coord, Incoming
+    from ackline.sinks.ingest.classify import classify
 
     out: dict[tuple[int, int], str] = {}
     events: list[Incoming] = []

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from load.capture import CapturedRecord, CaptureReader
-from load.replay import Pace, replay
-from load.topics import EmptyRangeError, RangeSpec, capture, open_range
-from streams.admin import delete_topic, ensure_topic
-from streams.errors import KafkaUnavailableError, TopicError
+from ackline.load.capture.file import CapturedRecord, CaptureReader
+from ackline.load.capture.replay import Pace, replay
+from ackline.load.capture.topics import EmptyRangeError, RangeSpec, capture, open_range
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import KafkaUnavailableError, TopicError
 from tests.integration.harness import Services
 
 T0 = 1_714_554_000_000  # 2024-05-01T09:00:00Z

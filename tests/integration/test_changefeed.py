@@ -30,17 +30,17 @@ import asyncpg
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from ackline.faults import Faults
-from schemas import Envelope, new_envelope
-from schemas.decode import Row, decode
-from sinks.batch import Batch, Coord, Incoming, PartitionRange
-from sinks.changefeed import Changefeed, LocalReader, Reader, connector, follow
-from sinks.connection import Database
-from sinks.errors import FeedError
-from sinks.feedtypes import START, Cursor, FeedBatch
-from sinks.offsets import claim
-from sinks.writer import BatchWriter, WriteResult
-from streams.producer import ActivityProducer, serialize
+from ackline.core.faults import Faults
+from ackline.schemas import Envelope, new_envelope
+from ackline.schemas.decode import Row, decode
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
+from ackline.sinks.feed.types import START, Cursor, FeedBatch
+from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.streams.producer import ActivityProducer, serialize
 from tests.integration.harness import Services, Worker, db, wait_until
 
 GROUP = "g"

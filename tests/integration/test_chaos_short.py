@@ -1,5 +1,5 @@
-"""A short chaos run in `make test`, once per runtime: the `make chaos` harness (load.chaos),
-scaled down.
+"""A short chaos run in `make test`, once per runtime: the `make chaos` harness
+(ackline.load.chaos.harness), scaled down.
 
 100,000 events with the full fault mix, 3 workers on 12 partitions, at least 10 SIGKILLs
 (some at armed injection points), a zombie that must be fenced, a broker restart, a

@@ -1,7 +1,7 @@
-"""The 18 crash windows of DESIGN.md, one test each, each proven by ``load.verify``.
+"""The 18 crash windows of DESIGN.md, one test each, each proven by ``ackline.load.verify``.
 
 Each test makes its window happen on purpose — an armed fault point
-(``ACKLINE_FAULTS``, see ackline.faults), a SIGKILL, a SIGSTOP/SIGCONT, a
+(``ACKLINE_FAULTS``, see ackline.core.faults), a SIGKILL, a SIGSTOP/SIGCONT, a
 ``pg_terminate_backend`` of the writer's backend (application_name ``ackline:<worker>``),
 a PostgreSQL restart — waits on the condition that shows the window was hit, lets the
 system recover (restart, reassignment), and ends with :func:`verify_ok`: zero lost, zero
@@ -31,13 +31,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ackline.dev import stack
-from load.generate import POISON_KINDS, Knobs, make_poison
-from load.manifest import read_manifest
-from load.verify import Verdict
-from sinks.migrate import migrate
-from sinks.offsets import claim
-from streams.admin import delete_topic, ensure_topic
-from streams.errors import TopicError
+from ackline.load.generate import POISON_KINDS, Knobs, make_poison
+from ackline.load.manifest import read_manifest
+from ackline.load.verify import Verdict
+from ackline.sinks.admin.migrate import migrate
+from ackline.sinks.ingest.offsets import claim
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import TopicError
 from tests.integration.harness import Services, Worker, db, dsn_for, run_async, wait_until
 from tests.integration.windows import (
     Item,

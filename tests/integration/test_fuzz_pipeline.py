@@ -26,8 +26,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from schemas import Limits
-from streams.producer import ActivityProducer
+from ackline.schemas import Limits
+from ackline.streams.producer import ActivityProducer
 from tests.integration.harness import Services, Worker, db, wait_until
 from tests.integration.hostile import SPEC, Builder, Record, predict
 

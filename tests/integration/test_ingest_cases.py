@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message
 
-from schemas import Envelope, hash_envelope, new_envelope
-from streams.producer import ActivityProducer
+from ackline.schemas import Envelope, hash_envelope, new_envelope
+from ackline.streams.producer import ActivityProducer
 from tests.integration.harness import Services, Worker, db, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from ackline.cli import main
-from schemas import Envelope, hash_envelope, new_envelope
-from sinks.grants import expected, roles_migration
-from sinks.migrate import load_migrations
-from streams.producer import ActivityProducer
+from ackline.schemas import Envelope, hash_envelope, new_envelope
+from ackline.sinks.admin.grants import expected, roles_migration
+from ackline.sinks.admin.migrate import load_migrations
+from ackline.streams.producer import ActivityProducer
 from tests.integration.harness import Services, Worker, db, dsn_for, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

@@ -17,9 +17,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from ackline.load.produce import Knobs, produce
+from ackline.load.verify import drained, verify
 from ackline.roles import INGEST, MIGRATOR, READER, scram_sha256_verifier, set_password, with_user
-from load.produce import Knobs, produce
-from load.verify import drained, verify
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")

@@ -24,9 +24,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message
 
 from ackline.roles import READER, with_user
-from schemas import canonical_json, new_envelope
-from sinks.migrate import Migration, load_migrations, migrate
-from streams.producer import ActivityProducer, record_key
+from ackline.schemas import canonical_json, new_envelope
+from ackline.sinks.admin.migrate import Migration, load_migrations, migrate
+from ackline.streams.producer import ActivityProducer, record_key
 from tests.integration.harness import Services, Worker, db, wait_until
 from tests.support.payloads_v2 import AgentStartedV2
 

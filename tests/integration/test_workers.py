@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from load.verify import drained
+from ackline.load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 from tests.integration.windows import batches, produce_worker_mix, verify_mixed_ok, wait_drained
 

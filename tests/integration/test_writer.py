@@ -9,15 +9,15 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from ackline.faults import Faults
-from schemas import new_envelope
-from schemas.decode import Row, decode
-from sinks.batch import Batch, Coord, Incoming, PartitionRange
-from sinks.connection import Database
-from sinks.errors import FencedError
-from sinks.offsets import claim
-from sinks.writer import BatchWriter
-from streams.producer import serialize
+from ackline.core.faults import Faults
+from ackline.schemas import new_envelope
+from ackline.schemas.decode import Row, decode
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import FencedError
+from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter
+from ackline.streams.producer import serialize
 
 GROUP = "g"
 TOPIC = "t"

@@ -1,6 +1,6 @@
 """Helpers of the crash-window tests: scenarios with manifests, conditions, verdicts.
 
-Every window test ends with :func:`verify_ok`: ``load.verify`` compares a manifest (the
+Every window test ends with :func:`verify_ok`: ``ackline.load.verify`` compares a manifest (the
 record of everything produced) with PostgreSQL and must find zero lost, zero duplicated,
 and exactly the expected duplicates, conflicts and rejects. :class:`Scenario` writes such
 a manifest for hand-made records (exact partitions, copies, poison, aborted transactions)
@@ -20,11 +20,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from load.manifest import ManifestHeader, ManifestRecord, ManifestWriter, read_manifest
-from load.produce import Knobs, produce
-from load.verify import Verdict, expected_outcome, is_drained, verify
-from schemas import Envelope, hash_envelope, new_envelope
-from streams.producer import CONTENT_TYPE, ActivityProducer, serialize
+from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter, read_manifest
+from ackline.load.produce import Knobs, produce
+from ackline.load.verify import Verdict, expected_outcome, is_drained, verify
+from ackline.schemas import Envelope, hash_envelope, new_envelope
+from ackline.streams.producer import CONTENT_TYPE, ActivityProducer, serialize
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 
 MIX = Knobs(
@@ -165,7 +165,7 @@ def terminate(dsn: str, pids: Iterable[int]) -> int:
 
 
 def fired(worker: Worker, point: str) -> bool:
-    """The worker logged that its armed fault ``point`` fired (ackline.faults)."""
+    """The worker logged that its armed fault ``point`` fired (ackline.core.faults)."""
     return f"fault point {point} fired" in worker.log()
 
 
@@ -331,7 +331,7 @@ class Item:
 
 
 class Scenario:
-    """Sends hand-made transactions and writes a manifest ``load.verify`` understands.
+    """Sends hand-made transactions and writes a manifest ``ackline.load.verify`` understands.
 
     ``base`` (a manifest of the same topic) is copied first, so a scenario can extend a
     generated run with replays.

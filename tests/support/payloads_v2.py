@@ -6,7 +6,7 @@ v2 adds the model's provider and the token budget of the run; v1 stays as it is.
 
 from __future__ import annotations
 
-from schemas.envelope import Count, Ident, Payload
+from ackline.schemas.envelope import Count, Ident, Payload
 
 
 class AgentStartedV2(Payload):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from load.bench import readme
-from load.errors import LoadError
+from ackline.load.bench import readme
+from ackline.load.errors import LoadError
 
 
 def test_readme_block_is_the_committed_results() -> None:
@@ -15,7 +15,7 @@ def test_readme_block_is_the_committed_results() -> None:
     text = readme.README.read_text(encoding="utf-8")
     assert readme.block(summary) in text, (
         "README's bench block differs from load/bench/results.json: "
-        "run `.venv/bin/python -m load.bench.readme`"
+        "run `.venv/bin/python -m ackline.load.bench.readme`"
     )
     ackline = summary["systems"]["ackline"]["ingest"]["events_per_s"]
     assert f"| {ackline:,.0f} |" in readme.block(summary)

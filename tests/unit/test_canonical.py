@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from ackline.schemas import (
     Envelope,
     Limits,
     Row,
@@ -27,7 +27,7 @@ from schemas import (
     hash_envelope,
     new_envelope,
 )
-from schemas.canonical import _REFERENCE_ENCODER, _text_with_member, canonical_texts
+from ackline.schemas.canonical import _REFERENCE_ENCODER, _text_with_member, canonical_texts
 
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 ARGUMENTS: dict[str, Any] = {"q": "exactly once", "n": 3, "opts": {"lang": ["en", "fr"]}}

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from load import capture as cap
-from load.capture import (
+from ackline.load.capture import file as cap
+from ackline.load.capture.file import (
     CapturedRecord,
     CaptureFormatError,
     CaptureHeader,
     CaptureReader,
     CaptureWriter,
 )
-from load.replay import Pace, Pacer
+from ackline.load.capture.replay import Pace, Pacer
 
 HEADER = CaptureHeader("agent-activity", "2024-05-01T09:00:00Z", {0: (0, 10), 3: (5, 9)})
 

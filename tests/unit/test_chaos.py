@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ackline.faults import Faults, InjectedFault, parse
-from load.chaos_model import ChaosConfig, ChaosReport, Counts
-from load.chaos_plan import KILL_POINTS, plan
-from load.verify import Verdict
+from ackline.core.faults import Faults, InjectedFault, parse
+from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
+from ackline.load.chaos.plan import KILL_POINTS, plan
+from ackline.load.verify import Verdict
 
 SIZES = {"kills": 30, "stops": 3, "broker_restarts": 2, "pg_restarts": 2, "commit_faults": 10}
 
@@ -49,7 +49,7 @@ def test_a_zombie_needs_an_heir() -> None:
 def test_a_fired_point_says_so_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     """The crash-window tests and the chaos harness wait for this line, not for time."""
     faults = Faults("mid_copy=fail@2,after_fetch=stall", stall_seconds=0.01)
-    with caplog.at_level(logging.WARNING, logger="ackline.faults"):
+    with caplog.at_level(logging.WARNING, logger="ackline.core.faults"):
         faults.hit("mid_copy")
         assert "fault point mid_copy fired" not in caplog.text
         with pytest.raises(InjectedFault):

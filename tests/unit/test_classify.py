@@ -6,9 +6,9 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 
-from schemas.decode import Row
-from sinks.batch import Coord, Incoming
-from sinks.classify import classify
+from ackline.schemas.decode import Row
+from ackline.sinks.ingest.batch import Coord, Incoming
+from ackline.sinks.ingest.classify import classify
 
 
 def item(txn: str, body: str, eid: uuid.UUID | None = None, offset: int = 0) -> Incoming:

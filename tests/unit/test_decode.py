@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from ackline.schemas import (
     DEFAULT_LIMITS,
     REASONS,
     Envelope,
@@ -26,7 +26,7 @@ from schemas import (
     hash_envelope,
     new_envelope,
 )
-from schemas.decode import MAX_DETAIL_CHARS
+from ackline.schemas.decode import MAX_DETAIL_CHARS
 
 WHEN = datetime(2024, 5, 1, 12, 0, 0, 123_456, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from schemas import Limits, Rejection, Row, decode, new_envelope
+from ackline.schemas import Limits, Rejection, Row, decode, new_envelope
 
 
 def _tool_called(arguments_text: str) -> bytes:

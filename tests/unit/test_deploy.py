@@ -14,8 +14,8 @@ import pytest
 import yaml
 from prometheus_client import Metric
 
-from ackline.errors import SettingsError
-from ackline.metrics import Metrics
+from ackline.core.errors import SettingsError
+from ackline.core.metrics import Metrics
 from ackline.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

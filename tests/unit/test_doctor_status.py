@@ -10,8 +10,7 @@ import pytest
 
 from ackline import doctor
 from ackline.render import safe_text, show_bytes, table
-from ackline.status import OffsetRow, PartitionStatus, merge
-from sinks.grants import (
+from ackline.sinks.admin.grants import (
     Expected,
     Privilege,
     RolesReport,
@@ -19,8 +18,9 @@ from sinks.grants import (
     roles_migration,
     with_no_extra_writes,
 )
-from sinks.migrate import Migration, load_migrations
-from streams.positions import PartitionOffsets, TopicFacts
+from ackline.sinks.admin.migrate import Migration, load_migrations
+from ackline.status import OffsetRow, PartitionStatus, merge
+from ackline.streams.kafkainfo import PartitionOffsets, TopicFacts
 
 FILES = [Migration(1, "init", "CREATE TABLE a ();"), Migration(2, "more", "CREATE TABLE b ();")]
 

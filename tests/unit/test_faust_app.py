@@ -11,13 +11,14 @@ import faust
 import pytest
 from faust.types import TP, Message
 
-from ackline.errors import SettingsError
+from ackline.core.errors import SettingsError
+from ackline.runtime.faust_app import AGENT_NAME, FaustApp, make_app
+from ackline.runtime.wiring import build_ingest
 from ackline.settings import load_settings
-from sinks.batch import PartitionRange
-from sinks.offsets import Claim
-from streams.faust_runtime import risk
-from streams.faust_runtime.app import AGENT_NAME, FaustApp, make_app
-from streams.faust_runtime.transport import AcklineConsumer
+from ackline.sinks.ingest.batch import PartitionRange
+from ackline.sinks.ingest.offsets import Claim
+from ackline.streams.faust_runtime import risk
+from ackline.streams.faust_runtime.transport import AcklineConsumer
 
 T = "events"
 
@@ -29,11 +30,11 @@ def _app(tmp_path: Path, **env: str) -> FaustApp:
         for key, value in environ.items():
             mp.setenv(key, value)
         settings = load_settings()
-    return make_app(settings, bootstrap="127.0.0.1:1", dsn="postgresql://u@127.0.0.1:1/db")
+    return make_app(build_ingest(settings, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db"))
 
 
 def test_importing_the_package_does_not_import_faust() -> None:
-    code = "import sys, streams.faust_runtime; print('faust' in sys.modules)"
+    code = "import sys, ackline.streams.faust_runtime; print('faust' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

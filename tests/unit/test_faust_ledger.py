@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from schemas.canonical import canonical_json
-from schemas.decode import DEFAULT_LIMITS
-from schemas.envelope import new_envelope
-from sinks.batch import PartitionRange
-from sinks.offsets import Claim
-from streams.faust_runtime.batching import Record, draft_batch, headers_of
-from streams.faust_runtime.ledger import NO_GENERATION, Admit, Ledger
+from ackline.schemas.canonical import canonical_json
+from ackline.schemas.decode import DEFAULT_LIMITS
+from ackline.schemas.envelope import new_envelope
+from ackline.sinks.ingest.batch import PartitionRange
+from ackline.sinks.ingest.offsets import Claim
+from ackline.streams.faust_runtime.batching import Record, draft_batch, headers_of
+from ackline.streams.faust_runtime.ledger import NO_GENERATION, Admit, Ledger
 
 T = "topic"
 
@@ -55,14 +55,14 @@ def test_kafka_commits_never_pass_the_db_offset() -> None:
 def test_a_commit_under_an_old_epoch_moves_nothing() -> None:
     ledger = _ledger(p0=10)
     ledger.committed([PartitionRange(T, 0, 10, 50, epoch=2)])
-    assert ledger.positions() == {(T, 0): 10}
+    assert ledger.resume_offsets() == {(T, 0): 10}
 
 
 def test_a_new_claim_replaces_everything() -> None:
     ledger = _ledger(p0=10, p1=5)
     ledger.claimed(8, [Claim(T, 1, 40, epoch=4)])
     assert ledger.owned() == {(T, 1): 4}
-    assert ledger.positions() == {(T, 1): 40}
+    assert ledger.resume_offsets() == {(T, 1): 40}
     assert ledger.admit((T, 0), 10, 8) is Admit.UNOWNED
     assert ledger.admit((T, 1), 39, 8) is Admit.COMMITTED
 

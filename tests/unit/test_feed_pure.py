@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sinks.dispatcher import Start, plan_starts
-from sinks.errors import FeedError
-from sinks.feedtypes import (
+from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.dispatcher import Start, plan_starts
+from ackline.sinks.feed.types import (
     INT32_MAX,
     INT64_MAX,
     START,

@@ -14,22 +14,21 @@ from typing import Any
 
 import pytest
 
-from ackline.errors import SettingsError
-from ackline.health import Limits, Snapshot, readiness, snapshot
-from ackline.httpserver import StatusServer
-from ackline.logs import (
+from ackline.core.errors import SettingsError
+from ackline.core.logs import (
     BATCH_LOGGER,
     JsonFormatter,
-    batch_fields,
     configure_logging,
-    log_committed,
     resolve_format,
 )
-from ackline.metrics import Metrics
-from sinks.batch import Batch, PartitionRange
-from sinks.writer import WriteResult
+from ackline.core.metrics import Metrics
+from ackline.runtime.health import ReadyLimits, Snapshot, readiness, snapshot
+from ackline.runtime.httpserver import StatusServer
+from ackline.sinks.ingest.batch import Batch, PartitionRange
+from ackline.sinks.ingest.writer import WriteResult
+from ackline.streams.committed import batch_fields, log_committed
 
-LIMITS = Limits(max_commit_age_s=60, db_check_interval_s=5)
+LIMITS = ReadyLimits(max_commit_age_s=60, db_check_interval_s=5)
 NOW = 1_000_000.0
 
 

@@ -1,8 +1,8 @@
-"""The hold rules of streams.holds (pure)."""
+"""The hold rules of ackline.streams.holds (pure)."""
 
 from __future__ import annotations
 
-from streams.holds import Holds
+from ackline.streams.holds import Holds
 
 TP = ("t", 0)
 V2 = ("agent.started", 2)

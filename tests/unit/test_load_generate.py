@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from load.errors import LoadError
-from load.generate import (
+from ackline.load.errors import LoadError
+from ackline.load.generate import (
     MAX_EVENT_BYTES,
     POISON_KINDS,
     Knobs,
@@ -22,16 +22,16 @@ from load.generate import (
     generate,
     make_poison,
 )
-from load.manifest import (
+from ackline.load.manifest import (
     ManifestHeader,
     ManifestRecord,
     ManifestWriter,
     iter_manifest,
     read_manifest,
 )
-from load.verify import Verdict, expected_outcome, is_drained, render_summary
-from schemas.decode import Limits, Rejection, Row, decode
-from schemas.envelope import EVENT_TYPES, Envelope, new_envelope
+from ackline.load.verify import Verdict, expected_outcome, is_drained, render_summary
+from ackline.schemas.decode import Limits, Rejection, Row, decode
+from ackline.schemas.envelope import EVENT_TYPES, Envelope, new_envelope
 
 EVENTS = 12_000
 KNOBS = Knobs(

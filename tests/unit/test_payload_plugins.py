@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from schemas import Rejection, Row, decode, new_envelope
-from schemas.envelope import ENVELOPES, PAYLOADS, AgentStartedV1, newest_version
-from schemas.errors import SchemaError
-from schemas.plugins import load_plugins, parse_plugins
+from ackline.schemas import Rejection, Row, decode, new_envelope
+from ackline.schemas.envelope import ENVELOPES, PAYLOADS, AgentStartedV1, newest_version
+from ackline.schemas.errors import SchemaError
+from ackline.schemas.plugins import load_plugins, parse_plugins
 from tests.support.payloads_v2 import AgentStartedV2
 
 
@@ -64,7 +64,7 @@ def test_the_plugin_registers_v2_and_the_decoder_accepts_it(registry: None) -> N
 
 
 def test_register_rules(registry: None) -> None:
-    from schemas.envelope import register_payloads
+    from ackline.schemas.envelope import register_payloads
 
     with pytest.raises(SchemaError, match="known event type"):
         register_payloads({("agent.teleported", 1): AgentStartedV2})

@@ -9,8 +9,8 @@ import re
 import pytest
 from pydantic import SecretStr
 
-from ackline.endpoints import ingest_dsn
-from ackline.errors import SettingsError
+from ackline.clients import ingest_dsn
+from ackline.core.errors import SettingsError
 from ackline.roles import dsn_password, dsn_user, scram_sha256_verifier, with_user
 from ackline.settings import Settings
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from load.generate import generate
-from schemas.decode import Row, decode
-from sinks.rows import ACTIVITY_COLUMNS, LEDGER_COLUMNS, activity_record, ledger_record
+from ackline.load.generate import generate
+from ackline.schemas.decode import Row, decode
+from ackline.sinks.ingest.rows import (
+    ACTIVITY_COLUMNS,
+    LEDGER_COLUMNS,
+    activity_record,
+    ledger_record,
+)
 
 INIT = Path(__file__).resolve().parents[2] / "schemas" / "sql" / "0001_init.sql"
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-import schemas
-from ackline.errors import AcklineError
-from schemas import (
+from ackline import schemas
+from ackline.core.errors import AcklineError
+from ackline.schemas import (
     ENVELOPES,
     EVENT_TYPES,
     PAYLOADS,
@@ -27,7 +27,7 @@ from schemas import (
     new_envelope,
     write_json_schema,
 )
-from schemas.jsonschema import JSON_SCHEMA_PATH, render_json_schema
+from ackline.schemas.jsonschema import JSON_SCHEMA_PATH, render_json_schema
 
 WHEN = datetime(2024, 5, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 
@@ -320,7 +320,7 @@ def test_payload_base_and_registry_types() -> None:
 def test_committed_json_schema_is_current() -> None:
     committed = JSON_SCHEMA_PATH.read_text(encoding="utf-8")
     assert committed == render_json_schema(), (
-        "schemas/json/envelope.v1.schema.json is stale: run `python -m schemas`"
+        "schemas/json/envelope.v1.schema.json is stale: run `python -m ackline.schemas`"
     )
 
 

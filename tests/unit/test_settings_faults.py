@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ackline.errors import SettingsError
-from ackline.faults import Faults, InjectedFault, parse
+from ackline.core.errors import SettingsError
+from ackline.core.faults import Faults, InjectedFault, parse
 from ackline.settings import load_settings
 
 

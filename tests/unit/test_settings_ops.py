@@ -12,9 +12,9 @@ import pytest
 
 from ackline.cli import main
 from ackline.clients import database_dsn, kafka_client_config
-from ackline.errors import SettingsError
+from ackline.core.errors import SettingsError
 from ackline.settings import Settings, load_settings, setting_sources
-from streams.consumer import RuntimeConfig
+from ackline.streams.consumer import RuntimeConfig
 
 
 @pytest.fixture(autouse=True)
@@ -233,7 +233,7 @@ def test_plaintext_kafka_needs_no_security_properties() -> None:
 def test_kafka_security_reaches_the_consumer_without_showing_in_repr(
     monkeypatch: pytest.MonkeyPatch, cert_files: dict[str, str]
 ) -> None:
-    from ackline.app import runtime_config
+    from ackline.runtime.confluent import runtime_config
 
     cfg: RuntimeConfig = runtime_config(_secure(monkeypatch, cert_files), "broker:9092")
     conf = cfg.consumer_conf()

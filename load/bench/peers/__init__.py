@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ackline.dev.kafka import cache_dir as kafka_cache_dir
-from load.errors import LoadError
+from ackline.load.errors import LoadError
 
 HERE = Path(__file__).resolve().parent
 PEER_PACKAGES = (

@@ -1,0 +1,1 @@
+"""ackline.core."""

@@ -1,0 +1,105 @@
+"""Fault injection points, one per crash window, armed by configuration.
+
+``ACKLINE_FAULTS`` is a comma list of ``point=action`` or ``point=action@n``: fire the
+action on the n-th time the point is reached (default the first). Actions:
+
+- ``kill``: SIGKILL this process at that exact point;
+- ``stall``: stop there (sleep for ``stall_seconds``, an hour unless set);
+- ``fail``: raise :class:`InjectedFault` there.
+
+Disarmed (the default), a point costs one dict lookup. An armed point logs a warning
+``fault point <point> fired: <action>`` when it fires (before a kill), so tests and the
+chaos harness can see where a process is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from ackline.core.errors import AcklineError, SettingsError
+
+log = logging.getLogger(__name__)
+
+POINTS = frozenset(
+    {
+        "after_fetch",  # messages fetched, before the DB transaction
+        "mid_copy",  # inside the transaction, after COPY into the ledger, before activity
+        "before_commit",  # all statements done, COMMIT not yet sent
+        "during_commit",  # COMMIT about to be sent; fail = connection lost before it arrived
+        "commit_reply_lost",  # COMMIT done on the server; fail = its reply lost with the link
+        "after_commit",  # DB committed, Kafka offsets not yet stored
+        "after_claim",  # epochs bumped in the DB, partitions not yet assigned
+        "revoke_in_flight",  # revoke callback entered while a batch is in flight
+        "lost_in_flight",  # lost callback (session or poll interval expired) with a batch in flight
+        "shutdown",  # shutdown requested, in-flight batch not yet finished
+        "before_dlq",  # poison decoded, dead-letter record not yet produced
+        "feed_before_commit",  # a feed reader's side effects and cursor update not committed
+    }
+)
+ACTIONS = frozenset({"kill", "stall", "fail"})
+
+
+class InjectedFault(AcklineError):
+    """Raised by a point armed with ``fail``."""
+
+
+@dataclass
+class _Arm:
+    action: str
+    on_hit: int
+    hits: int = 0
+
+
+class Faults:
+    def __init__(self, spec: str = "", stall_seconds: float = 3600.0) -> None:
+        self._arms: dict[str, _Arm] = parse(spec)
+        self.stall_seconds = stall_seconds
+
+    def _fire(self, point: str) -> str | None:
+        arm = self._arms.get(point)
+        if arm is None:
+            return None
+        arm.hits += 1
+        if arm.hits != arm.on_hit:
+            return None
+        log.warning("fault point %s fired: %s", point, arm.action)
+        if arm.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if arm.action == "fail":
+            raise InjectedFault(f"injected failure at {point}")
+        return arm.action
+
+    def hit(self, point: str) -> None:
+        """Reach ``point`` from synchronous code."""
+        if self._arms and self._fire(point) == "stall":
+            time.sleep(self.stall_seconds)
+
+    async def ahit(self, point: str) -> None:
+        """Reach ``point`` from the event loop (a stall blocks only this task)."""
+        if self._arms and self._fire(point) == "stall":
+            await asyncio.sleep(self.stall_seconds)
+
+
+def parse(spec: str) -> dict[str, _Arm]:
+    arms: dict[str, _Arm] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        point, _, rest = part.partition("=")
+        action, _, nth = rest.partition("@")
+        if point not in POINTS or action not in ACTIONS:
+            raise SettingsError(
+                "ACKLINE_FAULTS",
+                f"{part!r} is not point=action[@n] with point in {sorted(POINTS)} "
+                f"and action in {sorted(ACTIONS)}",
+            )
+        if nth and not (nth.isdigit() and int(nth) >= 1):
+            raise SettingsError("ACKLINE_FAULTS", f"{part!r}: @n must be a whole number >= 1")
+        arms[point] = _Arm(action, int(nth) if nth else 1)
+    return arms
+
+
+DISARMED = Faults()

@@ -1,0 +1,71 @@
+"""Prometheus metrics. Every "ingested" figure is counted after the DB commit, never on fetch."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """One registry per runtime, so tests can run several side by side."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ingested = Counter(
+            "ackline_ingested_rows", "Activity rows committed to PostgreSQL", registry=r
+        )
+        self.duplicates = Counter(
+            "ackline_duplicates", "Duplicates dropped, by dedup layer", ["layer"], registry=r
+        )
+        self.conflicts = Counter(
+            "ackline_conflicts", "Conflicts quarantined, by dedup layer", ["layer"], registry=r
+        )
+        self.rejects = Counter(
+            "ackline_rejects", "Rejected records, by reason", ["reason"], registry=r
+        )
+        self.batch_size = Histogram(
+            "ackline_batch_size",
+            "Records per committed batch",
+            buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10000),
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "ackline_batch_seconds",
+            "Time from batch dispatch to DB commit",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.batches = Counter("ackline_batches", "Batches committed", registry=r)
+        self.fenced = Counter(
+            "ackline_fenced_batches", "Batches rolled back because the epoch moved on", registry=r
+        )
+        self.retention_skipped = Counter(
+            "ackline_retention_skipped_offsets",
+            "Offsets deleted by retention before they were ingested (skipped, reported)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "ackline_partition_lag",
+            "High watermark minus the DB next offset",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "ackline_db_retries", "Batch retries, by cause", ["cause"], registry=r
+        )
+        self.dead_letters = Counter(
+            "ackline_dead_letters", "Dead-letter records acknowledged by Kafka", registry=r
+        )
+        self.assigned = Gauge("ackline_assigned_partitions", "Partitions owned now", registry=r)
+        self.last_commit = Gauge(
+            "ackline_last_commit_timestamp_seconds", "Unix time of the last DB commit", registry=r
+        )
+        self.db_up = Gauge(
+            "ackline_database_up", "1 when the last PostgreSQL health check succeeded", registry=r
+        )
+        self.db_checked = Gauge(
+            "ackline_database_checked_timestamp_seconds",
+            "Unix time of the last PostgreSQL health check",
+            registry=r,
+        )

@@ -1,0 +1,41 @@
+"""The top of the house: how an ingest worker is composed and run.
+
+:mod:`.wiring` builds the parts every ingest worker needs (:func:`.wiring.build_ingest`);
+:mod:`.confluent` runs the default runtime and :mod:`.faust_app`/:mod:`.faust_worker` the
+faust one on the same parts; :mod:`.health` and :mod:`.httpserver` serve /metrics,
+/healthz and /readyz. Nothing here reaches the dev stack: the shell resolves where the
+services are and passes them in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ackline.core.errors import SettingsError
+from ackline.settings import Settings
+
+
+def run(
+    settings: Settings,
+    bootstrap: str,
+    dsn: str,
+    runtime: str | None = None,
+    until_drained: bool = False,
+) -> int:
+    """`ackline run`: the runtime of ``runtime`` (else ``settings.runtime``); the status.
+
+    The faust runtime refuses to start when faust-streaming is not installed (the
+    ``[faust]`` extra) or when a named risk is not accepted.
+    """
+    if (runtime or settings.runtime) == "faust":
+        try:
+            from ackline.runtime.faust_worker import run as run_faust
+        except ImportError as exc:
+            raise SettingsError(
+                "ACKLINE_RUNTIME",
+                f"faust needs the [faust] extra (pip install 'ackline[faust]'): {exc}",
+            ) from exc
+        return run_faust(settings, bootstrap, dsn, until_drained=until_drained)
+    from ackline.runtime.confluent import run as run_confluent
+
+    return asyncio.run(run_confluent(settings, bootstrap, dsn, until_drained=until_drained))

@@ -1,0 +1,129 @@
+"""`ackline run` on the default runtime: the confluent-kafka consumer thread.
+
+Builds the worker with :func:`ackline.runtime.wiring.build_ingest`, starts the consumer
+thread (:class:`ackline.streams.consumer.ConsumerRuntime`) and handles the signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import threading
+
+from ackline.clients import kafka_client_config
+from ackline.runtime.health import probe_database
+from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.schemas.decode import Limits
+from ackline.settings import Settings
+from ackline.streams.consumer import ConsumerRuntime, RuntimeConfig
+from ackline.streams.deadletter import prepare_topics
+
+log = logging.getLogger(__name__)
+
+
+def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
+    return RuntimeConfig(
+        bootstrap=bootstrap,
+        topic=settings.topic,
+        group_id=settings.group_id,
+        worker_id=settings.worker_id,
+        group_protocol=settings.group_protocol,
+        session_timeout_ms=settings.session_timeout_ms,
+        start_from=settings.start_from,
+        batch_max_events=settings.batch_max_events,
+        batch_max_ms=settings.batch_max_ms,
+        limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
+        revoke_wait_s=settings.revoke_wait_s,
+        shutdown_wait_s=settings.shutdown_wait_s,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        newer_version_wait_s=settings.newer_version_wait_s,
+        kafka_extra=tuple(kafka_client_config(settings).items()),
+    )
+
+
+async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:
+    """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
+
+    Order of effects at start: wire the worker (:func:`build_ingest`: the ingest DSN may
+    raise SettingsError) and register the payload plugins, both before anything
+    connects; check the topic exists and create the dead-letter topic if missing; serve
+    /metrics, /healthz, /readyz (when metrics_port is set); start the PostgreSQL health
+    probe; connect lazily; join the group in the consumer thread. At SIGTERM or SIGINT:
+    the consumer thread finishes or cancels the in-flight batch, stores offsets, leaves
+    the group; then the probe and the HTTP server stop, connections close and the status
+    is 0.
+
+    ``dsn`` is the operator's; every connection of the worker is made as the ingest
+    role (:func:`ackline.clients.ingest_dsn`), which may only append event data.
+    """
+    ingest = build_ingest(settings, bootstrap, dsn)
+    load_payload_plugins(settings.payload_plugins)
+    prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    ingest.serve()
+    loop = asyncio.get_running_loop()
+    runtime = ConsumerRuntime(
+        runtime_config(settings, bootstrap),
+        ingest.control_db,
+        ingest.writer,
+        ingest.dead_letters,
+        ingest.metrics,
+        loop,
+        ingest.faults,
+    )
+    runtime.drain_and_stop = until_drained
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.request_stop)
+    done: asyncio.Future[None] = loop.create_future()
+
+    def body() -> None:
+        try:
+            runtime.run()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, done, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, done, None)
+
+    probe = asyncio.create_task(
+        probe_database(ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id)
+    )
+    _tune_gc()
+    thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
+    thread.start()
+    try:
+        await done
+    finally:
+        runtime.request_stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
+        await ingest.close()
+    log.info("stopped after %d committed batches", runtime.committed_batches)
+    return 0
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
+
+
+def _tune_gc() -> None:
+    """Fewer, cheaper garbage collections for a worker that makes objects per event.
+
+    Everything alive at start (modules, settings, clients) moves to the permanent
+    generation (``gc.freeze``), so full collections no longer walk it, and the youngest
+    generation is collected every 50,000 allocations instead of 700: decoding allocates
+    a few dozen short-lived objects per event, almost all freed by reference counting.
+    Measured on 200k events: about 6 % less worker CPU (README, "Performance and
+    scale-out"). Cycles are still collected, just less often.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)

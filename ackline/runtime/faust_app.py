@@ -1,0 +1,138 @@
+"""``make_app(ingest)``: the Faust app of the faust runtime, built by a factory.
+
+Nothing here runs at import: no module-level app, no connection, no topic. The app is
+configured from ackline's :class:`~ackline.settings.Settings` alone — faust is given an
+empty environment (``env={}``), so no faust environment variable (``STREAM_WAIT_EMPTY``,
+``BROKER_COMMIT_EVERY`` …) can change a setting this runtime depends on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ackline.core.errors import SettingsError
+from ackline.runtime.wiring import Ingest
+from ackline.settings import Settings
+from ackline.streams.faust_runtime.sink import FaustSink
+from ackline.streams.faust_runtime.transport import AcklineApp, Ownership
+
+AGENT_NAME = "ackline-ingest"
+COMMIT_INTERVAL_S = 1.0  # Kafka commits of the DB offsets: advisory, for lag tooling
+
+
+@dataclass
+class Parts:
+    """What :func:`make_app` wired, for the worker and the tests."""
+
+    sink: FaustSink
+    ingest: Ingest
+
+
+class FaustApp(AcklineApp):
+    """The app :func:`make_app` returns: an :class:`AcklineApp` with its parts."""
+
+    parts: Parts
+
+    async def on_stop(self) -> None:
+        """faust's graceful stop (flow stopped, taken records written and acked, DB
+        offsets committed to Kafka), after the shutdown fault point."""
+        await self.parts.sink.stopping()
+        await super().on_stop()
+
+    async def on_shutdown(self) -> None:
+        """After faust stopped every service (agents included): close ackline's clients."""
+        await super().on_shutdown()
+        await self.parts.ingest.close()
+
+
+def request_timeout_s(settings: Settings) -> float:
+    """faust's broker_request_timeout: at least the session timeout (faust insists), and
+    how long faust waits for a seek after an assignment before it abandons recovery."""
+    return max(90.0, settings.session_timeout_ms / 1000 + 30.0)
+
+
+def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:
+    """The faust configuration for ``settings``. Pure.
+
+    The choices that the guarantees rest on: raw values (ackline decodes), waiting for
+    in-flight messages at revoke and shutdown (``stream_wait_empty``), no web server, no
+    leader topic, no topic creation, no tables, and an empty environment.
+    """
+    session_s = settings.session_timeout_ms / 1000
+    return {
+        "broker": [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()],
+        "env": {},
+        "autodiscover": False,
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "processing_guarantee": "at_least_once",
+        "stream_wait_empty": True,
+        "stream_recovery_delay": 0.1,
+        "stream_buffer_maxsize": max(settings.batch_max_events, 1_000),
+        "consumer_auto_offset_reset": settings.start_from,
+        "broker_client_id": settings.worker_id,
+        "broker_session_timeout": session_s,
+        "broker_heartbeat_interval": max(session_s / 5, 0.5),
+        "broker_max_poll_interval": settings.max_poll_interval_ms / 1000,
+        "broker_commit_interval": COMMIT_INTERVAL_S,
+        "broker_request_timeout": request_timeout_s(settings),
+        "web_enabled": False,
+        "topic_disable_leader": True,
+        "topic_allow_declare": False,
+        "table_standby_replicas": 0,
+        "store": "memory://",
+        "worker_redirect_stdouts": False,
+        "datadir": str(Path(settings.state_dir) / "faust"),
+    }
+
+
+def make_app(ingest: Ingest) -> FaustApp:
+    """Build the faust app on ``ingest``'s parts: one agent (concurrency 1) feeding the
+    batch writer. No I/O: the clients connect when the worker starts.
+
+    Raises SettingsError for what this runtime cannot do (SSL/SASL, the consumer group
+    protocol, holds at newer payload versions).
+    """
+    settings = ingest.settings
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        raise SettingsError(
+            "ACKLINE_KAFKA_SECURITY_PROTOCOL",
+            "the faust runtime supports PLAINTEXT only; use --runtime confluent for SSL/SASL",
+        )
+    if settings.group_protocol != "classic":
+        raise SettingsError(
+            "ACKLINE_GROUP_PROTOCOL",
+            "the faust runtime (aiokafka) speaks the classic group protocol only",
+        )
+    if settings.newer_version_wait_s > 0:
+        raise SettingsError(
+            "ACKLINE_NEWER_VERSION_WAIT_S",
+            "the faust runtime does not hold partitions at newer payload versions (0 only)",
+        )
+    sink = FaustSink(
+        group_id=settings.group_id,
+        worker_id=settings.worker_id,
+        control_db=ingest.control_db,
+        writer=ingest.writer,
+        dead_letters=ingest.dead_letters,
+        metrics=ingest.metrics,
+        limits=ingest.limits,
+        batch_max_events=settings.batch_max_events,
+        batch_max_ms=settings.batch_max_ms,
+        faults=ingest.faults,
+        claim_deadline_s=request_timeout_s(settings) * 2 / 3,  # exits before faust gives up
+    )
+    app = FaustApp(settings.group_id, **faust_settings(settings, ingest.bootstrap))
+    app.ownership = Ownership(
+        topic=settings.topic,
+        start_from=settings.start_from,
+        ledger=sink.ledger,
+        claim=sink.claim,
+        revoking=sink.revoking,
+    )
+    app.parts = Parts(sink, ingest)
+    topic = app.topic(settings.topic, key_serializer="raw", value_serializer="raw")
+    app.agent(topic, name=AGENT_NAME, concurrency=1)(sink.consume)
+    return app

@@ -1,0 +1,140 @@
+"""``ackline run --runtime faust``: a faust Worker around :func:`~.faust_app.make_app`'s app.
+
+Start: check the topic exists and create the dead-letter topic if missing (as the
+default runtime does); serve /metrics, /healthz, /readyz when metrics_port is set; then
+the faust Worker joins the group. The first assignment claims the partitions in
+PostgreSQL and seeks them to the DB offsets before faust lets any record through.
+
+Stop: SIGTERM/SIGINT run faust's graceful stop: the flow stops, the batch in flight and
+the records already taken are written and acked (``stream_wait_empty``), the DB offsets
+are committed to Kafka, the agent stops, ackline's connections close; the status is 0.
+A batch that fails exits the process at once instead (crash-only, status 70).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from ackline.core.metrics import Metrics
+from ackline.runtime.faust_app import FaustApp, make_app
+from ackline.runtime.health import probe_database
+from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.settings import Settings
+from ackline.streams.deadletter import prepare_topics
+from ackline.streams.faust_runtime import risk
+
+log = logging.getLogger(__name__)
+DRAIN_CHECK_S = 0.5
+LAG_INTERVAL_S = 5.0
+
+
+class _Worker(faust.Worker):
+    """faust's Worker, leaving ackline's logging configuration alone.
+
+    mode's Worker clears the root logger's handlers and installs its own at start;
+    ackline configured logging already (text or JSON lines, ``ackline.core.logs``).
+    """
+
+    def _setup_logging(self) -> None:
+        return None
+
+
+def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:
+    """Run the faust worker until SIGTERM/SIGINT (or until drained); return the status.
+
+    Refuses to start (SettingsError) on a faust-streaming it was not proven on, unless
+    ``ACKLINE_FAUST_ACCEPT_RISK`` names that risk (:mod:`.risk`).
+    """
+    problems = risk.version_problems(
+        faust.__version__, faust_aiokafka.Consumer, faust_aiokafka.AIOKafkaConsumerThread
+    )
+    risk.check(problems, settings.faust_accept_risk)
+    if problems:
+        log.warning("running with the accepted risk %s: %s", risk.UNTESTED_VERSION, problems)
+    ingest = build_ingest(settings, bootstrap, dsn)
+    load_payload_plugins(settings.payload_plugins)
+    app = make_app(ingest)
+    metrics = ingest.metrics
+    partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    ingest.serve()
+
+    async def probe() -> None:
+        await probe_database(ingest.dsn, metrics, settings.db_check_interval_s, settings.worker_id)
+
+    app.task(probe)
+    app.timer(LAG_INTERVAL_S)(_lag_reporter(app, metrics))
+    if until_drained:
+        app.timer(DRAIN_CHECK_S)(_drain_watch(app, settings.topic, partitions))
+    worker = _Worker(app, quiet=True, loglevel=logging.getLogger().level or logging.INFO)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    else:  # pragma: no cover - execute_from_commandline always raises SystemExit
+        code = 0
+    finally:
+        ingest.server.close()
+    log.info("stopped after %d committed batches", app.parts.sink.committed_batches)
+    return code
+
+
+def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
+    """A timer that sends this process SIGTERM once it owns every partition, has read
+    each to its end (the last stable offset) and has written everything it read.
+
+    "Written everything" is observed twice in a row, a check apart: the agent idle,
+    no message unacked, and no record taken since the previous check.
+    """
+    last_seen: list[int] = [-1]
+
+    async def check() -> None:
+        sink = app.parts.sink
+        owned = sink.ledger.owned()
+        consumer = app.consumer
+        quiet = sink.idle and not consumer.unacked and len(owned) == partitions
+        if not quiet:
+            last_seen[0] = -1
+            return
+        tps = [TP(topic, p) for _, p in sorted(owned)]
+        ends = await consumer.highwaters(*tps)
+        for tp in tps:
+            position = await consumer.position(tp)
+            if position is None or position < ends.get(tp, 0):
+                last_seen[0] = -1
+                return
+        taken = sink.records_taken
+        if last_seen[0] == taken:
+            log.info("drained: every partition read to its end and written")
+            os.kill(os.getpid(), signal.SIGTERM)
+        last_seen[0] = taken
+
+    return check
+
+
+def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
+    """A timer: ``ackline_partition_lag`` = last stable offset minus DB next offset, per
+    owned partition (an upper bound: transaction markers take offsets too)."""
+    shown: set[tuple[str, int]] = set()
+
+    async def report() -> None:
+        positions = app.parts.sink.ledger.resume_offsets()
+        for topic, partition in shown - set(positions):
+            metrics.lag.remove(topic, str(partition))
+        shown.intersection_update(positions)
+        if not positions:
+            return
+        ends = await app.consumer.highwaters(*(TP(t, p) for t, p in positions))
+        for (topic, partition), done in positions.items():
+            end = ends.get(TP(topic, partition))
+            if end is not None:
+                metrics.lag.labels(topic, str(partition)).set(max(end - (done or 0), 0))
+                shown.add((topic, partition))
+
+    return report

@@ -1,0 +1,135 @@
+"""Liveness and readiness of a worker, read from its metrics.
+
+The runtime already keeps the facts readiness needs in its gauges (assigned
+partitions, last commit time, per-partition lag); :func:`probe_database` adds a cheap
+periodic PostgreSQL check (``ackline_database_up``), so a request to ``/readyz`` reads
+numbers and never queries anything. :func:`readiness` is the pure rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from ackline.core.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# A database check older than this many probe intervals no longer counts.
+STALE_CHECKS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What readiness looks at. Times are Unix seconds; 0 means never."""
+
+    assigned: int
+    lag: float
+    last_commit: float
+    started: float
+    db_up: bool
+    db_checked: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyLimits:
+    max_commit_age_s: float
+    db_check_interval_s: float
+
+
+def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
+    """Why the worker is not ready; an empty list means ready.
+
+    Ready means: it owns at least one partition; PostgreSQL answered a recent check;
+    and, when it is behind (lag > 0), a batch committed within ``max_commit_age_s``
+    (counted from start until the first commit, so a fresh worker gets that long).
+    """
+    reasons: list[str] = []
+    if snap.assigned <= 0:
+        reasons.append("no partitions assigned")
+    db_age = now - snap.db_checked
+    if snap.db_checked <= 0:
+        reasons.append("PostgreSQL not checked yet")
+    elif not snap.db_up:
+        reasons.append("PostgreSQL unreachable at the last check")
+    elif db_age > STALE_CHECKS * limits.db_check_interval_s:
+        reasons.append(f"PostgreSQL last checked {db_age:.0f}s ago")
+    if snap.lag > 0:
+        since = max(snap.last_commit, snap.started)
+        age = now - since
+        if age > limits.max_commit_age_s:
+            reasons.append(
+                f"lag {snap.lag:.0f} but no commit for {age:.0f}s "
+                f"(ready_max_commit_age_s={limits.max_commit_age_s:g})"
+            )
+    return reasons
+
+
+def snapshot(metrics: Metrics, started: float) -> Snapshot:
+    """Read the readiness facts from ``metrics`` (cheap: a few in-memory numbers)."""
+    lag = 0.0
+    for family in metrics.lag.collect():
+        lag += sum(s.value for s in family.samples if s.name == "ackline_partition_lag")
+    return Snapshot(
+        assigned=int(_gauge(metrics, "ackline_assigned_partitions")),
+        lag=lag,
+        last_commit=_gauge(metrics, "ackline_last_commit_timestamp_seconds"),
+        started=started,
+        db_up=_gauge(metrics, "ackline_database_up") >= 1,
+        db_checked=_gauge(metrics, "ackline_database_checked_timestamp_seconds"),
+    )
+
+
+def _gauge(metrics: Metrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(name)
+    return 0.0 if value is None else float(value)
+
+
+_DOWN: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
+
+async def probe_database(dsn: str, metrics: Metrics, interval: float, name: str) -> None:
+    """Every ``interval`` seconds, ``SELECT 1`` on a dedicated connection; runs until cancelled.
+
+    Sets ``ackline_database_up`` (1/0) and ``ackline_database_checked_timestamp_seconds``.
+    Its own connection keeps the writer's session free and sees a restarted server at
+    once (the connection is dropped and remade after any failure). Read-only.
+    """
+    conn: asyncpg.Connection | None = None
+    was_up: bool | None = None
+    try:
+        while True:
+            up = True
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(
+                        dsn,
+                        timeout=interval,
+                        server_settings={"application_name": f"ackline-health:{name}"[:63]},
+                    )
+                await asyncio.wait_for(conn.fetchval("SELECT 1"), timeout=interval)
+            except _DOWN as exc:
+                up = False
+                if was_up is not False:
+                    log.warning("PostgreSQL health check failed: %s", exc)
+                if conn is not None:
+                    conn.terminate()
+                    conn = None
+            if up and was_up is False:
+                log.info("PostgreSQL health check passes again")
+            was_up = up
+            metrics.db_up.set(1 if up else 0)
+            metrics.db_checked.set(time.time())
+            await asyncio.sleep(interval)
+    finally:
+        if conn is not None and not conn.is_closed():
+            conn.terminate()

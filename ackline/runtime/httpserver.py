@@ -1,0 +1,107 @@
+"""The worker's one HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+stdlib ``ThreadingHTTPServer`` in a daemon thread, bound to ``metrics_host:metrics_port``
+(port 0 disables it). ``/healthz`` is 200 while the process serves requests;
+``/readyz`` is 200 or 503 with a JSON body giving the reasons
+(:func:`ackline.runtime.health.readiness`); ``/metrics`` is the Prometheus text format of the
+worker's own registry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ackline.core.errors import SettingsError
+from ackline.core.metrics import Metrics
+from ackline.runtime.health import ReadyLimits, readiness, snapshot
+
+log = logging.getLogger(__name__)
+
+
+class StatusServer:
+    """Serves the three endpoints until :meth:`close`. Binds in :meth:`start`."""
+
+    def __init__(self, metrics: Metrics, limits: ReadyLimits, started: float) -> None:
+        self._metrics = metrics
+        self._limits = limits
+        self._started = started
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the status server is not started")
+        return int(self._server.server_address[1])
+
+    def start(self, host: str, port: int) -> None:
+        """Bind ``host:port`` (0 picks a free port) and serve in a daemon thread."""
+        try:
+            self._server = ThreadingHTTPServer((host, port), _handler(self._respond))
+        except OSError as exc:  # in use, or not an address of this host
+            raise SettingsError(
+                "ACKLINE_METRICS_PORT", f"cannot listen on {host}:{port}: {exc}"
+            ) from exc
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="ackline-http", daemon=True
+        )
+        self._thread.start()
+        log.info("serving /metrics, /healthz and /readyz on %s:%d", host, self.port)
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _respond(self, path: str) -> tuple[int, str, bytes]:
+        route = path.split("?", 1)[0]
+        if route == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self._metrics.registry)
+        if route == "/healthz":
+            return 200, "application/json", _json({"status": "alive"})
+        if route == "/readyz":
+            snap = snapshot(self._metrics, self._started)
+            reasons = readiness(snap, time.time(), self._limits)
+            body = {
+                "ready": not reasons,
+                "reasons": reasons,
+                "assigned_partitions": snap.assigned,
+                "lag": snap.lag,
+                "last_commit": snap.last_commit or None,
+                "database_up": snap.db_up,
+            }
+            return (503 if reasons else 200), "application/json", _json(body)
+        return 404, "application/json", _json({"error": f"no such path: {route}"})
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode() + b"\n"
+
+
+def _handler(respond: Callable[[str], tuple[int, str, bytes]]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, content_type, body = respond(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    return Handler

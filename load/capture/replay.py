@@ -1,0 +1,258 @@
+"""Re-produce captured (or live) records into a topic at a chosen pace.
+
+Paces (:meth:`Pace.parse`): ``original`` (the gaps between the records' timestamps),
+``2x`` / ``0.5x`` (a multiple of that), ``5000/s`` (a fixed rate) and ``max`` (as fast
+as the producer goes). Keys, headers and values are sent unchanged. A record goes to
+its captured partition when the target has it (else the key picks the partition) and
+gets a fresh CreateTime unless ``keep_timestamps`` (then the captured timestamp).
+
+The producer is idempotent with ``acks=all``; :func:`replay` returns once every record
+is acknowledged, or raises LoadError saying how many were not.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from ackline.load.capture.file import CapturedRecord
+from ackline.load.capture.topics import KAFKA_LOG
+from ackline.load.errors import LoadError
+from ackline.streams.admin import partition_count
+from ackline.streams.errors import TopicError
+
+PaceMode = Literal["original", "speed", "rate", "max"]
+_SPEED = re.compile(r"^(\d+(?:\.\d+)?)x$")
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)/s$")
+
+
+@dataclass(frozen=True)
+class Pace:
+    mode: PaceMode
+    value: float = 1.0
+    """The speed factor (speed) or records per second (rate)."""
+
+    @classmethod
+    def parse(cls, text: str) -> Pace:
+        """``original``, ``<factor>x``, ``<records>/s`` or ``max``."""
+        text = text.strip().lower()
+        if text in ("original", "1x"):
+            return cls("original")
+        if text in ("max", "fast", "asap"):
+            return cls("max")
+        if m := _SPEED.match(text):
+            factor = float(m.group(1))
+            if factor <= 0:
+                raise LoadError("a speed factor must be > 0")
+            return cls("speed", factor)
+        if m := _RATE.match(text):
+            rate = float(m.group(1))
+            if rate <= 0:
+                raise LoadError("a rate must be > 0 records/s")
+            return cls("rate", rate)
+        raise LoadError(
+            f"pace {text!r} is not one of: original, <factor>x (2x, 0.5x), <n>/s (5000/s), max"
+        )
+
+    def describe(self) -> str:
+        if self.mode == "speed":
+            return f"{self.value:g}x original"
+        if self.mode == "rate":
+            return f"{self.value:,.0f} records/s"
+        return "original pace" if self.mode == "original" else "as fast as possible"
+
+
+class Pacer:
+    """When each record is due, relative to the first one sent (pure but for ``clock``).
+
+    ``due(i, timestamp_ms)`` is the monotonic time at which record ``i`` (0-based) may
+    be sent; the caller sleeps until then when ahead.
+    """
+
+    def __init__(self, pace: Pace, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pace = pace
+        self._clock = clock
+        self._start: float | None = None
+        self._first_ts: int | None = None
+
+    def due(self, index: int, timestamp_ms: int) -> float:
+        if self._start is None:
+            self._start = self._clock()
+            self._first_ts = timestamp_ms
+        mode = self.pace.mode
+        if mode == "max":
+            return self._start
+        if mode == "rate":
+            return self._start + index / self.pace.value
+        factor = self.pace.value if mode == "speed" else 1.0
+        gap_ms = max(timestamp_ms - (self._first_ts or 0), 0)
+        return self._start + gap_ms / 1000 / factor
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    target: str
+    records: int
+    bytes: int
+    seconds: float
+    pace: str
+    partitioning: str
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def render(self) -> str:
+        return (
+            f"replayed {self.records:,} records ({self.bytes / 1e6:,.1f} MB) into "
+            f"{self.target} in {self.seconds:.1f} s, {self.rate:,.0f} records/s "
+            f"(pace: {self.pace}; partitions: {self.partitioning})"
+        )
+
+
+def producer_config(bootstrap: str, conf: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        **(conf or {}),
+        "logger": KAFKA_LOG,
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        "compression.type": "lz4",
+        "message.timeout.ms": 120_000,
+    }
+
+
+def replay(
+    bootstrap: str,
+    records: Iterable[CapturedRecord],
+    target: str,
+    pace: Pace,
+    *,
+    source_partitions: Iterable[int] = (),
+    keep_timestamps: bool = False,
+    conf: Mapping[str, Any] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    flush_timeout: float = 120.0,
+    timeout: float = 10.0,
+) -> ReplaySummary:
+    """Send ``records`` to ``target`` at ``pace``; return once all are acknowledged.
+
+    ``source_partitions`` are the partitions the records come from: when the target has
+    all of them, each record keeps its partition; otherwise the key decides. ``timeout``
+    bounds the wait for the broker's first answer.
+    """
+    # An unreachable broker raises KafkaUnavailableError after ``timeout``.
+    count = partition_count(bootstrap, target, timeout, conf={**(conf or {}), "logger": KAFKA_LOG})
+    if count is None:
+        raise TopicError(f"target topic {target} does not exist on {bootstrap} (create it first)")
+    keep = all(p < count for p in source_partitions)
+    partitioning = "as captured" if keep else f"by key ({count} partitions)"
+    failed: list[str] = []
+    acked = 0
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal acked
+        if err is not None:
+            failed.append(str(err))
+        else:
+            acked += 1
+
+    producer = Producer(producer_config(bootstrap, conf))
+    started = time.monotonic()
+    try:
+        sent, size = _send_all(
+            producer,
+            records,
+            target,
+            Pacer(pace),
+            keep_partition=keep,
+            keep_timestamps=keep_timestamps,
+            on_delivery=on_delivery,
+            on_progress=on_progress,
+            failed=failed,
+        )
+        left = producer.flush(flush_timeout)
+    except _SendError as exc:
+        raise LoadError(f"replay into {target} failed after {exc.sent} records: {exc}") from exc
+    if failed:
+        raise LoadError(f"{len(failed)} records were not delivered to {target}: {failed[0]}")
+    if left or acked != sent:
+        raise LoadError(
+            f"{sent - acked} of {sent} records not acknowledged by {bootstrap} within "
+            f"{flush_timeout:.0f} s (is the broker reachable?)"
+        )
+    if on_progress is not None:
+        on_progress(sent)
+    return ReplaySummary(
+        target, sent, size, time.monotonic() - started, pace.describe(), partitioning
+    )
+
+
+class _SendError(Exception):
+    def __init__(self, sent: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.sent = sent
+
+
+def _send_all(
+    producer: Producer,
+    records: Iterable[CapturedRecord],
+    target: str,
+    pacer: Pacer,
+    *,
+    keep_partition: bool,
+    keep_timestamps: bool,
+    on_delivery: Callable[[KafkaError | None, Message], None],
+    on_progress: Callable[[int], None] | None,
+    failed: list[str],
+) -> tuple[int, int]:
+    """Produce every record at the pacer's times; stops early once a delivery failed."""
+    sent = size = 0
+    try:
+        for rec in records:
+            ahead = pacer.due(sent, rec.timestamp) - time.monotonic()
+            if ahead > 0.001:
+                producer.poll(0)
+                time.sleep(ahead)
+            kwargs: dict[str, Any] = {
+                "key": rec.key,
+                "value": rec.value,
+                "on_delivery": on_delivery,
+            }
+            if rec.headers:
+                kwargs["headers"] = list(rec.headers)
+            if keep_partition:
+                kwargs["partition"] = rec.partition
+            if keep_timestamps:
+                kwargs["timestamp"] = rec.timestamp
+            _produce(producer, target, kwargs)
+            sent += 1
+            size += len(rec.value or b"")
+            if sent % 1000 == 0:
+                producer.poll(0)
+                if on_progress is not None:
+                    on_progress(sent)
+            if failed:
+                break
+    except KafkaException as exc:
+        raise _SendError(sent, exc) from exc
+    return sent, size
+
+
+def _produce(producer: Producer, topic: str, kwargs: dict[str, Any]) -> None:
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+__all__ = ["Pace", "Pacer", "ReplaySummary", "replay"]

@@ -1,0 +1,1 @@
+"""ackline.load.chaos.harness."""

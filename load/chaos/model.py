@@ -1,0 +1,170 @@
+"""The data of a chaos run: its configuration, its fault counts and its report.
+
+The report's JSON object (:meth:`ChaosReport.to_json`) is the last line `make chaos`
+prints; ``ok`` requires the verify verdict to be exact, every minimum count to be met,
+every zombie to be fenced, and Kafka's committed offsets never ahead of the DB offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ackline.load.generate import Knobs
+from ackline.load.verify import Verdict, render_summary
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    events: int = 1_000_000
+    workers: int = 3
+    partitions: int = 12
+    kills: int = 30
+    stops: int = 3
+    broker_restarts: int = 2
+    pg_restarts: int = 2
+    commit_faults: int = 10
+    seed: int | None = None
+    group_protocol: str = "classic"
+    runtime: str = "confluent"  # `ackline run --runtime` (README "Faust runtime")
+    state_dir: Path = Path(".ackline/chaos")
+    batch_max_events: int = 1000
+    produce_rate: float = 0.0
+    """Events per second the producer is held to (0: as fast as it goes); a short run uses
+    it to keep a backlog while its faults happen."""
+    session_timeout_ms: int = 4000
+    drain_timeout_s: float = 3600.0
+    keep_stack: bool = False
+
+    def command(self, seed: int) -> str:
+        """The command line that reproduces a run of this configuration with ``seed``."""
+        return (
+            f"ackline chaos --seed {seed} --events {self.events} --workers {self.workers} "
+            f"--partitions {self.partitions} --kills {self.kills} --stops {self.stops} "
+            f"--broker-restarts {self.broker_restarts} --pg-restarts {self.pg_restarts} "
+            f"--commit-faults {self.commit_faults} --group-protocol {self.group_protocol} "
+            f"--batch-max-events {self.batch_max_events} --produce-rate {self.produce_rate:g} "
+            f"--runtime {self.runtime}"
+        )
+
+    def knobs(self) -> Knobs:
+        # The full mix; oversize poison kept small (the workers' limit is 64 KiB).
+        return Knobs(oversize_bytes=70_000)
+
+
+@dataclass
+class Counts:
+    kills: int = 0
+    armed_kills: int = 0
+    stops: int = 0
+    stops_fenced: int = 0
+    broker_restarts: int = 0
+    pg_restarts: int = 0
+    commit_faults: int = 0
+    commit_faults_in_commit: int = 0
+    unexpected_exits: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChaosReport:
+    seed: int
+    config: ChaosConfig
+    counts: Counts
+    verdict: Verdict
+    fenced_batches: int
+    fenced_log_lines: int
+    offset_samples: int
+    max_kafka_ahead_of_db: int
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        c, cfg = self.counts, self.config
+        return (
+            self.verdict.ok
+            and self.verdict.drained
+            and c.kills >= cfg.kills
+            and c.stops >= cfg.stops
+            and c.stops_fenced >= cfg.stops
+            and self.fenced_batches >= cfg.stops
+            and c.broker_restarts >= cfg.broker_restarts
+            and c.pg_restarts >= cfg.pg_restarts
+            and c.commit_faults >= cfg.commit_faults
+            and self.max_kafka_ahead_of_db == 0
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        v, c = self.verdict, self.counts
+        return {
+            "events": self.config.events,
+            "workers": self.config.workers,
+            "kills": c.kills,
+            "stops": c.stops,
+            "broker_restarts": c.broker_restarts,
+            "pg_restarts": c.pg_restarts,
+            "commit_faults": c.commit_faults,
+            "fenced_batches": self.fenced_batches,
+            "lost": v.lost,
+            "duplicated": v.duplicated,
+            "conflicts_expected": v.conflicts_expected,
+            "conflicts_quarantined": v.conflicts_quarantined,
+            "rejects_expected": v.rejects_expected,
+            "rejected": v.rejected,
+            "max_kafka_ahead_of_db": self.max_kafka_ahead_of_db,
+            "ok": self.ok,
+            "seed": self.seed,
+            "duration_s": round(self.duration_s, 1),
+            "partitions": self.config.partitions,
+            "group_protocol": self.config.group_protocol,
+            "runtime": self.config.runtime,
+            "records": v.produced,
+            "aborted": v.aborted,
+            "ingested": v.ingested,
+            "duplicates_dropped": v.duplicates_dropped,
+            "armed_kills": c.armed_kills,
+            "zombies_fenced": c.stops_fenced,
+            "commit_in_flight": c.commit_faults_in_commit,
+            "offset_samples": self.offset_samples,
+            "unexpected_exits": c.unexpected_exits,
+        }
+
+    def render(self) -> str:
+        c, cfg = self.counts, self.config
+        rows = [
+            ("worker SIGKILLs", c.kills, cfg.kills, f"{c.armed_kills} at armed fault points"),
+            ("zombies (SIGSTOP/SIGCONT)", c.stops, cfg.stops, f"{c.stops_fenced} fenced"),
+            ("fenced batches", self.fenced_batches, cfg.stops, f"{self.fenced_log_lines} logged"),
+            ("Kafka broker restarts", c.broker_restarts, cfg.broker_restarts, ""),
+            ("PostgreSQL restarts", c.pg_restarts, cfg.pg_restarts, ""),
+            (
+                "backends terminated at COMMIT",
+                c.commit_faults,
+                cfg.commit_faults,
+                f"{c.commit_faults_in_commit} with COMMIT in flight",
+            ),
+        ]
+        lines = [
+            f"chaos run, seed {self.seed}: {cfg.events:,} events, {cfg.workers} workers, "
+            f"{cfg.partitions} partitions, group protocol {cfg.group_protocol}, "
+            f"runtime {cfg.runtime}, "
+            f"{self.duration_s:.0f} s",
+            f"{'fault':<32}{'done':>6}{'min':>6}",
+        ]
+        for label, done, minimum, note in rows:
+            mark = "ok" if done >= minimum else "TOO FEW"
+            lines.append(f"{label:<32}{done:>6}{minimum:>6}  {mark:<8}{note}")
+        ahead = "ok" if self.max_kafka_ahead_of_db == 0 else "KAFKA AHEAD"
+        lines.append(
+            f"{'max Kafka offset ahead of DB':<32}{self.max_kafka_ahead_of_db:>6}{0:>6}  "
+            f"{ahead:<8}{self.offset_samples} samples"
+        )
+        if c.unexpected_exits:
+            lines.append(f"workers that exited by themselves (restarted): {c.unexpected_exits}")
+        for note in c.skipped:
+            lines.append(f"note: {note}")
+        lines.append(render_summary(self.verdict))
+        lines.append(f"reproduce: {cfg.command(self.seed)}")
+        lines.append(f"chaos verdict: {'OK' if self.ok else 'FAILED'}")
+        return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""The fault schedule of a chaos run: pure, derived from the seed alone.
+
+A run's faults are a list of :class:`Fault`, sorted by ``at``: the fraction of the
+expected records ingested when the fault starts. Timing in seconds is not part of the
+plan (it depends on the machine); the order, the kinds, the targets and the armed
+injection points are, so a run is reproduced from its seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+FaultKind = Literal["kill", "stop", "broker", "postgres", "commit"]
+CommitMethod = Literal["in_commit", "before_commit"]
+
+KILL_POINTS: tuple[str, ...] = (
+    "after_fetch",
+    "mid_copy",
+    "before_commit",
+    "after_commit",
+    "after_claim",
+    "before_dlq",
+    "revoke_in_flight",
+)
+"""Points a restarted worker may be armed to SIGKILL itself at (ackline.core.faults)."""
+
+ARMED_SHARE = 0.4
+"""Share of kills whose replacement worker is armed to kill itself at a point."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    """Ingest progress (0..1) at which the fault starts."""
+    kind: FaultKind
+    slot: int = 0
+    """Worker slot targeted (kill, stop, commit before_commit)."""
+    arm: str = ""
+    """kill: ACKLINE_FAULTS of the worker started in the killed one's place ("" unarmed)."""
+    hard: bool = False
+    """broker/postgres: SIGKILL and crash recovery instead of a clean stop."""
+    method: CommitMethod = "in_commit"
+    """commit: terminate a backend whose COMMIT is in flight, or one stalled before it."""
+
+    def describe(self) -> str:
+        if self.kind == "kill":
+            return f"SIGKILL worker slot {self.slot}" + (
+                f", restart armed {self.arm}" if self.arm else ""
+            )
+        if self.kind == "stop":
+            return f"SIGSTOP/SIGCONT a worker in slot {self.slot} holding a batch"
+        if self.kind in ("broker", "postgres"):
+            name = "Kafka broker" if self.kind == "broker" else "PostgreSQL"
+            return f"restart the {name} ({'SIGKILL' if self.hard else 'clean stop'})"
+        return f"terminate a writer backend ({self.method.replace('_', ' ')})"
+
+
+def plan(
+    seed: int,
+    *,
+    workers: int,
+    kills: int,
+    stops: int,
+    broker_restarts: int,
+    pg_restarts: int,
+    commit_faults: int,
+) -> list[Fault]:
+    """The faults of a run, sorted by ``at`` (ties keep the kind order below).
+
+    Zombies and commit faults come early (they need a batch in hand, so a backlog);
+    kills and restarts spread over most of the run.
+    """
+    if workers < 2:
+        raise ValueError("a chaos run needs at least 2 workers (a zombie needs an heir)")
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    for _ in range(kills):
+        arm = ""
+        if rng.random() < ARMED_SHARE:
+            point = rng.choice(KILL_POINTS)
+            nth = (
+                1
+                if point in ("after_claim", "before_dlq", "revoke_in_flight")
+                else rng.randint(1, 4)
+            )
+            arm = f"{point}=kill@{nth}"
+        faults.append(Fault(rng.uniform(0.02, 0.9), "kill", rng.randrange(workers), arm))
+    for _ in range(stops):
+        faults.append(Fault(rng.uniform(0.04, 0.6), "stop", rng.randrange(workers)))
+    for _ in range(commit_faults):
+        method: CommitMethod = "before_commit" if rng.random() < 0.3 else "in_commit"
+        faults.append(
+            Fault(rng.uniform(0.03, 0.75), "commit", rng.randrange(workers), method=method)
+        )
+    for i in range(broker_restarts):
+        faults.append(Fault(rng.uniform(0.2, 0.85), "broker", hard=i % 2 == 1))
+    for i in range(pg_restarts):
+        faults.append(Fault(rng.uniform(0.08, 0.85), "postgres", hard=i % 2 == 1))
+    return sorted(faults, key=lambda f: f.at)

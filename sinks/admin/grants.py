@@ -1,0 +1,260 @@
+"""Roles and grants: what the roles migration says, and whether the database agrees.
+
+Data-driven: the expected privileges are read from the roles migration itself (the
+``schemas/sql/NNNN_*role*.sql`` file), so the check follows the file instead of a
+second copy of it. :func:`expected` understands the plain statement forms —
+``CREATE ROLE name``, ``GRANT privs ON [TABLE|SEQUENCE|SCHEMA] a, b TO r1, r2``,
+``GRANT privs ON ALL TABLES|SEQUENCES IN SCHEMA s TO r`` and the matching ``REVOKE``
+— applied in file order; anything else (role membership, default privileges, dynamic
+SQL) is left out and counted in ``skipped``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import asyncpg
+
+from ackline.sinks.admin.migrate import Migration
+
+Kind = Literal["table", "sequence", "schema"]
+
+_ALL_PRIVILEGES: dict[Kind, tuple[str, ...]] = {
+    "table": ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"),
+    "sequence": ("USAGE", "SELECT", "UPDATE"),
+    "schema": ("USAGE", "CREATE"),
+}
+_PART = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"[^"]+")'
+_IDENT = re.compile(rf"^{_PART}(?:\.{_PART})?$")
+_CREATE_ROLE = re.compile(r'\bCREATE\s+(?:ROLE|USER)\s+([A-Za-z_][\w$]*|"[^"]+")', re.I)
+_GRANT = re.compile(
+    r"\bGRANT\s+(?P<privs>.+?)\s+ON\s+(?P<target>.+?)\s+TO\s+(?P<roles>.+?)"
+    r"(?:\s+WITH\s+GRANT\s+OPTION)?\s*$",
+    re.I | re.S,
+)
+_REVOKE = re.compile(
+    r"\bREVOKE\s+(?:GRANT\s+OPTION\s+FOR\s+)?(?P<privs>.+?)\s+ON\s+(?P<target>.+?)"
+    r"\s+FROM\s+(?P<roles>.+?)(?:\s+(?:CASCADE|RESTRICT))?\s*$",
+    re.I | re.S,
+)
+_ALL_IN_SCHEMA = re.compile(r"^ALL\s+(TABLES|SEQUENCES)\s+IN\s+SCHEMA\s+(.+)$", re.I | re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class Privilege:
+    role: str
+    kind: Kind
+    obj: str
+    privilege: str
+
+
+@dataclass
+class Expected:
+    """Roles the file creates, and each privilege's final state (True: granted)."""
+
+    roles: list[str] = field(default_factory=list)
+    privileges: dict[Privilege, bool] = field(default_factory=dict)
+    skipped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RolesReport:
+    migration: str
+    applied: bool
+    expected: Expected
+    missing_roles: list[str]
+    wrong: list[tuple[Privilege, bool]]  # (privilege, what the database holds)
+
+
+def roles_migration(migrations: Sequence[Migration]) -> Migration | None:
+    """The newest migration whose name mentions roles, if any."""
+    found = [m for m in migrations if "role" in m.name]
+    return found[-1] if found else None
+
+
+def _unquote(name: str) -> str:
+    """An identifier as PostgreSQL stores it: quoted kept as is, unquoted folded to lower."""
+    parts = re.findall(r'"[^"]+"|[^.]+', name.strip())
+    return ".".join(p[1:-1] if p.startswith('"') else p.lower() for p in parts)
+
+
+def _names(text: str) -> list[str] | None:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(_IDENT.match(p) for p in parts):
+        return None
+    return [_unquote(p) for p in parts]
+
+
+def _targets(
+    target: str, schema_tables: dict[str, list[str]], schema_sequences: dict[str, list[str]]
+) -> tuple[Kind, list[str]] | None:
+    target = " ".join(target.split())
+    match = _ALL_IN_SCHEMA.match(target)
+    if match:
+        schemas = _names(match[2])
+        if schemas is None:
+            return None
+        source = schema_tables if match[1].upper() == "TABLES" else schema_sequences
+        kind: Kind = "table" if match[1].upper() == "TABLES" else "sequence"
+        return kind, [obj for s in schemas for obj in source.get(s, [])]
+    head, _, rest = target.partition(" ")
+    word = head.upper()
+    if word in ("TABLE", "SEQUENCE", "SCHEMA"):
+        names = _names(rest)
+        kind = "table" if word == "TABLE" else "sequence" if word == "SEQUENCE" else "schema"
+    elif word in ("DATABASE", "FUNCTION", "PROCEDURE", "ROUTINE", "TYPE", "DOMAIN", "ALL"):
+        return None
+    else:
+        names, kind = _names(target), "table"
+    return None if names is None else (kind, names)
+
+
+def _privileges(text: str, kind: Kind) -> list[str] | None:
+    words = [" ".join(p.split()).upper() for p in text.split(",")]
+    if words in (["ALL"], ["ALL PRIVILEGES"]):
+        return list(_ALL_PRIVILEGES[kind])
+    if any(w not in _ALL_PRIVILEGES[kind] for w in words):
+        return None  # column privileges, or a privilege of another object kind
+    return words
+
+
+def expected(
+    sql: str,
+    schema_tables: dict[str, list[str]] | None = None,
+    schema_sequences: dict[str, list[str]] | None = None,
+) -> Expected:
+    """The privileges ``sql`` leaves in place, statement by statement. Pure.
+
+    ``schema_tables``/``schema_sequences`` expand ``ALL TABLES IN SCHEMA s`` (schema name
+    to its objects, as the database lists them).
+    """
+    out = Expected()
+    text = re.sub(r"--[^\n]*", "", sql)
+    for created in _CREATE_ROLE.finditer(text):
+        role = _unquote(created[1])
+        if role not in out.roles:
+            out.roles.append(role)
+    for statement in text.split(";"):
+        if re.search(r"\bDEFAULT\s+PRIVILEGES\b", statement, re.I):
+            out.skipped += bool(re.search(r"\b(GRANT|REVOKE)\b", statement, re.I))
+            continue
+        grant = _GRANT.search(statement)
+        match = grant if grant is not None else _REVOKE.search(statement)
+        if match is None:
+            continue
+        parsed = _targets(match["target"], schema_tables or {}, schema_sequences or {})
+        roles = _names(match["roles"])
+        privs = _privileges(match["privs"], parsed[0]) if parsed else None
+        if parsed is None or roles is None or privs is None:
+            out.skipped += 1
+            continue
+        kind, objects = parsed
+        for role in roles:
+            if role in ("public", "current_user", "session_user", "current_role"):
+                continue
+            for obj in objects:
+                for priv in privs:
+                    out.privileges[Privilege(role, kind, obj, priv)] = grant is not None
+    return out
+
+
+_HOLDS = """
+SELECT CASE u.kind
+         WHEN 'table' THEN has_table_privilege(u.role, u.obj, u.priv)
+         WHEN 'sequence' THEN has_sequence_privilege(u.role, u.obj, u.priv)
+         ELSE has_schema_privilege(u.role, u.obj, u.priv)
+       END AS held
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
+    AS u(role, kind, obj, priv, n)
+ORDER BY u.n
+"""
+
+_OBJECTS = """
+SELECT n.nspname AS schema, c.relname AS name, c.relkind AS kind
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_%'
+"""
+
+
+_WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+
+
+def with_no_extra_writes(want: Expected, tables: dict[str, list[str]]) -> dict[Privilege, bool]:
+    """``want``'s privileges, plus: a role the file grants table privileges to holds no
+    write privilege on any table that the file does not grant it. Pure.
+
+    This is what makes "append-only by grants" checkable: the ingest role may INSERT
+    into activity, and holding UPDATE or DELETE there is a failure.
+    """
+    expect = dict(want.privileges)
+    grantees = {p.role for p, granted in want.privileges.items() if granted and p.kind == "table"}
+    for role in sorted(grantees):
+        for schema, names in tables.items():
+            for name in names:
+                obj = name if schema == "public" else f"{schema}.{name}"
+                for priv in _WRITES:
+                    expect.setdefault(Privilege(role, "table", obj, priv), False)
+    return expect
+
+
+async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: bool) -> RolesReport:
+    """Compare the database's roles and privileges with ``migration``'s. Read-only.
+
+    Checked: every role the file creates or grants to exists; every privilege the file
+    leaves granted is held, every one it revokes is not; and no grantee of table
+    privileges holds a write privilege the file does not grant it.
+    """
+    tables: dict[str, list[str]] = {}
+    sequences: dict[str, list[str]] = {}
+    for r in await conn.fetch(_OBJECTS):
+        target = sequences if r["kind"] == b"S" or r["kind"] == "S" else tables
+        target.setdefault(str(r["schema"]), []).append(str(r["name"]))
+    want = expected(migration.sql, tables, sequences)
+    named = sorted({p.role for p in want.privileges} | set(want.roles))
+    present = {
+        str(r["rolname"])
+        for r in await conn.fetch("SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", named)
+    }
+    known = {o for objs in (*tables.values(), *sequences.values()) for o in objs}
+    known |= {f"{s}.{o}" for s, objs in (*tables.items(), *sequences.items()) for o in objs}
+    known |= {str(r["nspname"]) for r in await conn.fetch("SELECT nspname FROM pg_namespace")}
+    expect = with_no_extra_writes(want, tables)
+    checkable = [p for p in expect if p.role in present and p.obj in known]
+    held = await conn.fetch(
+        _HOLDS,
+        [p.role for p in checkable],
+        [p.kind for p in checkable],
+        [p.obj for p in checkable],
+        [p.privilege for p in checkable],
+    )
+    wrong = [
+        (p, bool(h["held"]))
+        for p, h in zip(checkable, held, strict=True)
+        if bool(h["held"]) != expect[p]
+    ]
+    wrong += [(p, False) for p in want.privileges if p.obj not in known and want.privileges[p]]
+    return RolesReport(
+        migration=f"{migration.version:04d}_{migration.name}.sql",
+        applied=applied,
+        expected=want,
+        missing_roles=[r for r in named if r not in present],
+        wrong=wrong,
+    )
+
+
+async def may_modify_activity(conn: asyncpg.Connection) -> tuple[str, list[str]]:
+    """(current_user, the privileges among UPDATE/DELETE/TRUNCATE it holds on activity)."""
+    row = await conn.fetchrow(
+        "SELECT current_user AS who, "
+        "has_table_privilege('activity', 'UPDATE') AS u, "
+        "has_table_privilege('activity', 'DELETE') AS d, "
+        "has_table_privilege('activity', 'TRUNCATE') AS t"
+    )
+    if row is None:  # a SELECT without FROM always returns one row
+        return "?", []
+    held = [name for name, key in (("UPDATE", "u"), ("DELETE", "d"), ("TRUNCATE", "t")) if row[key]]
+    return str(row["who"]), held

@@ -1,0 +1,363 @@
+"""Follow ingested rows exactly once: the changefeed reader (README, "Changefeed").
+
+The contract, in the database's terms:
+
+* every ingest batch row carries ``commit_xid``, the xid8 of the transaction that wrote
+  it (a column default evaluated inside the batch's transaction);
+* a read is ONE statement, so one snapshot; it takes the snapshot's horizon
+  ``xmin = pg_snapshot_xmin(pg_current_snapshot())`` and reads only batches whose
+  ``commit_xid < xmin``, in xid order, after the reader's cursor. Every transaction
+  below ``xmin`` has ended (committed and visible to this snapshot, or rolled back), and
+  every xid assigned after the snapshot is >= its xmax >= xmin: the set of batches below
+  ``xmin`` can never grow. So a cursor below ``xmin`` never has a batch appear behind it
+  — a reader cannot skip, whatever order the writers commit in;
+* the read runs before the reader's transaction holds an xid of its own (checked: an own
+  xid would pin ``xmin`` to itself and stall every reader behind this transaction);
+* a named reader's cursor row (``feed_cursors``) is advanced by compare-and-set on its
+  version, in the same transaction as the reader's side effects: both commit or neither,
+  so a reader that keeps its side effects in PostgreSQL never sees a row twice. Two
+  instances of one reader may race; the loser's update finds the version moved, rolls
+  back before any side effect, and reads again from the winner's cursor.
+
+Writers ``pg_notify('ackline_batches', batch_id)`` inside the batch transaction (delivered
+on COMMIT only); :func:`ackline.sinks.feed.follow.follow` LISTENs to wake at once and
+polls as a fallback
+(a notified batch may still sit above ``xmin`` behind an older open transaction, which
+sends nothing when it ends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from ackline.core.faults import DISARMED, Faults
+from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.follow import CHANNEL, AnyReader, Committed, Handler, connector, follow
+from ackline.sinks.feed.types import (
+    ALL,
+    START,
+    Cursor,
+    FeedBatch,
+    FeedEvent,
+    Filter,
+    Position,
+    window_end,
+)
+
+__all__ = [
+    "CHANNEL",
+    "AnyReader",
+    "Changefeed",
+    "Committed",
+    "Handler",
+    "LocalReader",
+    "Reader",
+    "ReaderStats",
+    "connector",
+    "follow",
+    "saved_cursor",
+]
+
+_READ = """
+WITH horizon AS (
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
+           pg_current_xact_id_if_assigned() AS own_xid
+), txs AS (
+    SELECT DISTINCT b.commit_xid
+    FROM ingest_batches AS b, horizon AS h
+    WHERE b.commit_xid < h.xmin AND b.commit_xid >= $1::xid8
+      AND (b.commit_xid > $1::xid8 OR $2::bigint IS NOT NULL)
+    ORDER BY b.commit_xid
+    LIMIT $3
+), bound AS (
+    SELECT (SELECT max(commit_xid) FROM txs) AS upper,
+           (SELECT count(*) FROM txs) AS txs,
+           h.own_xid,
+           EXISTS (SELECT 1 FROM ingest_batches AS p WHERE p.commit_xid >= h.xmin) AS pending
+    FROM horizon AS h
+), ev AS (
+    SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
+           a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
+           a.src_topic, a.src_partition, a.src_offset
+    FROM txs
+    JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
+    JOIN activity AS a ON a.batch_id = b.batch_id
+    WHERE ($2::bigint IS NULL OR b.commit_xid > $1::xid8
+           OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
+              > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+      AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
+      AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
+)
+SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, ev.*
+FROM bound LEFT JOIN ev ON true
+ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset, ev.src_topic COLLATE "C"
+"""
+
+_ENSURE = """
+INSERT INTO feed_cursors (reader, position, within_batch, within_partition, within_offset,
+                          within_topic)
+VALUES ($1, $2::xid8, $3, $4, $5, $6)
+ON CONFLICT (reader) DO NOTHING
+"""
+
+_CURSOR = """
+SELECT position, within_batch, within_partition, within_offset, within_topic, version
+FROM feed_cursors WHERE reader = $1
+"""
+
+_ADVANCE = """
+UPDATE feed_cursors
+SET position = $3::xid8, within_batch = $4, within_partition = $5, within_offset = $6,
+    within_topic = $7, version = version + 1, transactions = transactions + $8,
+    delivered = delivered + $9, updated_at = now()
+WHERE reader = $1 AND version = $2
+"""
+
+
+class Changefeed:
+    """Reads the feed from any cursor; holds no state and no connection."""
+
+    def __init__(self, filter: Filter = ALL, *, max_transactions: int = 64) -> None:
+        if max_transactions < 1:
+            raise FeedError(f"max_transactions must be at least 1, not {max_transactions}")
+        self.filter = filter
+        self.max_transactions = max_transactions
+
+    async def read(
+        self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
+    ) -> FeedBatch:
+        """The events after ``cursor``, at most ``max_transactions`` whole transactions
+        (cut after ``limit`` events), in feed order. One statement, one snapshot.
+
+        Raises :class:`FeedError` if ``conn``'s transaction already holds an xid: that
+        xid would hold this snapshot's horizon at itself.
+        """
+        w = cursor.within
+        types, agents = self.filter.sql_args()
+        rows = await conn.fetch(
+            _READ,
+            cursor.xid,
+            None if w is None else w.batch_id,
+            self.max_transactions,
+            None if w is None else w.partition,
+            None if w is None else w.offset,
+            None if w is None else w.topic,
+            types,
+            agents,
+        )
+        head = rows[0]
+        if head["own_xid"] is not None:
+            raise FeedError(
+                "the feed was read in a transaction that holds an xid "
+                f"({head['own_xid']}); read it first, before any write"
+            )
+        events = [_event(r) for r in rows if r["event_id"] is not None]
+        upper = None if head["upper"] is None else int(head["upper"])
+        kept, end = window_end(cursor, upper, events, limit)
+        return FeedBatch(
+            start=cursor,
+            end=end,
+            events=kept,
+            transactions=int(head["txs"]),
+            pending=bool(head["pending"]),
+        )
+
+
+def _event(r: asyncpg.Record) -> FeedEvent:
+    return FeedEvent(
+        event_id=r["event_id"],
+        txn_id=r["txn_id"],
+        type=r["type"],
+        agent_id=r["agent_id"],
+        request_id=r["request_id"],
+        occurred_at=r["occurred_at"],
+        schema_version=int(r["schema_version"]),
+        payload=json.loads(r["payload"]),
+        batch_id=int(r["batch_id"]),
+        commit_xid=int(r["commit_xid"]),
+        topic=r["src_topic"],
+        partition=int(r["src_partition"]),
+        offset=int(r["src_offset"]),
+    )
+
+
+def _cursor_of(row: asyncpg.Record) -> Cursor:
+    if row["within_batch"] is None:
+        return Cursor(int(row["position"]))
+    return Cursor(
+        int(row["position"]),
+        Position(
+            int(row["within_batch"]),
+            int(row["within_partition"]),
+            int(row["within_offset"]),
+            str(row["within_topic"]),
+        ),
+    )
+
+
+async def saved_cursor(conn: asyncpg.Connection, reader: str) -> Cursor | None:
+    """A reader's stored cursor, or None if there is no such reader (creates nothing)."""
+    row = await conn.fetchrow(_CURSOR, reader)
+    return None if row is None else _cursor_of(row)
+
+
+class _RaceLost(Exception):
+    """Another instance of the reader advanced the cursor first."""
+
+
+@dataclass
+class ReaderStats:
+    """Counted after COMMIT only."""
+
+    transactions: int = 0
+    delivered: int = 0
+    lost_races: int = 0
+
+
+class Reader:
+    """A named reader whose cursor lives in ``feed_cursors``, next to its side effects."""
+
+    def __init__(
+        self,
+        name: str,
+        feed: Changefeed | None = None,
+        *,
+        start: Cursor = START,
+        faults: Faults = DISARMED,
+    ) -> None:
+        if not name:
+            raise FeedError("a reader needs a name")
+        self.name = name
+        self.feed = feed or Changefeed()
+        self.start = start
+        self.stats = ReaderStats()
+        self._faults = faults
+
+    async def position(self, conn: asyncpg.Connection) -> Cursor:
+        """The stored cursor; a reader seen for the first time is created at ``start``
+        (autocommitted: an empty row consumes nothing)."""
+        row = await conn.fetchrow(_CURSOR, self.name)
+        if row is None:
+            w = self.start.within
+            try:
+                await conn.execute(
+                    _ENSURE,
+                    self.name,
+                    self.start.xid,
+                    *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
+                )
+            except asyncpg.InsufficientPrivilegeError as exc:
+                raise FeedError(
+                    f"reader {self.name!r}: this role may not write feed_cursors "
+                    "(a stored cursor needs INSERT and UPDATE on it)"
+                ) from exc
+            row = await conn.fetchrow(_CURSOR, self.name)
+            if row is None:
+                raise FeedError(f"reader {self.name!r} vanished while it was being created")
+        return _cursor_of(row)
+
+    @asynccontextmanager
+    async def next_batch(
+        self, conn: asyncpg.Connection, limit: int | None = None
+    ) -> AsyncIterator[FeedBatch]:
+        """Open a transaction holding the next batch of events and the advanced cursor.
+
+        Order of effects: BEGIN (read committed); read the cursor row; read the feed
+        (one statement, no xid held yet); compare-and-set the cursor row to the batch's
+        end (this takes the row lock and the transaction's xid; a lost race rolls back
+        and starts over); yield — the body makes its side effects on ``conn``; COMMIT.
+        An exception in the body, or a crash anywhere before COMMIT, rolls back the
+        cursor and the side effects together: the same batch is delivered again. A
+        crash during COMMIT leaves the outcome to the database; the next call re-reads
+        the cursor and continues from whatever committed. A caught-up reader's
+        transaction changes nothing.
+        """
+        if conn.is_in_transaction():
+            raise FeedError("next_batch needs a connection that is not in a transaction")
+        while True:
+            tr = conn.transaction(isolation="read_committed")
+            await tr.start()
+            try:
+                batch = await self._claim(conn, limit)
+            except _RaceLost:
+                await tr.rollback()
+                self.stats.lost_races += 1
+                continue
+            except BaseException:
+                await _rollback_quietly(conn, tr)
+                raise
+            break
+        try:
+            yield batch
+            if batch.transactions:
+                await self._faults.ahit("feed_before_commit")
+        except BaseException:
+            await _rollback_quietly(conn, tr)
+            raise
+        await tr.commit()
+        self.stats.transactions += batch.transactions
+        self.stats.delivered += len(batch.events)
+
+    async def _claim(self, conn: asyncpg.Connection, limit: int | None) -> FeedBatch:
+        row = await conn.fetchrow(_CURSOR, self.name)
+        if row is None:
+            raise FeedError(f"reader {self.name!r} has no cursor row; call position() first")
+        batch = await self.feed.read(conn, _cursor_of(row), limit)
+        if batch.end == batch.start:
+            return batch
+        w = batch.end.within
+        status = await conn.execute(
+            _ADVANCE,
+            self.name,
+            row["version"],
+            batch.end.xid,
+            *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
+            batch.transactions,
+            len(batch.events),
+        )
+        if status != "UPDATE 1":
+            raise _RaceLost()
+        return batch
+
+
+class LocalReader:
+    """A reader whose cursor lives only in memory: a read-only view of the feed.
+
+    Nothing is written to the database; :meth:`next_batch` reads in autocommit and moves
+    the in-memory cursor once the body returns. Use it to inspect the feed (`ackline
+    tail` without ``--commit``); resuming is the caller's business (print the cursor).
+    """
+
+    def __init__(self, feed: Changefeed | None = None, *, start: Cursor = START) -> None:
+        self.name = "(local)"
+        self.feed = feed or Changefeed()
+        self.cursor = start
+        self.stats = ReaderStats()
+
+    async def position(self, conn: asyncpg.Connection) -> Cursor:
+        return self.cursor
+
+    @asynccontextmanager
+    async def next_batch(
+        self, conn: asyncpg.Connection, limit: int | None = None
+    ) -> AsyncIterator[FeedBatch]:
+        """Read after the in-memory cursor; advance it only if the body returns."""
+        batch = await self.feed.read(conn, self.cursor, limit)
+        yield batch
+        self.cursor = batch.end
+        self.stats.transactions += batch.transactions
+        self.stats.delivered += len(batch.events)
+
+
+async def _rollback_quietly(conn: asyncpg.Connection, tr: Any) -> None:
+    if conn.is_closed():
+        return
+    with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        await tr.rollback()

@@ -1,0 +1,1 @@
+"""sinks.ingest."""

@@ -1,0 +1,77 @@
+"""The unit of work handed from the consumer runtime to the writer. Plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ackline.schemas.decode import Row
+
+TP = tuple[str, int]
+"""A partition: (topic, partition). The one name for it in every module."""
+
+
+@dataclass(frozen=True, slots=True)
+class Coord:
+    """Where a record came from in Kafka."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A decoded, validated event and its source coordinates."""
+
+    coord: Coord
+    row: Row
+
+
+@dataclass(frozen=True, slots=True)
+class RejectRecord:
+    """Poison: a record that did not decode or validate, already in the dead-letter topic."""
+
+    coord: Coord
+    reason: str
+    detail: str
+    raw_key: bytes | None
+    raw_value: bytes | None
+    headers: list[dict[str, str | None]]
+    dlq_topic: str
+    dlq_partition: int
+    dlq_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRange:
+    """The offsets a batch covers on one partition, and the epoch it was read under.
+
+    ``next_offset`` is the offset after the last record of the batch, which is what the
+    offset row holds once the batch commits. Offsets are not contiguous under
+    read_committed (transaction markers, aborted records), so it is never computed as
+    ``first_offset + count``.
+    """
+
+    topic: str
+    partition: int
+    first_offset: int
+    next_offset: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything one PostgreSQL transaction commits, and the offsets it advances."""
+
+    ranges: tuple[PartitionRange, ...]
+    events: list[Incoming] = field(default_factory=list)
+    rejects: list[RejectRecord] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.events) + len(self.rejects)
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{r.topic}[{r.partition}]@{r.first_offset}..{r.next_offset - 1}" for r in self.ranges
+        )

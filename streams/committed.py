@@ -1,0 +1,74 @@
+"""The step both runtimes take after PostgreSQL committed a batch: count it, log it.
+
+Every "ingested" figure comes from here, so it is counted after the COMMIT and never on
+fetch. Storing the new offsets (the ownership ledger, the advisory Kafka offsets) is the
+runtime's own step, done before this one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ackline.core.logs import BATCH_LOGGER
+from ackline.core.metrics import Metrics
+from ackline.sinks.ingest.batch import Batch
+from ackline.sinks.ingest.writer import WriteResult
+
+_batches = logging.getLogger(BATCH_LOGGER)
+
+
+def record_committed(metrics: Metrics, batch: Batch, result: WriteResult, seconds: float) -> None:
+    """Count and log one batch PostgreSQL has committed."""
+    count_committed(metrics, result, seconds)
+    log_committed(batch, result, seconds)
+
+
+def log_committed(batch: Batch, result: WriteResult, seconds: float) -> None:
+    """One INFO line for a batch PostgreSQL has committed (cheap when disabled)."""
+    if _batches.isEnabledFor(logging.INFO):
+        _batches.info(
+            "batch %d committed: %s",
+            result.batch_id,
+            batch.describe(),
+            extra=batch_fields(batch, result, seconds),
+        )
+
+
+def count_committed(metrics: Metrics, result: WriteResult, seconds: float) -> None:
+    """The metrics of one committed batch."""
+    metrics.batches.inc()
+    metrics.ingested.inc(result.inserted)
+    for layer, n in result.duplicates.items():
+        metrics.duplicates.labels(layer).inc(n)
+    for layer, n in result.conflicts.items():
+        metrics.conflicts.labels(layer).inc(n)
+    for reason, n in result.rejects.items():
+        metrics.rejects.labels(reason).inc(n)
+    metrics.batch_size.observe(result.events)
+    metrics.batch_seconds.observe(seconds)
+    metrics.last_commit.set_to_current_time()
+
+
+def batch_fields(batch: Batch, result: WriteResult, seconds: float) -> dict[str, Any]:
+    """The structured fields of one committed batch's log line. Pure."""
+    return {
+        "event": "batch_committed",
+        "batch_id": result.batch_id,
+        "ranges": [
+            {
+                "topic": r.topic,
+                "partition": r.partition,
+                "first_offset": r.first_offset,
+                "next_offset": r.next_offset,
+                "epoch": r.epoch,
+            }
+            for r in batch.ranges
+        ],
+        "events": result.events,
+        "inserted": result.inserted,
+        "duplicates": dict(result.duplicates),
+        "conflicts": dict(result.conflicts),
+        "rejects": dict(result.rejects),
+        "seconds": round(seconds, 4),
+    }

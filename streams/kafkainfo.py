@@ -1,0 +1,158 @@
+"""Read-only Kafka facts for the operator commands: watermarks, committed offsets,
+topic configuration and the timestamps of the oldest unconsumed records.
+
+Nothing here joins a group or commits: the consumers below only ``assign`` or query,
+with ``enable.auto.commit`` off. confluent-kafka errors are wrapped at this boundary.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+from ackline.streams.admin import admin
+from ackline.streams.errors import KafkaUnavailableError
+
+Conf = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """One partition's log bounds and the group's committed offset (None: none committed)."""
+
+    partition: int
+    low: int
+    high: int
+    committed: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFacts:
+    topic: str
+    partitions: int
+    replication_factor: int  # the smallest over the partitions
+    brokers: int
+    config: dict[str, str]  # retention.ms, min.insync.replicas, cleanup.policy, ...
+
+
+@contextmanager
+def _consumer(bootstrap: str, conf: Conf, group_id: str) -> Iterator[Consumer]:
+    consumer = Consumer(
+        {
+            **conf,
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def topic_offsets(
+    bootstrap: str, conf: Conf, group_id: str, topic: str, timeout: float = 10.0
+) -> list[PartitionOffsets] | None:
+    """Watermarks and ``group_id``'s committed offsets per partition; None if no topic."""
+    try:
+        with _consumer(bootstrap, conf, group_id) as consumer:
+            meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return None
+            tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout)}
+            found = []
+            for tp in tps:
+                low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+                offset = committed.get(tp.partition, -1)
+                found.append(
+                    PartitionOffsets(tp.partition, low, high, offset if offset >= 0 else None)
+                )
+            return found
+    except KafkaException as exc:
+        raise KafkaUnavailableError(
+            f"cannot read offsets of {topic} at {bootstrap}: {exc}"
+        ) from exc
+
+
+def describe_topic(
+    bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0
+) -> TopicFacts | None:
+    """Partition count, replication factor, broker count and configuration; None if no topic."""
+    client = admin(bootstrap, conf)
+    try:
+        meta = client.list_topics(topic=topic, timeout=timeout)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            return None
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        futures = client.describe_configs([resource], request_timeout=timeout)
+        entries = futures[resource].result(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    replicas = [len(p.replicas) for p in found.partitions.values()]
+    return TopicFacts(
+        topic=topic,
+        partitions=len(found.partitions),
+        replication_factor=min(replicas) if replicas else 0,
+        brokers=len(meta.brokers),
+        config={name: str(entry.value) for name, entry in entries.items()},
+    )
+
+
+def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
+    """The number of brokers in the cluster metadata; raises KafkaUnavailableError."""
+    try:
+        return len(admin(bootstrap, conf).list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+
+
+def record_timestamps(
+    bootstrap: str,
+    conf: Conf,
+    topic: str,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    timeout: float = 5.0,
+) -> dict[int, int]:
+    """The timestamp (ms) of the first committed record in ``[starts[p], ends[p])``.
+
+    A partition whose position reaches its end without a record (only transaction
+    markers or aborted records were left) is left out, and so is one with nothing
+    readable within ``timeout``. Uses a throwaway group id and ``assign`` only: no
+    group is joined and nothing is committed.
+    """
+    if not starts:
+        return {}
+    found: dict[int, int] = {}
+    empty: set[int] = set()
+    tps = [TopicPartition(topic, p, off) for p, off in starts.items()]
+    try:
+        with _consumer(bootstrap, conf, f"ackline-inspect-{uuid.uuid4().hex[:8]}") as consumer:
+            consumer.assign(tps)
+            deadline = time.monotonic() + timeout
+            while len(found) + len(empty) < len(starts) and time.monotonic() < deadline:
+                msg = consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    partition = msg.partition() or 0
+                    if partition not in found and (msg.offset() or 0) < ends.get(partition, 0):
+                        _, stamp = msg.timestamp()
+                        found[partition] = int(stamp)
+                        consumer.pause([TopicPartition(topic, partition)])
+                for tp in consumer.position([TopicPartition(topic, p) for p in starts]):
+                    if tp.partition not in found and tp.offset >= ends.get(tp.partition, 0):
+                        empty.add(tp.partition)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
+    return found

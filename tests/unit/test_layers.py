@@ -1,0 +1,130 @@
+"""The house has floors, and imports only go down (docs/design.md, "Layers").
+
+Every module of the one import root ``ackline`` belongs to one floor; a module may import
+modules of its own floor or of a floor below it, never above (type-only imports count:
+a cycle through annotations is still a cycle). And the production import graph — what
+a worker loads — never reaches the dev stack.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import ackline
+
+ROOT = Path(ackline.__file__).parent
+
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("ackline.core",),  # the ground floor: errors, faults, logs, metrics, progress
+    ("ackline.schemas",),  # the event schema, canonical hash, decoder
+    ("ackline.sinks",),  # PostgreSQL: ingest, changefeed, administration
+    ("ackline.streams",),  # Kafka: the runtimes' shared parts, producer SDK, dead letters
+    ("ackline.dev",),  # the local stack (tests, demo, chaos, bench)
+    ("ackline.load",),  # load generation, verification, capture/replay, chaos, bench
+    ("ackline.settings", "ackline.roles", "ackline.clients"),  # configuration
+    ("ackline.runtime",),  # composition of a worker: wiring, both runtimes, health, HTTP
+    (  # the shell: the command line and the operator commands
+        "ackline.cli",
+        "ackline.commands",
+        "ackline.demo",
+        "ackline.doctor",
+        "ackline.status",
+        "ackline.render",
+        "ackline.endpoints",
+        "ackline.__main__",
+    ),
+)
+PRODUCTION = ("ackline.runtime",)  # what `ackline run` loads, transitively
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder, _dirs, files in os.walk(ROOT, followlinks=True):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            rel = (Path(folder) / name).relative_to(ROOT.parent).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = Path(folder) / name
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every ackline module ``module`` imports, anywhere in it (functions included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        out.update(n for n in names if n in MODULES)
+    return out
+
+
+def floor(module: str) -> int:
+    for level, prefixes in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+
+
+def test_every_module_is_on_a_floor() -> None:
+    for module in MODULES:
+        if module != "ackline":
+            floor(module)
+
+
+def test_the_package_root_imports_nothing_of_its_own() -> None:
+    assert _imports("ackline", MODULES["ackline"]) == set()
+
+
+def test_imports_only_go_down() -> None:
+    upward = sorted(
+        f"{module} (floor {floor(module)}) imports {target} (floor {floor(target)})"
+        for module, path in MODULES.items()
+        if module != "ackline"
+        for target in _imports(module, path)
+        if target != "ackline" and floor(target) > floor(module)
+    )
+    assert upward == []
+
+
+def test_a_worker_never_loads_the_dev_stack() -> None:
+    seen: set[str] = set()
+    todo = [m for m in MODULES if m.startswith(PRODUCTION)]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(_imports(module, MODULES[module]))
+    assert not [m for m in seen if m.startswith("ackline.dev")]
+    assert len(seen) > 20  # not vacuous: the runtimes and what they stand on were walked
+
+
+def test_one_import_root_is_installed() -> None:
+    import tomllib
+
+    from setuptools import find_packages
+
+    repo = ROOT.parent
+    config = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(where=str(repo), include=include)
+    assert "ackline.streams.faust_runtime" in packages  # linked folders are found
+    assert {p.split(".")[0] for p in packages} == {"ackline"}
