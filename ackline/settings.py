@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # Batching and backpressure.
     batch_max_events: int = Field(default=2_000, ge=1, le=100_000)
     batch_max_ms: int = Field(default=200, ge=1, le=60_000)
+    # Bytes of record keys and values per batch (and buffered ahead): bounds a worker's
+    # memory and a transaction's size whatever the record sizes (1 MiB poison floods).
+    batch_max_bytes: int = Field(default=32 * 1_048_576, ge=1_048_576, le=512 * 1_048_576)
     max_message_bytes: int = Field(default=1_048_576, ge=256, le=64 * 1_048_576)
     max_json_depth: int = Field(default=32, ge=2, le=512)
 

@@ -82,7 +82,7 @@ def test_acks_never_make_an_offset_committable(tmp_path: Path) -> None:
             consumer._thread.thread_loop.close()  # never started: the test owns its loop
 
     def _check(consumer: AcklineConsumer) -> None:
-        app.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=5)])
+        app.ownership.ledger.claimed([Claim(T, 0, 100, epoch=5)], 1, replace=True)
         for offset in (100, 101, 103, 104):  # 102 in flight (faust #606's shape)
             msg = _message(0, offset)
             consumer.track_message(msg)
@@ -120,7 +120,7 @@ def test_stock_faust_commits_past_an_in_flight_message_ackline_does_not(tmp_path
             finally:
                 consumer._thread.thread_loop.close()
         assert stock.consumer._filter_committable_offsets([tp]) == {tp: 105}  # past 100
-        ours.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=1)])
+        ours.ownership.ledger.claimed([Claim(T, 0, 100, epoch=1)], 1, replace=True)
         assert ours.consumer._filter_committable_offsets([tp]) == {tp: 100}
 
     asyncio.run(go())
