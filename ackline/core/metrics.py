@@ -58,6 +58,12 @@ class Metrics:
             "ackline_dead_letters", "Dead-letter records acknowledged by Kafka", registry=r
         )
         self.assigned = Gauge("ackline_assigned_partitions", "Partitions owned now", registry=r)
+        self.topic_partitions = Gauge(
+            "ackline_topic_partitions",
+            "Partitions of the topic this worker's group consumes (for the nobody-consumes "
+            "alert: the group's assigned partitions summed over its workers fall short)",
+            registry=r,
+        )
         self.not_consumed = Gauge(
             "ackline_partitions_not_consumed",
             "Partitions Kafka assigns to this worker that it does not consume (fenced and "

@@ -21,6 +21,7 @@ from ackline.streams.faust_runtime.transport import AcklineApp, AcklineConsumer,
 
 AGENT_NAME = "ackline-ingest"
 COMMIT_INTERVAL_S = 1.0  # Kafka commits of the DB offsets: advisory, for lag tooling
+METADATA_MAX_AGE_MS = 5_000  # see faust_settings: bounds an empty-assignment stall
 
 
 @dataclass
@@ -82,6 +83,11 @@ def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "broker_max_poll_interval": settings.max_poll_interval_ms / 1000,
         "broker_commit_interval": COMMIT_INTERVAL_S,
         "broker_request_timeout": request_timeout_s(settings),
+        # The group leader assigns from its metadata; right after a broker restart that can
+        # lack the topic's partitions ("No partition metadata"), so it assigns nothing to
+        # anyone, and only a metadata refresh that sees them triggers a new assignment.
+        # aiokafka's default refresh (5 minutes) left the whole group idle that long.
+        "consumer_metadata_max_age_ms": METADATA_MAX_AGE_MS,
         "web_enabled": False,
         "topic_disable_leader": True,
         "topic_allow_declare": False,

@@ -63,6 +63,7 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     app = make_app(ingest)
     metrics = ingest.metrics
     partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    metrics.topic_partitions.set(partitions)
     ingest.serve()
 
     async def probe() -> None:

@@ -12,7 +12,7 @@ import pytest
 from faust.types import TP, Message
 
 from ackline.core.errors import SettingsError
-from ackline.runtime.faust_app import AGENT_NAME, FaustApp, make_app
+from ackline.runtime.faust_app import AGENT_NAME, METADATA_MAX_AGE_MS, FaustApp, make_app
 from ackline.runtime.wiring import build_ingest
 from ackline.settings import load_settings
 from ackline.sinks.ingest.batch import PartitionRange
@@ -51,6 +51,15 @@ def test_faust_environment_cannot_change_the_settings_the_runtime_needs(
     assert app.conf.broker_commit_every != 1
     assert app.conf.id == "g"  # the consumer group is ackline's group id
     assert app.agents[next(iter(app.agents))].name.endswith(AGENT_NAME)
+
+
+def test_the_group_leader_refreshes_metadata_within_seconds(tmp_path: Path) -> None:
+    """A leader that assigned with no partition metadata (right after a broker restart)
+    left the whole group without partitions until aiokafka's 5-minute metadata refresh:
+    the short faust chaos run stalled that way. The refresh is now seconds."""
+    app = _app(tmp_path)
+    assert app.conf.consumer_metadata_max_age_ms == METADATA_MAX_AGE_MS <= 10_000
+    assert app.conf.consumer_auto_offset_reset == "earliest"  # resets only past retention
 
 
 def test_only_plaintext_kafka(tmp_path: Path) -> None:
