@@ -67,77 +67,206 @@ class Settings(BaseSettings):
     )
 
     # Where the services are. Unset: the local stack started by `ackline dev up`.
-    kafka_bootstrap: str | None = None
-    database_url: SecretStr | None = None
-    # What `ackline run` connects as (least privilege, README "Roles and privileges").
-    # Unset: database_url (or the local stack's) with its user swapped for ackline_ingest,
-    # which works where PostgreSQL trusts that role (the local stack); required when
-    # database_url carries a password.
-    database_ingest_url: SecretStr | None = None
-    state_dir: Path = Path(".ackline")
+    kafka_bootstrap: str | None = Field(
+        default=None,
+        description="Kafka bootstrap servers (host:port,...). Unset: the local stack's broker",
+    )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL DSN of the operator (migrate, status, verify, ...). "
+        "Unset: the local stack's",
+    )
+    # What `ackline run` connects as (least privilege, docs/roles.md).
+    database_ingest_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL DSN the worker connects as. Unset: the operator's DSN with its "
+        "user swapped for ackline_ingest, which works where PostgreSQL trusts that role (the "
+        "local stack); required when the operator's DSN carries a password",
+    )
+    state_dir: Path = Field(
+        default=Path(".ackline"),
+        description="the local stack's state (and the faust runtime's data directory)",
+    )
 
     # What to consume and where poison goes.
-    topic: str = "agent-activity"
-    group_id: str = "ackline"
-    dlq_topic: str = "agent-activity.dlq"
-    worker_id: str = Field(default_factory=_default_worker_id)
-    group_protocol: Literal["classic", "consumer"] = "classic"
-    session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
-    max_poll_interval_ms: int = Field(default=300_000, ge=1_000, le=3_600_000)
-    start_from: Literal["earliest", "latest"] = "earliest"
-    # The consumer runtime of `ackline run` (`--runtime` wins); README "Faust runtime".
-    runtime: Literal["confluent", "faust"] = "confluent"
-    # Named risks of the faust runtime the operator accepts (comma list); README "Faust runtime".
-    faust_accept_risk: str = ""
+    topic: str = Field(default="agent-activity", description="the topic to ingest")
+    group_id: str = Field(
+        default="ackline",
+        description="the consumer group; its offsets and epochs live in consumer_offsets",
+    )
+    dlq_topic: str = Field(
+        default="agent-activity.dlq", description="the dead-letter topic for poison records"
+    )
+    worker_id: str = Field(
+        default_factory=_default_worker_id,
+        description="this worker's name: the owner of its partitions, its Kafka client.id and "
+        "its PostgreSQL application_name",
+    )
+    group_protocol: Literal["classic", "consumer"] = Field(
+        default="classic",
+        description="Kafka group protocol: classic (cooperative-sticky) or consumer (KIP-848; "
+        "default runtime only)",
+    )
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1_000,
+        le=300_000,
+        description="Kafka session timeout (classic protocol)",
+    )
+    max_poll_interval_ms: int = Field(
+        default=300_000,
+        ge=1_000,
+        le=3_600_000,
+        description="Kafka max.poll.interval.ms: a worker silent this long loses its partitions",
+    )
+    start_from: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="where a group that never committed anything starts: the log start, or "
+        "for latest its last stable offset, stored by the first claim (decided once)",
+    )
+    # The consumer runtime of `ackline run` (`--runtime` wins); docs/faust.md.
+    runtime: Literal["confluent", "faust"] = Field(
+        default="confluent",
+        description="consumer runtime of `ackline run` (`--runtime` wins); faust needs the "
+        "[faust] extra",
+    )
+    faust_accept_risk: str = Field(
+        default="",
+        description="named risks of the faust runtime the operator accepts (comma list; "
+        "untested-faust-version)",
+    )
 
     # Batching and backpressure.
-    batch_max_events: int = Field(default=2_000, ge=1, le=100_000)
-    batch_max_ms: int = Field(default=200, ge=1, le=60_000)
-    # Bytes of record keys and values per batch (and buffered ahead): bounds a worker's
-    # memory and a transaction's size whatever the record sizes (1 MiB poison floods).
-    batch_max_bytes: int = Field(default=32 * 1_048_576, ge=1_048_576, le=512 * 1_048_576)
-    max_message_bytes: int = Field(default=1_048_576, ge=256, le=64 * 1_048_576)
-    max_json_depth: int = Field(default=32, ge=2, le=512)
+    batch_max_events: int = Field(
+        default=2_000, ge=1, le=100_000, description="a batch is written at this many records"
+    )
+    batch_max_ms: int = Field(
+        default=200,
+        ge=1,
+        le=60_000,
+        description="a batch is written when its first record has waited this long (or at "
+        "batch_max_events)",
+    )
+    batch_max_bytes: int = Field(
+        default=32 * 1_048_576,
+        ge=1_048_576,
+        le=512 * 1_048_576,
+        description="a batch is written at this many bytes of record keys and values; also "
+        "bounds what is buffered ahead (a worker's memory, a transaction's size)",
+    )
+    max_message_bytes: int = Field(
+        default=1_048_576,
+        ge=256,
+        le=64 * 1_048_576,
+        description="larger records are rejected as too_large before parsing",
+    )
+    max_json_depth: int = Field(
+        default=32,
+        ge=2,
+        le=512,
+        description="deeper JSON is rejected as too_deep",
+    )
 
-    # Schema evolution (README "Evolving the schema"): extra payload versions to load at
-    # start ("module:attr,..."), and how long to hold a partition at a payload version
-    # newer than this worker knows before rejecting it (0: reject at once).
-    payload_plugins: str = ""
-    newer_version_wait_s: float = Field(default=0.0, ge=0, le=86_400)
+    # Schema evolution (docs/schema.md, "Evolving the schema").
+    payload_plugins: str = Field(
+        default="",
+        description="extra payload versions to load at start (module:attribute,...)",
+    )
+    newer_version_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=86_400,
+        description="how long to hold a partition at a payload version newer than this worker "
+        "knows before rejecting it (0: reject at once)",
+    )
 
     # Operations.
-    metrics_port: int = Field(default=0, ge=0, le=65_535)
-    retry_max_seconds: float = Field(default=30.0, gt=0)
-    revoke_wait_s: float = Field(default=20.0, gt=0)
-    shutdown_wait_s: float = Field(default=30.0, gt=0)
-    db_idle_in_transaction_timeout_ms: int = Field(default=15_000, ge=100)
-    faults: str = ""
-    fault_stall_seconds: float = Field(default=3600.0, gt=0)
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65_535,
+        description="port of /metrics, /healthz and /readyz (0: off)",
+    )
+    retry_max_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="not read today: database retries back off up to 5 s, fixed in code",
+    )
+    revoke_wait_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="how long a revoke waits for the batch in flight before cancelling it",
+    )
+    shutdown_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long SIGTERM waits for the batch in flight before cancelling it",
+    )
+    db_idle_in_transaction_timeout_ms: int = Field(
+        default=15_000,
+        ge=100,
+        description="idle_in_transaction_session_timeout of the worker's connections",
+    )
+    faults: str = Field(
+        default="",
+        description="fault points to arm, for tests and chaos (point=action[@n],...)",
+    )
+    fault_stall_seconds: float = Field(
+        default=3600.0, gt=0, description="how long a `stall` fault stops"
+    )
 
-    # The TOML file these settings were read from (--config or ACKLINE_CONFIG_FILE).
-    config_file: Path | None = None
+    config_file: Path | None = Field(
+        default=None,
+        description="the TOML file these settings were read from (--config wins)",
+    )
 
     # Kafka security, passed to every client by ackline.clients.kafka_client_config.
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_ca_location: Path | None = None
-    kafka_ssl_certificate_location: Path | None = None
-    kafka_ssl_key_location: Path | None = None
-    kafka_ssl_key_password: SecretStr | None = None
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="Kafka security.protocol"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="required with SASL_*"
+    )
+    kafka_sasl_username: str | None = Field(default=None, description="required with SASL_*")
+    kafka_sasl_password: SecretStr | None = Field(default=None, description="required with SASL_*")
+    kafka_ssl_ca_location: Path | None = Field(
+        default=None, description="CA file for SSL and SASL_SSL"
+    )
+    kafka_ssl_certificate_location: Path | None = Field(
+        default=None, description="client certificate (with its key)"
+    )
+    kafka_ssl_key_location: Path | None = Field(
+        default=None, description="client key (with its certificate)"
+    )
+    kafka_ssl_key_password: SecretStr | None = Field(
+        default=None, description="password of the client key"
+    )
 
     # PostgreSQL TLS, added to the DSN as sslmode/sslrootcert (None: as the DSN says).
     database_sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = (
-        None
+        Field(default=None, description="added to the DSN as sslmode (unset: as the DSN says)")
     )
-    database_sslrootcert: Path | None = None
+    database_sslrootcert: Path | None = Field(
+        default=None,
+        description="added to the DSN as sslrootcert; needs require, verify-ca or verify-full",
+    )
 
     # HTTP endpoint (/metrics, /healthz, /readyz), readiness and logs.
-    metrics_host: str = "127.0.0.1"
-    ready_max_commit_age_s: float = Field(default=60.0, gt=0)
-    db_check_interval_s: float = Field(default=5.0, gt=0)
-    log_format: Literal["auto", "json", "text"] = "auto"
+    metrics_host: str = Field(default="127.0.0.1", description="address of the HTTP endpoint")
+    ready_max_commit_age_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="/readyz fails when the worker is behind and has not committed for this long",
+    )
+    db_check_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="PostgreSQL health check interval; /readyz needs one within 3 intervals",
+    )
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="auto: text on a terminal, JSON lines otherwise (`--log-format` wins)",
+    )
 
     _sources: dict[str, Source] = PrivateAttr(default_factory=dict)
 

@@ -38,7 +38,7 @@ dead-letter topic. Producers must therefore deploy a new type or version only af
 consumers that read it. A version *newer* than any this process knows for a known type
 is marked on the rejection (``Rejection.newer``): the consumer runtime may hold the
 partition there for a while instead of rejecting, expecting a worker that knows the
-version to take it over (README, "Evolving the schema").
+version to take it over (docs/schema.md, "Evolving the schema").
 
 A :class:`Row` holds the typed columns, the canonical JSON of the payload (for the
 ``jsonb`` column), the canonical JSON of the body (for the conflicts table) and the

@@ -3,7 +3,7 @@
 The setting is a comma-separated list of ``module:attribute``; each attribute is a
 mapping ``{(type, schema_version): PayloadModel}`` handed to
 :func:`ackline.schemas.envelope.register_payloads`. This is how a worker learns a new payload
-version during a rollout (README, "Evolving the schema"); the model moves into
+version during a rollout (docs/schema.md, "Evolving the schema"); the model moves into
 :data:`ackline.schemas.envelope.PAYLOADS` in the next release.
 """
 

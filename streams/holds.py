@@ -1,6 +1,6 @@
 """Holding a partition at a record of a payload version newer than this worker knows.
 
-During a rollout (README, "Evolving the schema") a worker that does not know a new
+During a rollout (docs/schema.md, "Evolving the schema") a worker that does not know a new
 payload version yet may meet one. Rejecting it would dead-letter an event that the
 upgraded workers accept; instead, with ``newer_version_wait_s`` > 0, the worker *holds*
 the partition: it commits everything before the record, parks the record and every later

@@ -104,7 +104,7 @@ def register(sub: Subparsers) -> None:
         "--runtime",
         choices=("confluent", "faust"),
         help="consumer runtime (else ACKLINE_RUNTIME, default confluent); "
-        "faust needs the [faust] extra, README 'Faust runtime'",
+        "faust needs the [faust] extra, docs/faust.md",
     )
     run.set_defaults(handler=cmd_run)
 

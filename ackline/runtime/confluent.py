@@ -126,8 +126,8 @@ def _tune_gc() -> None:
     generation (``gc.freeze``), so full collections no longer walk it, and the youngest
     generation is collected every 50,000 allocations instead of 700: decoding allocates
     a few dozen short-lived objects per event, almost all freed by reference counting.
-    Measured on 200k events: about 6 % less worker CPU (README, "Performance and
-    scale-out"). Cycles are still collected, just less often.
+    Measured on 200k events: about 6 % less worker CPU (docs/performance.md, "Where
+    the time went"). Cycles are still collected, just less often.
     """
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)

@@ -1,9 +1,12 @@
-"""The README's bench tables, generated from ``results.json`` so the two cannot disagree.
+"""The bench tables of docs/performance.md, generated from ``results.json`` so the two
+cannot disagree.
 
-``make bench`` rewrites the block between :data:`START` and :data:`END` in README.md after
-it writes the results and the chart; ``python -m ackline.load.bench.readme`` does the same from the
-committed results (after editing this module). ``tests/unit/test_bench_readme.py`` fails
-when README's block is not :func:`block` of the committed ``results.json``.
+``make bench`` rewrites the block between :data:`START` and :data:`END` in
+docs/performance.md after it writes the results and the chart; ``python -m
+ackline.load.bench.readme`` does the same from the committed results (after editing this
+module). ``tests/unit/test_bench_readme.py`` fails when the page's block is not
+:func:`block` of the committed ``results.json``. (The module kept its name from when the
+tables were in the README.)
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ackline.load.errors import LoadError
 START: Final = "<!-- bench:start (generated from load/bench/results.json by make bench) -->"
 END: Final = "<!-- bench:end -->"
 ROOT: Final = Path(__file__).resolve().parents[2]
-README: Final = ROOT / "README.md"
+PAGE: Final = ROOT / "docs" / "performance.md"
 RESULTS: Final = Path(__file__).resolve().parent / "results.json"
 
 ROWS: Final = {
@@ -27,7 +30,7 @@ ROWS: Final = {
     "`txn_ledger`, no Kafka",
     "ackline": "**ackline** (`ackline run`, default settings: read_committed, fencing, "
     "two-layer dedup, dead letters)",
-    "ackline-faust": 'ackline on faust (`--runtime faust`, README "Faust runtime")',
+    "ackline-faust": "ackline on faust (`--runtime faust`, [faust.md](faust.md))",
     "quix": "Quix Streams, `PostgreSQLSink(on_conflict_do_nothing=True)`",
     "connect": "Kafka Connect standalone + Debezium JDBC sink, upsert",
     "faust": "faust agent, one `INSERT` per event (naive)",
@@ -146,26 +149,26 @@ def _scale_rows(summary: dict[str, Any]) -> list[str]:
 
 
 def block(summary: dict[str, Any]) -> str:
-    """The generated README block, markers included."""
+    """The generated block of docs/performance.md, markers included."""
     lines = [START, "", *_system_rows(summary), "", *_headline(summary), *_scale_rows(summary)]
     return "\n".join([*lines, "", END])
 
 
-def splice(readme: str, generated: str) -> str:
-    """``readme`` with its block between the markers replaced by ``generated``."""
-    at, end = readme.find(START), readme.find(END)
+def splice(page: str, generated: str) -> str:
+    """``page`` with its block between the markers replaced by ``generated``."""
+    at, end = page.find(START), page.find(END)
     if at < 0 or end < at:
-        raise LoadError(f"README has no bench block: expected the markers {START!r} … {END!r}")
-    return readme[:at] + generated + readme[end + len(END) :]
+        raise LoadError(f"the page has no bench block: expected the markers {START!r} … {END!r}")
+    return page[:at] + generated + page[end + len(END) :]
 
 
-def update(results: Path = RESULTS, readme: Path = README) -> None:
-    """Rewrite README's bench block from ``results``."""
+def update(results: Path = RESULTS, page: Path = PAGE) -> None:
+    """Rewrite the bench block of ``page`` (docs/performance.md) from ``results``."""
     summary = json.loads(results.read_text(encoding="utf-8"))
-    text = readme.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     new = splice(text, block(summary))
     if new != text:
-        readme.write_text(new, encoding="utf-8")
+        page.write_text(new, encoding="utf-8")
 
 
 def main() -> int:

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             say("stopping the bench stack")
             stack.down(state_dir)
     report.write(summary, Path(args.results), CHART)
-    if Path(args.results) == RESULTS:  # README's table is generated from the committed results
+    if Path(args.results) == RESULTS:  # docs/performance.md's tables: the committed results
         bench_readme.update(RESULTS)
     print(report.table(summary))
     print(json.dumps(report.last_line(summary)), flush=True)
@@ -539,7 +539,7 @@ def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict
     if "ackline" in only or "scale" in only:
         systems["ackline"] = Ackline("ackline", env)
         out["ackline"] = {"ingest": bench.ingest(systems["ackline"]).to_json()}
-    if "ackline-faust" in only:  # ackline's sink in a Faust agent (README "Faust runtime")
+    if "ackline-faust" in only:  # ackline's sink in a Faust agent (docs/faust.md)
         on_faust = AcklineFaust("ackline-faust", env)
         try:
             out["ackline-faust"] = {"ingest": bench.ingest(on_faust).to_json()}

@@ -180,7 +180,7 @@ class Ackline(System):
     """`ackline run` worker processes, default settings (every guarantee on)."""
 
     workers: int = 1
-    runtime: str = "confluent"  # `ackline run --runtime` (README "Faust runtime")
+    runtime: str = "confluent"  # `ackline run --runtime` (docs/faust.md)
 
     def migrated(self) -> bool:
         return True

@@ -27,7 +27,7 @@ class ChaosConfig:
     commit_faults: int = 10
     seed: int | None = None
     group_protocol: str = "classic"
-    runtime: str = "confluent"  # `ackline run --runtime` (README "Faust runtime")
+    runtime: str = "confluent"  # `ackline run --runtime` (docs/faust.md)
     state_dir: Path = Path(".ackline/chaos")
     batch_max_events: int = 1000
     produce_rate: float = 0.0

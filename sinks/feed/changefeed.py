@@ -1,4 +1,4 @@
-"""Follow ingested rows exactly once: the changefeed reader (README, "Changefeed").
+"""Follow ingested rows exactly once: the changefeed reader (docs/changefeed.md).
 
 The contract, in the database's terms:
 

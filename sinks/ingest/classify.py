@@ -1,6 +1,6 @@
 """Pure two-layer dedup: decide, for each incoming event, insert, duplicate or conflict.
 
-Rules (DESIGN guarantees 2-4), applied in source order so the first event wins:
+Rules (docs/design.md, "Two dedup layers"), applied in source order so the first event wins:
 
 1. Layer 1, the ledger, keyed by ``txn_id``: when the key is known (stored in the
    database, or taken by an earlier event of the same batch), an equal body hash is a

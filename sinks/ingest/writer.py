@@ -1,6 +1,6 @@
 """The batch writer: one PostgreSQL transaction per batch, set-based.
 
-Statement order inside the transaction (DESIGN data flow):
+Statement order inside the transaction (docs/design.md, "One batch, one transaction"):
 
 1. fence: compare-and-set every offset row the batch advances, on its owner epoch, and
    take a batch id, in one statement;
@@ -13,14 +13,14 @@ Statement order inside the transaction (DESIGN data flow):
    existing key is a concurrent writer that committed (or still holds) it after step 2:
    the unique index raises UniqueViolationError (after waiting for that writer), the
    transaction rolls back and the batch is retried, re-reading the keys - the race of
-   DESIGN window 14. Nothing is ever overwritten or silently skipped;
+   crash window 14 of docs/design.md. Nothing is ever overwritten or silently skipped;
 5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...);
 6. the batch row, whose ``commit_xid`` defaults to this transaction's xid8 (the
    changefeed's order), and ``pg_notify('ackline_batches', batch_id)`` (sent on COMMIT
    only), in one statement;
 7. COMMIT.
 
-Performance (README "Performance and scale-out"): COPY straight into the tables replaced
+Performance (docs/performance.md, "Where the time went"): COPY straight into the tables replaced
 a COPY into a temporary staging table followed by INSERT … SELECT … ON CONFLICT DO
 NOTHING, which made PostgreSQL write every row twice and cost most of the batch's server
 time; the statements are merged to cut round trips (each one also waits for the GIL

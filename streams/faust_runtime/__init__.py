@@ -2,7 +2,7 @@
 
 faust-streaming (aiokafka underneath) decides on its own when a message is "acked" and
 which offset to commit, and several of its paths can make an offset committable before
-its event is written (README "Faust runtime"). This runtime keeps ackline's guarantees by
+its event is written (docs/faust.md). This runtime keeps ackline's guarantees by
 taking those decisions away from faust:
 
 - :mod:`.ledger` (pure): what this worker owns, under which epoch and consumer

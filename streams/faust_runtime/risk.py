@@ -4,7 +4,7 @@
 
 - ``untested-faust-version``: the installed faust-streaming is outside the series this
   runtime was proven on (0.15.x), or one of the faust methods it overrides no longer
-  exists there. The overrides (README "Faust runtime") replace faust's ack, commit, gap,
+  exists there. The overrides (docs/faust.md) replace faust's ack, commit, gap,
   read-offset and seek paths; if faust renamed one, faust's own path would run again —
   the paths that commit past an in-flight message (#606) or seek to Kafka's offsets.
 
@@ -66,5 +66,5 @@ def check(problems: list[str], spec: str) -> None:
         raise SettingsError(
             SETTING,
             f"refusing to start: {'; '.join(problems)}. Set {SETTING}={UNTESTED_VERSION} "
-            "to run anyway (README 'Faust runtime')",
+            "to run anyway (docs/faust.md)",
         )

@@ -2,7 +2,7 @@
 
 faust-streaming 0.15 decides offsets from its own ack bookkeeping. Every override below
 removes one path by which faust could commit, skip or re-read an offset on its own
-(README "Faust runtime" lists the upstream issues and code paths):
+(docs/faust.md lists the upstream issues and code paths):
 
 - :meth:`AcklineConsumer.ack` marks a message done for faust's in-flight tracking
   (``wait_empty`` at revoke and shutdown) but never records its offset: no ack — not

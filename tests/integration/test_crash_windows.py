@@ -1,4 +1,4 @@
-"""The 18 crash windows of DESIGN.md, one test each, each proven by ``ackline.load.verify``.
+"""The 18 crash windows of docs/design.md, one test each, each proven by ``ackline.load.verify``.
 
 Each test makes its window happen on purpose — an armed fault point
 (``ACKLINE_FAULTS``, see ackline.core.faults), a SIGKILL, a SIGSTOP/SIGCONT, a

@@ -1,5 +1,5 @@
 """Schema evolution: agent.started v2 arrives through a migration and a payload plugin
-while old and new workers share one group and one topic (README, "Evolving the schema").
+while old and new workers share one group and one topic (docs/schema.md, "Evolving the schema").
 
 The old worker is this build without the plugin; the new one loads
 ``tests.support.payloads_v2`` through ACKLINE_PAYLOAD_PLUGINS. Both run with

@@ -1,6 +1,6 @@
 """Worker processes under kills and rebalances, proven by verify.
 
-The crash windows of DESIGN.md (after commit, zombies, shutdown with a write in flight,
+The crash windows of docs/design.md (after commit, zombies, shutdown with a write in flight,
 ...) each have their own test in test_crash_windows.py.
 """
 

@@ -1,4 +1,5 @@
-"""README's bench block is generated from the committed results and must equal them."""
+"""The bench block of docs/performance.md is generated from the committed results and must
+equal them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from ackline.load.bench import readme
 from ackline.load.errors import LoadError
 
 
-def test_readme_block_is_the_committed_results() -> None:
+def test_performance_page_block_is_the_committed_results() -> None:
     summary = json.loads(readme.RESULTS.read_text(encoding="utf-8"))
-    text = readme.README.read_text(encoding="utf-8")
+    text = readme.PAGE.read_text(encoding="utf-8")
     assert readme.block(summary) in text, (
-        "README's bench block differs from load/bench/results.json: "
+        "the bench block of docs/performance.md differs from load/bench/results.json: "
         "run `.venv/bin/python -m ackline.load.bench.readme`"
     )
     ackline = summary["systems"]["ackline"]["ingest"]["events_per_s"]
