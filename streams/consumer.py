@@ -49,6 +49,7 @@ from ackline.streams.assemble import Record, assemble
 from ackline.streams.committed import record_committed
 from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
 from ackline.streams.errors import FatalConsumerError, StoppingError
+from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight, call_on_loop
 from ackline.streams.lag import PartitionWatch, partition_lag
@@ -103,6 +104,8 @@ class RuntimeConfig:
             "queued.min.messages": 10_000,
             "group.protocol": self.group_protocol,
             "max.poll.interval.ms": self.max_poll_interval_ms,
+            # the group handler's state, for streams.groupwatch (served inside consume())
+            "statistics.interval.ms": 1_000,
         }
         if self.group_protocol == "classic":
             conf["partition.assignment.strategy"] = "cooperative-sticky"
@@ -145,6 +148,10 @@ class ConsumerRuntime:
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
+        # Below the group's session timeout, so a cut-off worker stops before the broker
+        # hands its partitions to another (KIP-848 brokers default to 45 s).
+        self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
+        self._away = False
         self._admin_client: AdminClient | None = None
         self.committed_batches = 0
         self.drain_and_stop = False
@@ -164,7 +171,9 @@ class ConsumerRuntime:
         close the consumer, which revokes (nothing in flight now), commits the stored
         offsets and leaves the group.
         """
-        consumer = Consumer(self.cfg.consumer_conf(), logger=log)
+        conf = self.cfg.consumer_conf()
+        conf["stats_cb"] = self._on_stats
+        consumer = Consumer(conf, logger=log)
         self._consumer = consumer
         consumer.subscribe(
             [self.cfg.topic],
@@ -189,6 +198,7 @@ class ConsumerRuntime:
             self._end_holds(consumer)
         if self._inflight is not None and self._inflight.done():
             self._complete()
+        self._check_group()
         self._retake(consumer)
         full = (
             len(self._buffer) >= self.cfg.batch_max_events
@@ -475,6 +485,31 @@ class ConsumerRuntime:
             return None
         return {(c.topic, c.partition): c for c in rows}
 
+    def _on_stats(self, raw: str) -> None:
+        self._group.on_stats(raw, time.monotonic())
+
+    def _check_group(self) -> None:
+        """A worker cut off from its group (no answer from the coordinator for longer than
+        the grace) stops consuming what it owns: the partitions are suspended, their
+        buffered records dropped; they are taken back once the group is up and Kafka still
+        assigns them here (with the KIP-848 protocol librdkafka would otherwise keep them
+        until the link returns, while the broker has given them to another worker)."""
+        away = self._group.suspect(time.monotonic())
+        gone = self.ledger.suspend_all(time.monotonic()) if away else []
+        if gone:
+            self._drop_buffered(set(gone))
+            self._metrics.assigned.set(len(self.ledger.owned()))
+            log.error(
+                "cut off from the consumer group (state %s for over %.0fs): not consuming %s "
+                "until the group is up again",
+                self._group.state,
+                self._group.grace_s,
+                [p for _, p in gone],
+            )
+        if self._away and not away:
+            log.warning("the consumer group is up again")
+        self._away = away
+
     def _retake(self, consumer: Consumer) -> None:
         """Take back the fenced partitions that Kafka still assigns to this worker.
 
@@ -489,7 +524,7 @@ class ConsumerRuntime:
         longer assigns here are released.
         """
         due = self.ledger.retakes_due(time.monotonic())
-        if not due:
+        if not due or self._away:
             return
         assigned = {_tp_of(p) for p in consumer.assignment()}
         self.ledger.release([tp for tp in due if tp not in assigned])
