@@ -1,15 +1,18 @@
-"""Topic administration at the edge: existence checks and creation."""
+"""Topic administration at the edge: existence checks, shapes and creation."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
+    ConfigResource,
     NewTopic,
     OffsetSpec,
+    ResourceType,
 )
 
 from ackline.streams.errors import KafkaUnavailableError, TopicError
@@ -34,12 +37,58 @@ def partition_count(
     return len(found.partitions)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicShape:
+    """What a worker needs to know of a topic before it uses it."""
+
+    partitions: int
+    replication_factor: int  # the smallest over its partitions
+    brokers: int  # in the cluster
+    config: dict[str, str] | None  # None: not readable (no DescribeConfigs permission)
+    config_error: str = ""
+
+
+def topic_shape(
+    bootstrap: str, topic: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
+) -> TopicShape | None:
+    """Partitions, replication, broker count and configuration of ``topic``; None when it
+    does not exist. A configuration that cannot be read (not authorized) is None, with
+    why: a worker may be allowed to use a topic without being allowed to describe it."""
+    client = admin(bootstrap, conf)
+    try:
+        meta = client.list_topics(topic=topic, timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    found = meta.topics.get(topic)
+    if found is None or found.error is not None:
+        return None
+    replicas = [len(p.replicas) for p in found.partitions.values()]
+    config: dict[str, str] | None = None
+    error = ""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        entries = client.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout
+        )
+        config = {name: str(entry.value) for name, entry in entries.items()}
+    except KafkaException as exc:
+        error = str(exc)
+    return TopicShape(
+        partitions=len(found.partitions),
+        replication_factor=min(replicas) if replicas else 0,
+        brokers=len(meta.brokers),
+        config=config,
+        config_error=error,
+    )
+
+
 def ensure_topic(
     bootstrap: str,
     topic: str,
     partitions: int,
     config: dict[str, str] | None = None,
     *,
+    replication_factor: int = 1,
     conf: Mapping[str, Any] | None = None,
 ) -> int:
     """Create ``topic`` when missing; return its partition count."""
@@ -47,10 +96,13 @@ def ensure_topic(
     if existing is not None:
         return existing
     client = admin(bootstrap, conf)  # keep a reference: the futures die with the client
-    futures = client.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
-        operation_timeout=30,
+    new = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=config or {},
     )
+    futures = client.create_topics([new], operation_timeout=30)
     try:
         futures[topic].result(timeout=60)
     except KafkaException as exc:

@@ -109,7 +109,9 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         db=db,
         control_db=database("ackline-control"),
         writer=writer,
-        dead_letters=DeadLetterProducer(bootstrap, settings.dlq_topic, extra=kafka_conf),
+        dead_letters=DeadLetterProducer(
+            bootstrap, settings.dlq_topic, kafka_conf, reject_max_bytes=settings.batch_max_bytes
+        ),
         limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
         server=StatusServer(
             metrics,
