@@ -262,10 +262,10 @@ class ProcessorRunner:
             except Exception as exc:
                 # outside any event: registration, privileges, the feed itself
                 return await self._stop(connect, Failure(_text(exc), None, self.cursor))
-            if self.paused:
-                outcome = Outcome.PAUSED
-            elif stop.is_set():
+            if stop.is_set():
                 outcome = Outcome.STOPPED
+            elif self.paused:
+                outcome = Outcome.PAUSED
             else:
                 outcome = Outcome.CAUGHT_UP
             return self.report(outcome)
