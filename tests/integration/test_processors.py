@@ -13,7 +13,8 @@
   ingest writer, in batches of 2 and in one batch: the same rows, equal to their
   recomputation from ``activity``;
 * a processor that raises stops at that event, says so, and resumes there once fixed;
-  pause/resume, lag and errors on /metrics, SIGTERM within the shutdown wait;
+  pause/resume, lag and errors on /metrics, SIGTERM within the shutdown wait (and ingest
+  goes on while a processor holds its transaction open);
 * the processor role: reads the feed, writes only processor tables and its own cursors;
 * the worked example (``examples/daily_tool_calls``), found by its entry point.
 """
@@ -668,6 +669,11 @@ def test_sigterm_with_a_batch_stalled_before_commit_rolls_it_back_within_the_wai
         events = synthetic_runs(500, seed=4)
         write(dsn, events, chunk=250)
         wait_until(lambda: "processor_before_commit fired: stall" in proc.log(), 60, "the stall")
+        # the processor holds its transaction open (cursor row locked, effects written):
+        # ingest does not wait for it
+        more = synthetic_runs(300, seed=14)
+        run(asyncio.wait_for(with_conn(dsn, lambda c: copy_ingest(c, more, 100)), 30))
+        events += more
         t0 = time.monotonic()
         done = proc.stop(timeout=60)
         waited = time.monotonic() - t0
