@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # only annotations: `ackline --help` must not import asyncpg
 MIGRATOR: Final = "ackline_migrator"
 INGEST: Final = "ackline_ingest"
 READER: Final = "ackline_reader"
-ROLES: Final = (MIGRATOR, INGEST, READER)
-LOGIN_ROLES: Final = (INGEST, READER)
+PROCESSOR: Final = "ackline_processor"  # `ackline process` (schemas/sql/0004_processors.sql)
+ROLES: Final = (MIGRATOR, INGEST, READER, PROCESSOR)
+LOGIN_ROLES: Final = (INGEST, READER, PROCESSOR)
 SCRAM_ITERATIONS: Final = 4096  # PostgreSQL's default scram_iterations
 
 

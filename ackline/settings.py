@@ -83,6 +83,14 @@ class Settings(BaseSettings):
         "user swapped for ackline_ingest, which works where PostgreSQL trusts that role (the "
         "local stack); required when the operator's DSN carries a password",
     )
+    # What `ackline process` connects as (docs/processors.md, "Privileges").
+    database_processor_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL DSN stream processors (`ackline process`) connect as. Unset: "
+        "the operator's DSN with its user swapped for ackline_processor, which works where "
+        "PostgreSQL trusts that role (the local stack); required when the operator's DSN "
+        "carries a password",
+    )
     state_dir: Path = Field(
         default=Path(".ackline"),
         description="the local stack's state (and the faust runtime's data directory)",
@@ -311,7 +319,7 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-249 characters of [a-zA-Z0-9._-]")
         return value
 
-    @field_validator("database_url", "database_ingest_url")
+    @field_validator("database_url", "database_ingest_url", "database_processor_url")
     @classmethod
     def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().startswith(

@@ -29,6 +29,7 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
         batch_max_events=args.batch_max_events,
         produce_rate=args.produce_rate,
         keep_stack=args.keep,
+        processor_kills=args.processor_kills,
     )
     report = run_chaos(cfg)
     print(report.render(), flush=True)
@@ -59,6 +60,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--batch-max-events", type=int, default=1000)
     p.add_argument(
         "--produce-rate", type=float, default=0.0, help="events/s cap of the producer (0: none)"
+    )
+    p.add_argument(
+        "--processor-kills",
+        type=int,
+        default=4,
+        help="minimum SIGKILLs of the runs processor run beside the workers (0: none runs)",
     )
     p.add_argument("--state-dir", default=None, help="the chaos stack's state directory")
     p.add_argument("--keep", action="store_true", help="leave the chaos stack running")

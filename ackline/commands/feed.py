@@ -1,4 +1,7 @@
-"""`ackline tail` and `ackline dispatch`: readers of the changefeed (sinks/feed)."""
+"""`ackline tail` and `ackline dispatch`: readers of the changefeed (sinks/feed).
+
+`ackline dispatch` is the dispatcher processor under its older name (docs/processors.md).
+"""
 
 from __future__ import annotations
 
@@ -132,19 +135,28 @@ def cmd_dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
+    """The dispatcher processor (`ackline process dispatcher`), under its older name.
+
+    Kept for compatibility: it connects with the operator's DSN as it always did, names
+    its cursor ``--reader`` and prints the same summary line.
+    """
     import json
     import logging
 
     from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.dispatcher import Dispatcher
+    from ackline.sinks.feed.processors.contract import check
+    from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner
 
     instance = args.instance or settings.worker_id
-    dispatcher = Dispatcher(
-        args.reader,
-        instance,
-        max_transactions=args.max_transactions,
+    dispatcher = Dispatcher(args.reader)
+    runner = ProcessorRunner(
+        check(dispatcher, f"dispatcher {args.reader!r}"),
+        instance=instance,
         faults=Faults(settings.faults, settings.fault_stall_seconds),
+        max_transactions=args.max_transactions,
+        poll_interval=args.poll_interval,
     )
     connect = connector(
         dsn,
@@ -156,11 +168,18 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     with _stop_on_signals(stop):
         # Logged once SIGTERM is handled: from here a stop request exits 0.
         log.info("dispatcher %s following the feed as reader %s", instance, args.reader)
-        cursor = await dispatcher.run(
-            connect, stop, wait=not args.once, poll_interval=args.poll_interval
-        )
-    print(json.dumps(dispatcher.summary(cursor)), flush=True)
-    return 0
+        report = await runner.run(connect, stop, wait=not args.once)
+    summary = {
+        "reader": args.reader,
+        "instance": instance,
+        "started": dispatcher.started,
+        "already_started": dispatcher.already_started,
+        "transactions": runner.reader.stats.transactions,
+        "lost_races": report.lost_races,
+        "cursor": report.cursor,
+    }
+    print(json.dumps(summary), flush=True)
+    return 1 if report.outcome is Outcome.FAILED else 0
 
 
 def register(sub: Subparsers) -> None:
@@ -185,7 +204,9 @@ def register(sub: Subparsers) -> None:
     tail.set_defaults(handler=cmd_tail)
 
     disp = sub.add_parser(
-        "dispatch", help="example reader: start one agent run per agent.requested event"
+        "dispatch",
+        help="start one agent run per agent.requested event "
+        "(the dispatcher processor; same as `ackline process dispatcher`)",
     )
     disp.add_argument("--reader", default="dispatcher", help="cursor name, shared by instances")
     disp.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")

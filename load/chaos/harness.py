@@ -18,6 +18,12 @@ started and stopped here, never the shared one (it restarts the broker and Postg
    last line, one JSON object. ``ok`` means: verify exact, every minimum count met, every
    zombie fenced, and Kafka never ahead of the DB.
 
+Beside the workers, `ackline process runs` (the ``runs`` projection, a stream processor)
+follows the changefeed; it is SIGKILLed on the schedule too, half the time restarted
+armed to kill itself between its effects and its COMMIT. At the end it catches up and
+every run's row is recomputed from ``activity`` and compared (``runs_mismatch``,
+:mod:`ackline.load.chaos.runs_check`).
+
 Every run prints its seed; the schedule derives from it (``--seed`` reproduces it).
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -38,6 +45,7 @@ import asyncpg
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.plan import Fault, plan
 from ackline.load.chaos.probe import OffsetWatch, Pg
+from ackline.load.chaos.runs_check import RunsCheck, check_runs_at
 from ackline.load.chaos.workers import FENCED_LINE, Incarnation, WorkerPool, wait_for
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
@@ -116,6 +124,8 @@ class _Run:
         self.producer: subprocess.Popen[bytes] | None = None
         self._produce_log: IO[bytes] | None = None
         self.pool: WorkerPool | None = None
+        self.processors: WorkerPool | None = None
+        self.env: dict[str, str] = {}
         self.watch: OffsetWatch | None = None
         self._last_sample = self._last_scrape = 0.0
         self._expected: int | None = None
@@ -135,6 +145,7 @@ class _Run:
             broker_restarts=self.cfg.broker_restarts,
             pg_restarts=self.cfg.pg_restarts,
             commit_faults=self.cfg.commit_faults,
+            processor_kills=self.cfg.processor_kills,
         )
         for n, fault in enumerate(faults, 1):
             self._wait_progress(fault.at)
@@ -212,11 +223,18 @@ class _Run:
             "ACKLINE_MAX_MESSAGE_BYTES": str(65_536),
             "ACKLINE_STATE_DIR": str(self.state_dir),
         }
+        self.env = env
         self.pool = WorkerPool(self.run_dir, env, self.cfg.workers)
         for slot in range(self.cfg.workers):
             self.pool.start(slot)
         self.watch = OffsetWatch(self.bootstrap, self.name, self.name, self.cfg.partitions)
         self.say(f"{self.cfg.workers} workers started in group {self.name}")
+        if self.cfg.processor_kills > 0:
+            self.processors = WorkerPool(
+                self.run_dir, env, 1, command=("process", "runs"), prefix="p"
+            )
+            self.processors.start(0)
+            self.say("the runs processor started beside them")
 
     def _child_args(self) -> dict[str, Any]:
         return {
@@ -238,6 +256,8 @@ class _Run:
             self.watch.reset()
         if self.pool is not None:
             self.pool.shutdown()
+        if self.processors is not None:
+            self.processors.shutdown()
         if self.producer is not None and self.producer.poll() is None:
             self.producer.kill()
             self.producer.wait(30)
@@ -284,6 +304,7 @@ class _Run:
                 tail = "\n".join(inc.log().splitlines()[-5:])
                 self.say(f"{inc.worker_id} exited {ended.returncode} by itself:\n{tail}")
             pool.start(inc.slot)
+        self._reap_processors()
         now = time.monotonic()
         if now - self._last_sample >= 1.0 and self.watch is not None:
             self._last_sample = now
@@ -293,6 +314,36 @@ class _Run:
             pool.scrape_all()
         if self.producer is not None and self.producer.poll() not in (None, 0):
             raise ChaosError(f"production failed: see {self.run_dir / 'produce.log'}")
+
+    def _reap_processors(self) -> None:
+        """A processor that ended by itself is counted and restarted (unarmed)."""
+        if self.processors is None:
+            return
+        for ended in self.processors.reap():
+            inc = ended.incarnation
+            if ended.armed_kill:
+                self.counts.processor_kills += 1
+                self.counts.processor_armed_kills += 1
+                self.say(f"processor {inc.worker_id} killed itself at its armed point ({inc.arm})")
+            else:
+                self.counts.processor_exits += 1
+                tail = "\n".join(inc.log().splitlines()[-5:])
+                self.say(f"processor {inc.worker_id} exited {ended.returncode} by itself:\n{tail}")
+            self.processors.start(inc.slot)
+
+    def _kill_processor(self, fault: Fault) -> None:
+        """SIGKILL the runs processor wherever it is; restart it (armed, if the plan says)."""
+        procs = self.processors
+        if procs is None:
+            return
+        self._reap_processors()
+        victim = procs.current(0)
+        if victim is not None:
+            procs.kill(victim)
+            self.counts.processor_kills += 1
+        else:
+            self.counts.skipped.append("a processor kill found no live processor")
+        procs.start(0, arm=fault.arm)
 
     def _pool(self) -> WorkerPool:
         if self.pool is None:
@@ -358,6 +409,8 @@ class _Run:
             self._commit_fault(fault)
         elif fault.kind == "broker":
             self._broker(fault)
+        elif fault.kind == "processor":
+            self._kill_processor(fault)
         else:
             from ackline.dev import stack
 
@@ -474,6 +527,7 @@ class _Run:
             else:
                 self.counts.unexpected_exits += 1
             self._pool().start(ended.incarnation.slot)
+        self._reap_processors()
 
     # ---- the end -----------------------------------------------------------------------
 
@@ -501,6 +555,7 @@ class _Run:
             self.say(f"worker exit statuses at shutdown: {codes}")
         fenced = sum(i.fenced() for i in pool.incarnations)
         logged = sum(i.fenced_lines() for i in pool.incarnations)
+        runs = self._finish_runs()
         self.say("verifying against the manifest")
         verdict = asyncio.run(verify(self.dsn, self.manifest, self.name))
         watch = self.watch
@@ -514,7 +569,40 @@ class _Run:
             offset_samples=watch.samples if watch else 0,
             max_kafka_ahead_of_db=watch.max_ahead if watch else 0,
             duration_s=time.monotonic() - self.started,
+            runs=runs,
         )
+
+    def _finish_runs(self) -> RunsCheck | None:
+        """Stop the following processor (SIGTERM), let one catch up to the drained feed,
+        then recompute every run from activity and compare."""
+        if self.processors is None:
+            return None
+        self._reap_processors()
+        codes = self.processors.shutdown()
+        if any(code != 0 for code in codes):
+            self.say(f"processor exit statuses at shutdown: {codes}")
+        self.say("the runs processor catches up")
+        log_path = self.run_dir / "logs" / "p-final.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+        env.update(self.env)
+        env.update({"ACKLINE_WORKER_ID": "p-final", "ACKLINE_LOG_FORMAT": "json"})
+        with log_path.open("ab") as log:
+            done = subprocess.run(
+                [sys.executable, "-m", "ackline", "process", "runs", "--until-caught-up"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=self.cfg.drain_timeout_s,
+                check=False,
+            )
+        if done.returncode != 0:
+            self.counts.skipped.append(
+                f"the final runs catch-up exited {done.returncode} (see {log_path})"
+            )
+        check = asyncio.run(check_runs_at(self.dsn))
+        self.say(f"runs projection: {check.runs:,} runs, {check.mismatches} mismatches")
+        return check
 
 
 def _produce_child(args: dict[str, Any]) -> None:

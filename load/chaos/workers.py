@@ -79,11 +79,15 @@ class WorkerPool:
     slots: int
     incarnations: list[Incarnation] = field(default_factory=list)
     _current: dict[int, Incarnation] = field(default_factory=dict)
+    command: tuple[str, ...] = ("run",)
+    """The `ackline` subcommand each slot runs (``("process", "runs")`` for processors)."""
+    prefix: str = "w"
+    """Incarnation ids are ``<prefix><slot>-<n>`` (their ACKLINE_WORKER_ID)."""
 
     def start(self, slot: int, arm: str = "", stall_seconds: float = 3600.0) -> Incarnation:
         """Start slot's next incarnation, armed with ``arm`` (ACKLINE_FAULTS) if given."""
         number = sum(1 for i in self.incarnations if i.slot == slot) + 1
-        worker_id = f"w{slot}-{number}"
+        worker_id = f"{self.prefix}{slot}-{number}"
         log_path = self.run_dir / "logs" / f"{worker_id}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         port = _free_port()
@@ -100,7 +104,7 @@ class WorkerPool:
         )
         log_file = log_path.open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ackline", "run"],
+            [sys.executable, "-m", "ackline", *self.command],
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,

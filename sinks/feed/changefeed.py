@@ -94,6 +94,8 @@ WITH horizon AS (
               > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
       AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
       AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
+    ORDER BY b.commit_xid, a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C"
+    LIMIT $9::bigint
 )
 SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, ev.*
 FROM bound LEFT JOIN ev ON true
@@ -134,7 +136,8 @@ class Changefeed:
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
     ) -> FeedBatch:
         """The events after ``cursor``, at most ``max_transactions`` whole transactions
-        (cut after ``limit`` events), in feed order. One statement, one snapshot.
+        (cut after ``limit`` events, in the statement: a cut read fetches ``limit + 1``
+        rows, not the whole window), in feed order. One statement, one snapshot.
 
         Raises :class:`FeedError` if ``conn``'s transaction already holds an xid: that
         xid would hold this snapshot's horizon at itself.
@@ -151,6 +154,7 @@ class Changefeed:
             None if w is None else w.topic,
             types,
             agents,
+            None if limit is None else limit + 1,  # one more says whether the window was cut
         )
         head = rows[0]
         if head["own_xid"] is not None:
