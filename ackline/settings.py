@@ -152,8 +152,16 @@ class Settings(BaseSettings):
         default=200,
         ge=1,
         le=60_000,
-        description="a batch is written when its first record has waited this long (or at "
-        "batch_max_events)",
+        description="faust runtime: a take is written when its first record has waited this "
+        "long (or at batch_max_events); the default runtime uses batch_linger_ms",
+    )
+    batch_linger_ms: int = Field(
+        default=0,
+        ge=0,
+        le=60_000,
+        description="default runtime: how long a batch may wait for more records while the "
+        "writer is free; 0 writes it as soon as the writer is free (group commit: batches "
+        "grow only while a write is in flight)",
     )
     batch_max_bytes: int = Field(
         default=32 * 1_048_576,

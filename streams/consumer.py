@@ -5,7 +5,9 @@ Threads: the consumer thread owns the confluent-kafka Consumer and all consumer 
 callbacks run on it, inside ``consume``. The asyncio loop (the caller's) owns
 PostgreSQL. The thread hands each batch to the loop and keeps fetching the next batch
 while one is in flight; at most one batch is in flight and one is buffered, each bounded
-by ``batch_max_events`` and ``batch_max_bytes``. When both are full the thread waits for
+by ``batch_max_events`` and ``batch_max_bytes``. A batch closes when the writer is free
+(group commit, after ``batch_linger_ms`` when set): at low load a record waits for no timer,
+at high load batches grow while a write is in flight. When both are full the thread waits for
 the write; if that takes longer than a second the assignment is paused (backpressure,
 not buffering). It is not paused at once because pausing purges librdkafka's prefetched
 records, which the resume must fetch again: at every batch, that made the consumer wait
@@ -62,6 +64,8 @@ _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check 
 # pausing purges librdkafka's prefetched records, which must then be fetched again.
 _PAUSE_AFTER_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
+_IDLE_POLL_S = 0.1  # an idle worker waits this long per turn for its first record
+_COLLECT_S = 0.02  # a busy worker collects records this long per turn
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class RuntimeConfig:
     start_from: str = "earliest"
     batch_max_events: int = 2_000
     batch_max_bytes: int = 32 * 1_048_576
-    batch_max_ms: int = 200
+    batch_linger_ms: int = 0  # 0: a batch closes as soon as the writer is free
     limits: Limits = DEFAULT_LIMITS
     revoke_wait_s: float = 20.0
     shutdown_wait_s: float = 30.0
@@ -204,10 +208,10 @@ class ConsumerRuntime:
             len(self._buffer) >= self.cfg.batch_max_events
             or self._buffer_bytes >= self.cfg.batch_max_bytes
         )
-        due = bool(self._buffer) and (
-            time.monotonic() - self._buffer_since >= self.cfg.batch_max_ms / 1000
-        )
-        if (full or due) and self._inflight is None:
+        # Group commit: a batch closes when the writer is free (after the linger, if one is
+        # set), and grows only while a write is in flight.
+        lingered = time.monotonic() - self._buffer_since >= self.cfg.batch_linger_ms / 1000
+        if self._buffer and self._inflight is None and (full or lingered):
             self._dispatch()
             return
         if self._decode_ahead():
@@ -223,9 +227,7 @@ class ConsumerRuntime:
                 self._accept(msg)  # never drop a record of an owned partition
             return
         self._resume(consumer)
-        room = self.cfg.batch_max_events - len(self._buffer)
-        timeout = self.cfg.batch_max_ms / 1000 if not self._buffer else 0.02
-        msgs = consumer.consume(num_messages=min(room, 1_000), timeout=timeout)
+        msgs = self._fetch(consumer)
         for msg in msgs:
             self._accept(msg)
         if self._watch.due():
@@ -234,6 +236,19 @@ class ConsumerRuntime:
         if self.drain_and_stop and idle and self._drained(consumer):
             log.info("drained: every partition's position is at its high watermark")
             self._stop.set()
+
+    def _fetch(self, consumer: Consumer) -> list[Message]:
+        """The next records. With the writer free and nothing buffered, wake at the first
+        record (``consume`` waits for its whole count or its timeout, which made a lone
+        record wait the timeout) and take what else is queued already; otherwise collect
+        for a short while, the write in flight being what the batch waits for."""
+        room = min(self.cfg.batch_max_events - len(self._buffer), 1_000)
+        if self._buffer or self._inflight is not None:
+            return list(consumer.consume(num_messages=room, timeout=_COLLECT_S))
+        first = consumer.poll(_IDLE_POLL_S)
+        if first is None:
+            return []
+        return [first, *consumer.consume(num_messages=room - 1, timeout=0)] if room > 1 else [first]
 
     def _drained(self, consumer: Consumer) -> bool:
         """True when this worker owns every partition and has read each to its end."""

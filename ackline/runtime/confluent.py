@@ -34,7 +34,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         session_timeout_ms=settings.session_timeout_ms,
         start_from=settings.start_from,
         batch_max_events=settings.batch_max_events,
-        batch_max_ms=settings.batch_max_ms,
+        batch_linger_ms=settings.batch_linger_ms,
         batch_max_bytes=settings.batch_max_bytes,
         limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
         revoke_wait_s=settings.revoke_wait_s,

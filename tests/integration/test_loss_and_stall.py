@@ -88,7 +88,8 @@ def test_item_1_batch_fenced_on_some_partitions_loses_nothing(
             faults="after_fetch=stall@1",
             fault_stall_seconds=4,
             batch_max_events=500,
-            batch_max_ms=1500,
+            batch_max_ms=1500,  # the faust runtime's take window
+            batch_linger_ms=1500,  # the default runtime's: one batch over all partitions
         )
         wait_until(lambda: fired(w, "after_fetch"), 90, "the first batch to stall after fetch")
         _intrude(dsn, group, topic, 0)
