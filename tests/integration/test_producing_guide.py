@@ -124,8 +124,8 @@ def test_the_guide_runs_as_written(
             timeout=60,
             check=True,
         ).stdout
-        actual = sorted(comparable(r, topic).items() for r in table(out))
-        shown = sorted(comparable(r, topic).items() for r in table(expected))
+        actual = sorted(list(comparable(r, topic).items()) for r in table(out))
+        shown = sorted(list(comparable(r, topic).items()) for r in table(expected))
         assert actual == shown, f"{command}:\n{out}"
 
     for _, sql in blocks("sql"):
