@@ -230,10 +230,13 @@ class AsyncActivityProducer:
         try:
             if aio is not None:
                 try:
-                    left = await aio.flush(timeout)
-                    if left:
+                    if await aio.flush(timeout):
                         await aio.purge()
-                    await aio.close()  # flushes again, now empty; stops its timer task
+                except (KafkaException, SystemError) as exc:
+                    log.info("closing a producer that cannot deliver: %s", exc)
+                    await aio.purge()
+                try:
+                    await aio.close()  # stops its timer task; flushes again, now empty
                 except (KafkaException, SystemError) as exc:
                     log.info("closing a producer that cannot deliver: %s", exc)
         finally:
