@@ -38,7 +38,8 @@ from tests.integration.harness import Services, Worker, db, wait_until
 from tests.integration.windows import produce_worker_mix, verify_ok, wait_drained
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
-FREEZE_S = 8.0  # longer than the worker's statement and commit timeouts below
+BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 3, "db_commit_timeout_s": 3}
+FREEZE_S = 8.0  # longer than the worker's statement and commit timeouts
 
 _GATES = """
 CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -161,6 +162,7 @@ def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
             topic,
             tmp_path,
             prefix=net.link.exec_prefix(net.link.client_ns),
+            **BOUNDS,
         )
         group = f"g-{topic}"
 
