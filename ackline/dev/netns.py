@@ -40,6 +40,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
@@ -216,29 +217,35 @@ def _setns(ns: str) -> None:
         os.close(fd)
 
 
-def in_namespace(ns: str | None, make: Callable[[], T]) -> T:
-    """Call ``make()`` on a fresh thread that joined network namespace ``ns`` (None: ours).
+def submit_in_namespace(ns: str | None, fn: Callable[[], T]) -> Future[T]:
+    """Run ``fn()`` on a fresh thread that joined network namespace ``ns`` (None: ours);
+    its result or exception arrives in the returned future.
 
-    Sockets keep the namespace they were made in, so ``in_namespace(ns, socket.socket)``
-    is a socket of ``ns`` usable from any thread. The thread ends right after.
+    Every socket the thread makes belongs to ``ns`` (an asyncio loop run there connects
+    from ``ns``), and sockets keep their namespace when used from any other thread.
     """
-    if ns is None:
-        return make()
-    box: dict[str, object] = {}
+    future: Future[T] = Future()
 
     def target() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
         try:
-            _setns(ns)
-            box["value"] = make()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
+            if ns is not None:
+                _setns(ns)
+            future.set_result(fn())
+        except BaseException as exc:  # handed to whoever waits on the future
+            future.set_exception(exc)
 
-    thread = threading.Thread(target=target, name=f"netns-{ns}", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+    threading.Thread(target=target, name=f"netns-{ns}", daemon=True).start()
+    return future
+
+
+def in_namespace(ns: str | None, make: Callable[[], T]) -> T:
+    """``make()`` called inside network namespace ``ns`` (None: ours), e.g.
+    ``in_namespace(ns, socket.socket)`` for a socket of ``ns``."""
+    if ns is None:
+        return make()
+    return submit_in_namespace(ns, make).result()
 
 
 class Forwarder:

@@ -23,6 +23,8 @@ its reply is lost.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,9 +34,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from ackline.dev.netns import Forwarder, NetnsPostgres, VanishingLink
+from ackline.core.faults import Faults
+from ackline.dev.netns import Forwarder, NetnsPostgres, VanishingLink, submit_in_namespace
 from ackline.sinks.admin.migrate import migrate
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import WaitStoppedError
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter
 from tests.integration.harness import Services, Worker, db, wait_until
+from tests.integration.test_writer import GROUP, TOPIC, batch, row
 from tests.integration.windows import produce_worker_mix, verify_ok, wait_drained
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
@@ -201,3 +209,123 @@ def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
         assert w.stop() == 0, log[-4000:]
     finally:
         gates.close()
+
+
+def _ingest_dsn(net: Net, name: str) -> str:
+    """The worker's role over the link (the server trusts the link's addresses)."""
+    return f"postgresql://ackline_ingest@{net.link.server_ip}:{net.pg.port}/{name}"
+
+
+def _claim(dsn: str) -> int:
+    async def go() -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return (await claim(conn, GROUP, "w", [(TOPIC, 0)]))[0].epoch
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def test_commit_lost_in_a_vanished_link_ends_the_old_session_then_reconciles(
+    net: Net, netdb: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer (in this process, in the client namespace) sends COMMIT into a link
+    that just vanished. Its commit timeout fires while the server still holds the old
+    session, idle in its transaction with the batch's row locks: the server never saw
+    anything end. When the link is back, the reconcile ends that session first, then
+    reads that the batch did not commit, and writes it again: exactly once."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks")
+    observer = net.pg.socket_dsn(netdb)
+    epoch = _claim(observer)
+    # A long statement timeout (so the server's keepalives leave the old session alone for
+    # ~20 s), a short commit timeout: the case of a COMMIT lost while the server lives on.
+    database = Database(
+        _ingest_dsn(net, netdb),
+        connect_timeout=1,
+        statement_timeout=30,
+        commit_timeout=2,
+        application_name="victim",
+    )
+    writer = BatchWriter(database, GROUP, "w", Faults("before_commit=stall", stall_seconds=1.0))
+
+    async def write() -> int:
+        try:
+            return (await writer.write(batch(0, [row(1), row(2), row(3)], epoch))).inserted
+        finally:
+            await database.close()
+
+    def victim(state: str) -> list[int]:
+        rows = db(
+            observer,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'victim' AND state = $1",
+            state,
+        )
+        return [int(r["pid"]) for r in rows]
+
+    done = submit_in_namespace(net.link.client_ns, lambda: asyncio.run(write()))
+    try:
+        wait_until(lambda: bool(victim("idle in transaction")), 30, "the batch before COMMIT")
+        old = victim("idle in transaction")
+        net.link.vanish()  # the writer is in its 1 s stall; then it sends COMMIT
+        wait_until(lambda: writer.retries["commit_uncertain"] == 1, 30, "the commit timeout")
+        assert victim("idle in transaction") == old  # the server holds on to it
+    finally:
+        net.link.restore()
+    assert done.result(timeout=60) == 3
+    assert f"ended the dropped session (pid {old[0]})" in caplog.text
+    assert "did not commit; retrying" in caplog.text
+    count = (
+        "SELECT (SELECT count(*) FROM ingest_batches) AS b, (SELECT count(*) FROM activity) AS a"
+    )
+    assert dict(db(observer, count)[0]) == {"b": 1, "a": 3}
+    assert not victim("idle in transaction")
+
+
+@pytest.mark.parametrize("how", ["refused", "vanished"])
+def test_retrying_logs_error_after_the_bound_and_stops_on_request(
+    net: Net, netdb: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL refuses connections (a closed port), or its host vanished (a connect
+    that never gets an answer): retrying logs WARNING, then ERROR once the outage is older
+    than its bound, tells readiness when it began, and gives up as soon as a stop is
+    requested, even in the middle of an attempt (the connect timeout here is long)."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.connection")
+    if how == "refused":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            dsn = f"postgresql://ackline_ingest@127.0.0.1:{probe.getsockname()[1]}/{netdb}"
+        ns = None
+    else:
+        dsn, ns = _ingest_dsn(net, netdb), net.link.client_ns
+    downs: list[float | None] = []
+    database = Database(dsn, connect_timeout=60, down_error_after=1.0, on_down=downs.append)
+    stop_at = time.monotonic() + 2.5
+
+    async def select_one(conn: asyncpg.Connection) -> int:
+        return int(await conn.fetchval("SELECT 1"))
+
+    async def run() -> float:
+        try:
+            await database.retrying(
+                "probe", select_one, stopping=lambda: time.monotonic() > stop_at
+            )
+        except WaitStoppedError:
+            return time.monotonic() - stop_at
+        raise AssertionError("retrying returned without a database")
+
+    if how == "vanished":
+        net.link.vanish()
+    try:
+        late = submit_in_namespace(ns, lambda: asyncio.run(run())).result(timeout=120)
+    finally:
+        net.link.restore()
+    print(f"{how}: stopped {late:.2f}s after the stop request")
+    assert late < 10  # not the 60 s connect timeout: the attempt itself was cut short
+    levels = [r.levelname for r in caplog.records if r.name == "ackline.sinks.connection"]
+    if how == "refused":  # fails fast: warnings, then the error past the 1 s bound
+        assert "WARNING" in levels and levels.count("ERROR") == 1, levels
+        assert "ACKLINE_DB_DOWN_ERROR_AFTER_S" in caplog.text
+        assert len(downs) == 1 and downs[0] is not None  # readiness told once, when it began
+    else:  # the one attempt never failed: it was still connecting when stopped
+        assert levels == [] and downs == [], levels
