@@ -387,7 +387,7 @@ class Database:
             try:
                 conn = await self._watch(self.get(), stopping, what)
                 result = await self._watch(operation(conn), stopping, what)
-            except WaitStoppedError:
+            except (WaitStoppedError, asyncio.CancelledError):
                 await self.discard()  # the attempt was cut short: its state is unknown
                 raise
             except Exception as exc:

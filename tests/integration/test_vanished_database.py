@@ -46,7 +46,7 @@ from tests.integration.test_writer import GROUP, TOPIC, batch, row
 from tests.integration.windows import produce_worker_mix, verify_ok, wait_drained
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
-BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 3, "db_commit_timeout_s": 3}
+BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
 FREEZE_S = 8.0  # longer than the worker's statement and commit timeouts
 
 _GATES = """
