@@ -121,7 +121,8 @@ class Settings(BaseSettings):
     )
     start_from: Literal["earliest", "latest"] = Field(
         default="earliest",
-        description="where a partition with no offset row in PostgreSQL starts",
+        description="where a group that never committed anything starts: the log start, or "
+        "for latest its last stable offset, stored by the first claim (decided once)",
     )
     # The consumer runtime of `ackline run` (`--runtime` wins); docs/faust.md.
     runtime: Literal["confluent", "faust"] = Field(
@@ -145,6 +146,13 @@ class Settings(BaseSettings):
         le=60_000,
         description="a batch is written when its first record has waited this long (or at "
         "batch_max_events)",
+    )
+    batch_max_bytes: int = Field(
+        default=32 * 1_048_576,
+        ge=1_048_576,
+        le=512 * 1_048_576,
+        description="a batch is written at this many bytes of record keys and values; also "
+        "bounds what is buffered ahead (a worker's memory, a transaction's size)",
     )
     max_message_bytes: int = Field(
         default=1_048_576,

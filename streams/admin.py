@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    NewTopic,
+    OffsetSpec,
+)
 
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
@@ -65,3 +69,25 @@ def delete_topic(bootstrap: str, topic: str, *, conf: Mapping[str, Any] | None =
         futures[topic].result(timeout=60)
     except KafkaException as exc:
         raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
+
+
+def stable_ends(
+    client: AdminClient, partitions: list[tuple[str, int]], timeout: float = 5.0
+) -> dict[tuple[str, int], int]:
+    """The last stable offset of each partition (what a read_committed consumer reaching
+    the end stops at: records of open transactions are below it). Partitions that did not
+    answer within ``timeout`` are left out."""
+    if not partitions:
+        return {}
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    asked = {TopicPartition(t, p): latest for t, p in partitions}
+    futures = client.list_offsets(
+        asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
+    )
+    found: dict[tuple[str, int], int] = {}
+    for tp, future in futures.items():
+        try:
+            found[(tp.topic, tp.partition)] = int(future.result(timeout=timeout).offset)
+        except KafkaException:
+            continue
+    return found

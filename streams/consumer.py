@@ -1,21 +1,26 @@
 """The consumer runtime: a confluent-kafka consumer in its own thread feeding the writer.
 
 Threads: the consumer thread owns the confluent-kafka Consumer and all consumer state
-(owned partitions, epochs, the buffer); rebalance callbacks run on it, inside
-``consume``. The asyncio loop (the caller's) owns PostgreSQL. The thread hands each
-batch to the loop with ``run_coroutine_threadsafe`` and keeps fetching the next batch
-while one is in flight; at most one batch is in flight and one is buffered. When both
-are full the thread waits for the write; if that takes longer than a second the
-assignment is paused (backpressure, not buffering). It is not paused at once because
-pausing purges librdkafka's prefetched records, which the resume must fetch again: at
-every batch, that made the consumer wait on the broker (measured: 4.8k -> 13k events/s).
-librdkafka's own prefetch queue is bounded by ``queued.max.messages.kbytes``.
+(the ownership :class:`~ackline.streams.ownership.Ledger`, the buffer); rebalance
+callbacks run on it, inside ``consume``. The asyncio loop (the caller's) owns
+PostgreSQL. The thread hands each batch to the loop and keeps fetching the next batch
+while one is in flight; at most one batch is in flight and one is buffered, each bounded
+by ``batch_max_events`` and ``batch_max_bytes``. When both are full the thread waits for
+the write; if that takes longer than a second the assignment is paused (backpressure,
+not buffering). It is not paused at once because pausing purges librdkafka's prefetched
+records, which the resume must fetch again: at every batch, that made the consumer wait
+on the broker (measured: 4.8k -> 13k events/s). librdkafka's own prefetch queue is
+bounded by ``queued.max.messages.kbytes``.
 
 Buffered records are decoded ahead, a chunk per loop turn, while the previous batch is in
 flight: decoding is the consumer thread's main cost, and doing it only at dispatch left
 PostgreSQL idle while the thread decoded and the thread idle while PostgreSQL wrote.
 Decoding is pure, so decoding early changes no order of effects (the dead-letter writes
 and the hand-off still happen in :meth:`ConsumerRuntime._dispatch`).
+
+Why the class is longer than the house's ~300 lines: it is the one owner of the consumer
+thread's state, and every method here runs on that thread; the pure parts live apart
+(ownership, assembly, holds, lag, in-flight writes).
 """
 
 from __future__ import annotations
@@ -24,31 +29,30 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Collection, Coroutine
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.core.metrics import Metrics
 from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Rejection, Row, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
-from ackline.sinks.ingest.batch import TP, Batch, Coord, Incoming, PartitionRange
-from ackline.sinks.ingest.offsets import claim, locked_offsets
-from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.sinks.ingest.batch import TP, Batch
+from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
+from ackline.sinks.ingest.writer import BatchWriter
+from ackline.streams.admin import admin, stable_ends
+from ackline.streams.assemble import Record, assemble
 from ackline.streams.committed import record_committed
-from ackline.streams.deadletter import DeadLetterProducer, Poison
-from ackline.streams.errors import FatalConsumerError
+from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
+from ackline.streams.errors import FatalConsumerError, StoppingError
 from ackline.streams.holds import Holds
+from ackline.streams.inflight import InFlight, call_on_loop
+from ackline.streams.lag import PartitionWatch, partition_lag
+from ackline.streams.ownership import Admit, Ledger, Rewind, past_log_end
 
 log = logging.getLogger(__name__)
 _CANCEL_WAIT_S = 30.0  # a cancelled write ends within this, or it is logged again
@@ -56,6 +60,7 @@ _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check 
 # A full buffer waits this long for the in-flight batch before pausing the assignment:
 # pausing purges librdkafka's prefetched records, which must then be fetched again.
 _PAUSE_AFTER_S = 1.0
+_WATERMARK_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class RuntimeConfig:
     session_timeout_ms: int = 10_000
     start_from: str = "earliest"
     batch_max_events: int = 2_000
+    batch_max_bytes: int = 32 * 1_048_576
     batch_max_ms: int = 200
     limits: Limits = DEFAULT_LIMITS
     revoke_wait_s: float = 20.0
@@ -86,9 +92,14 @@ class RuntimeConfig:
             "enable.auto.commit": True,  # commits what was stored: advisory, for lag tools
             "auto.commit.interval.ms": 1_000,
             "isolation.level": "read_committed",
-            "auto.offset.reset": self.start_from,
+            # Every partition is assigned at an explicit offset (the DB's, or the start
+            # resolved once at the first claim), so the reset applies only to an offset out
+            # of range: one that retention deleted. The log start is then the only right
+            # answer (the gap is counted); "latest" would skip what the log still holds.
+            "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
-            "queued.max.messages.kbytes": 16_384,  # bounded prefetch
+            # bounded prefetch: at most this much waits in librdkafka per worker
+            "queued.max.messages.kbytes": max(min(16_384, self.batch_max_bytes // 1024), 1024),
             "queued.min.messages": 10_000,
             "group.protocol": self.group_protocol,
             "max.poll.interval.ms": self.max_poll_interval_ms,
@@ -115,7 +126,7 @@ class ConsumerRuntime:
         faults: Faults = DISARMED,
     ) -> None:
         self.cfg = config
-        self._control_db = control_db  # claims; the writer has its own connection
+        self._control_db = control_db  # claims and re-reads; the writer has its own connection
         self._writer = writer
         self._dlq = dead_letters
         self._metrics = metrics
@@ -123,19 +134,18 @@ class ConsumerRuntime:
         self._faults = faults
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
-        self._epochs: dict[TP, int] = {}
-        self._db_next: dict[TP, int] = {}
-        self._fetch_next: dict[TP, int] = {}  # offset after the last record read, per partition
-        self._buffer: list[Message] = []
+        self.ledger = Ledger()
+        self._buffer: list[Record] = []
+        self._buffer_bytes = 0
         self._decoded: list[Row | Rejection] = []  # decode results of a prefix of _buffer
         self._buffer_since = 0.0
-        self._inflight: _Write | None = None
+        self._inflight: InFlight | None = None
         self._inflight_batch: Batch | None = None
         self._inflight_started = 0.0
         self._paused = False
-        self._holds: Holds[Message] = Holds(config.newer_version_wait_s)
-        self._last_lag = 0.0
-        self._lag_labels: set[TP] = set()
+        self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
+        self._watch = PartitionWatch(metrics)
+        self._admin_client: AdminClient | None = None
         self.committed_batches = 0
         self.drain_and_stop = False
         self._topic_partitions = 0
@@ -179,7 +189,11 @@ class ConsumerRuntime:
             self._end_holds(consumer)
         if self._inflight is not None and self._inflight.done():
             self._complete()
-        full = len(self._buffer) >= self.cfg.batch_max_events
+        self._retake(consumer)
+        full = (
+            len(self._buffer) >= self.cfg.batch_max_events
+            or self._buffer_bytes >= self.cfg.batch_max_bytes
+        )
         due = bool(self._buffer) and (
             time.monotonic() - self._buffer_since >= self.cfg.batch_max_ms / 1000
         )
@@ -204,7 +218,8 @@ class ConsumerRuntime:
         msgs = consumer.consume(num_messages=min(room, 1_000), timeout=timeout)
         for msg in msgs:
             self._accept(msg)
-        self._report_lag(consumer)
+        if self._watch.due():
+            self._report(consumer)
         idle = not msgs and not self._buffer and self._inflight is None
         if self.drain_and_stop and idle and self._drained(consumer):
             log.info("drained: every partition's position is at its high watermark")
@@ -216,13 +231,14 @@ class ConsumerRuntime:
             meta = consumer.list_topics(self.cfg.topic, timeout=10)
             self._topic_partitions = len(meta.topics[self.cfg.topic].partitions)
         assignment = consumer.assignment()
-        if self._holds.held:  # parked records are read but not written
+        if self._holds.held or self.ledger.blocked():  # parked or refused records
             return False
-        if len(self._epochs) < self._topic_partitions or not assignment:
+        owned = self.ledger.owned()
+        if len(owned) < self._topic_partitions or not assignment:
             return False
         for tp in consumer.position(assignment):
             low, high = consumer.get_watermark_offsets(tp, timeout=5)
-            pos = tp.offset if tp.offset >= 0 else self._db_next.get((tp.topic, tp.partition), low)
+            pos = tp.offset if tp.offset >= 0 else self.ledger.db_next(_tp_of(tp)) or low
             if pos < high:
                 return False
         return True
@@ -235,19 +251,21 @@ class ConsumerRuntime:
             log.warning("consumer error: %s", err)
             return
         tp = _tp(msg)
-        if tp not in self._epochs:
-            return  # a partition we no longer own: its records are re-read by the owner
         offset = msg.offset() or 0
-        expected = self._fetch_next.get(tp)
+        expected = self.ledger.expected(tp)
+        if self.ledger.admit(tp, offset) is not Admit.TAKE:
+            return  # not owned, already committed, a repeat, or read before a seek back
         if expected is not None and offset > expected:
             self._check_retention_gap(tp, expected, offset)
-        self._fetch_next[tp] = offset + 1
+        key, value = msg.key(), msg.value()
+        record = Record(tp[0], tp[1], offset, key, value, _headers_of(msg))
         if self._holds.is_held(tp):
-            self._holds.park(tp, msg)  # read before the pause took effect: kept, in order
+            self._holds.park(tp, record)  # read before the pause took effect: kept, in order
             return
         if not self._buffer:
             self._buffer_since = time.monotonic()
-        self._buffer.append(msg)
+        self._buffer.append(record)
+        self._buffer_bytes += len(value or b"") + len(key or b"")
 
     # ---- batches ---------------------------------------------------------------------
 
@@ -256,7 +274,7 @@ class ConsumerRuntime:
         done = len(self._decoded)
         pending = self._buffer[done : done + _DECODE_CHUNK]
         limits = self.cfg.limits
-        self._decoded.extend([decode(msg.value(), limits) for msg in pending])
+        self._decoded.extend([decode(rec.value, limits) for rec in pending])
         return bool(pending)
 
     def _dispatch(self) -> None:
@@ -267,61 +285,42 @@ class ConsumerRuntime:
         hand-off loses nothing (the DB offset has not moved); a crash after the dead-letter
         acknowledgement repeats those dead-letter records on redelivery, never loses them.
         """
-        msgs, self._buffer = self._buffer, []
+        records, self._buffer = self._buffer, []
         results, self._decoded = self._decoded, []
+        self._buffer_bytes = 0
         self._faults.hit("after_fetch")
         limits = self.cfg.limits
-        results.extend([decode(msg.value(), limits) for msg in msgs[len(results) :]])
-        ranges: dict[TP, list[int]] = {}
-        batch = Batch(ranges=())
-        poison: list[Poison] = []
-        for msg, decoded in zip(msgs, results, strict=True):
-            tp = _tp(msg)
-            offset = msg.offset() or 0
-            if self._held_back(tp, offset, msg, decoded):
-                continue
-            span = ranges.setdefault(tp, [offset, offset])
-            span[1] = offset
-            coord = Coord(tp[0], tp[1], offset)
-            if isinstance(decoded, Rejection):
-                poison.append(
-                    Poison(
-                        coord,
-                        decoded.reason,
-                        decoded.detail,
-                        msg.key(),
-                        msg.value(),
-                        _headers(msg),
-                    )
-                )
-            else:
-                batch.events.append(Incoming(coord, decoded))
-        if not ranges:
+        results.extend([decode(rec.value, limits) for rec in records[len(results) :]])
+        taken: list[Record] = []
+        decoded: list[Row | Rejection] = []
+        for rec, result in zip(records, results, strict=True):
+            if not self._held_back(rec, result):
+                taken.append(rec)
+                decoded.append(result)
+        if not taken:
             return  # every record was held back: nothing to write
-        if poison:
+        draft = assemble(taken, decoded, self.ledger.owned())
+        if draft.poison:
             self._faults.hit("before_dlq")
-            batch.rejects = self._dlq.send_all(poison, should_stop=self._stop.is_set)
-            self._metrics.dead_letters.inc(len(poison))
-        batch.ranges = tuple(
-            PartitionRange(t, p, first, last + 1, self._epochs[(t, p)])
-            for (t, p), (first, last) in sorted(ranges.items())
-        )
-        self._inflight_batch = batch
+            draft.batch.rejects = self._dlq.send_all(draft.poison, should_stop=self._stop.is_set)
+            self._metrics.dead_letters.inc(len(draft.poison))
+        self._inflight_batch = draft.batch
         self._inflight_started = time.monotonic()
-        self._inflight = _Write(self._loop, self._writer.write(batch))
+        self._inflight = InFlight(self._loop, self._writer.write(draft.batch))
 
-    def _held_back(self, tp: TP, offset: int, msg: Message, decoded: Row | Rejection) -> bool:
-        """Park ``msg`` if its partition is held, or if it starts a hold (ackline.streams.holds).
+    def _held_back(self, rec: Record, decoded: Row | Rejection) -> bool:
+        """Park ``rec`` if its partition is held, or if it starts a hold (streams.holds).
 
         A new hold pauses the partition; the records before it in this batch still commit.
         """
+        tp = rec.tp
         if self._holds.is_held(tp):
-            self._holds.park(tp, msg)
+            self._holds.park(tp, rec)
             return True
         newer = decoded.newer if isinstance(decoded, Rejection) else None
-        if newer is None or not self._holds.decide(tp, offset, newer, time.monotonic()):
+        if newer is None or not self._holds.decide(tp, rec.offset, newer, time.monotonic()):
             return False
-        self._holds.park(tp, msg)
+        self._holds.park(tp, rec)
         if self._consumer is not None:
             self._consumer.pause([TopicPartition(tp[0], tp[1])])
         log.warning(
@@ -329,7 +328,7 @@ class ConsumerRuntime:
             "to %.0fs for a worker that knows it to take the partition",
             tp[0],
             tp[1],
-            offset,
+            rec.offset,
             newer[0],
             newer[1],
             self._holds.wait_s,
@@ -338,7 +337,7 @@ class ConsumerRuntime:
 
     def _end_holds(self, consumer: Consumer) -> None:
         """Expired holds: the parked records go back, in order, to the front of the buffer;
-        the held record is then rejected (ackline.streams.holds)."""
+        the held record is then rejected (streams.holds)."""
         for tp in self._holds.due(time.monotonic()):
             records = self._holds.release(tp)
             log.warning(
@@ -350,6 +349,7 @@ class ConsumerRuntime:
             if not self._buffer:
                 self._buffer_since = time.monotonic()
             self._buffer = records + self._buffer
+            self._buffer_bytes += sum(len(r.value or b"") + len(r.key or b"") for r in records)
             self._decoded = []  # positions moved: decode again
             try:
                 consumer.resume([TopicPartition(tp[0], tp[1])])
@@ -382,11 +382,13 @@ class ConsumerRuntime:
     def _complete(self) -> None:
         """Record the outcome of the finished in-flight batch.
 
-        Order of effects: read the outcome; if committed, the after_commit point, then store
-        the offsets in the Kafka consumer for the partitions still owned under the same
-        epoch (committed to Kafka by auto-commit: advisory only), then metrics. A crash
-        between the DB commit and the store leaves Kafka behind the DB, which is harmless:
-        the DB offset decides where the partition resumes.
+        Order of effects: read the outcome; if committed, the after_commit point, then the
+        ledger's DB offsets advance and the offsets are stored in the Kafka consumer for
+        the partitions still owned under the same epoch (committed to Kafka by
+        auto-commit: advisory only), then metrics. A crash between the DB commit and the
+        store leaves Kafka behind the DB, which is harmless: the DB offset decides where
+        the partition resumes. A batch that did not commit (or may not have) goes to
+        :meth:`_not_committed`.
         """
         future, batch = self._inflight, self._inflight_batch
         self._inflight, self._inflight_batch = None, None
@@ -398,82 +400,116 @@ class ConsumerRuntime:
             log.warning(
                 "batch %s cancelled; the DB offset decides where it resumes", batch.describe()
             )
-            self._resync(batch, fenced=())
+            self._not_committed(batch)
             return
         except FencedError as exc:
             self._metrics.fenced.inc()
             log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
-            self._resync(batch, fenced=exc.partitions)
+            self._not_committed(batch)
             return
         self._faults.hit("after_commit")
+        self.ledger.committed(batch.ranges)
         self._store(batch)
         self.committed_batches += 1
-        seconds = time.monotonic() - self._inflight_started
-        record_committed(self._metrics, batch, result, seconds)
+        record_committed(self._metrics, batch, result, time.monotonic() - self._inflight_started)
 
     def _store(self, batch: Batch) -> None:
         consumer = self._consumer
-        offsets = []
-        for r in batch.ranges:
-            tp = (r.topic, r.partition)
-            if self._epochs.get(tp) == r.epoch:
-                self._db_next[tp] = r.next_offset
-                offsets.append(TopicPartition(r.topic, r.partition, r.next_offset))
+        offsets = [
+            TopicPartition(r.topic, r.partition, r.next_offset)
+            for r in batch.ranges
+            if self.ledger.owns((r.topic, r.partition), r.epoch)
+        ]
         if consumer is not None and offsets:
             try:
                 consumer.store_offsets(offsets=offsets)
             except KafkaException as exc:  # advisory; the DB offset is the truth
                 log.info("could not store Kafka offsets (advisory): %s", exc)
 
-    def _resync(self, batch: Batch, fenced: Collection[TP]) -> None:
+    def _not_committed(self, batch: Batch) -> None:
         """Re-position the partitions of a batch that did not commit (or may not have).
 
-        Order of effects: forget the fenced partitions (another worker owns them); read
-        the offset rows of the batch's other partitions, still owned under the batch's
-        epoch, FOR SHARE (which waits for the batch's transaction to end, so a cancelled
-        COMMIT is seen as it ended); forget those whose epoch moved meanwhile; drop the
-        buffered records of the rest and seek them back to their DB next offsets.
+        Order of effects: read the batch's offset rows FOR SHARE (which waits for the
+        batch's transaction to end, so a cancelled COMMIT is seen as it ended); in the
+        ledger, a partition whose epoch moved is suspended (fenced: :meth:`_retake` takes
+        it back while Kafka assigns it to this worker) and every other one is rewound to
+        its DB next offset; their buffered records are dropped and they are sought there.
 
         Without this, the next batch of a kept partition would start after the dropped
         one, and the fence (next_offset <= first_offset: offsets are not contiguous, so
         it cannot ask for equality) would let it commit past the dropped records: lost.
         A crash at any step loses nothing: the DB offsets have not moved past them.
         """
-        self._forget(list(fenced))
         if self._stop.is_set():
             return  # shutting down: the next owner starts from the DB offsets anyway
-        kept = [
-            (r.topic, r.partition)
-            for r in batch.ranges
-            if self._epochs.get((r.topic, r.partition)) == r.epoch
-        ]
-        if not kept:
+        tps = [(r.topic, r.partition) for r in batch.ranges if self.ledger.owns(_tp_of(r))]
+        if not tps:
             return
-
-        async def read() -> list[Any]:
-            return await self._control_db.retrying(
-                "resync", lambda conn: locked_offsets(conn, self.cfg.group_id, kept)
+        rows = self._read_rows(tps, "re-read")
+        if rows is None:
+            return
+        fenced, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
+        self._drop_buffered({*fenced, *(r.tp for r in rewinds)})
+        self._seek(rewinds)
+        self._metrics.assigned.set(len(self.ledger.owned()))
+        if fenced:
+            log.warning("fenced on %s: taking them back while Kafka assigns them here", fenced)
+        if rewinds:
+            log.warning(
+                "re-reading %s from their DB offsets after batch %s was dropped",
+                [(r.tp[1], r.offset) for r in rewinds],
+                batch.describe(),
             )
 
-        rows = asyncio.run_coroutine_threadsafe(read(), self._loop).result()
-        again = [c for c in rows if self._epochs.get((c.topic, c.partition)) == c.epoch]
-        self._forget([(c.topic, c.partition) for c in rows if c not in again])
-        self._drop_buffered({(c.topic, c.partition) for c in again})
-        default = OFFSET_BEGINNING if self.cfg.start_from == "earliest" else OFFSET_END
-        for c in again:
-            tp = (c.topic, c.partition)
-            self._db_next.pop(tp, None)
-            self._fetch_next.pop(tp, None)
-            if c.next_offset is not None:
-                self._db_next[tp] = self._fetch_next[tp] = c.next_offset
-            where = c.next_offset if c.next_offset is not None else default
-            if self._consumer is not None:  # raises if it cannot: a crash re-reads too
-                self._consumer.seek(TopicPartition(c.topic, c.partition, where))
-        log.warning(
-            "re-reading %s from their DB offsets after batch %s was dropped",
-            [(c.partition, c.next_offset) for c in again],
-            batch.describe(),
-        )
+    def _read_rows(self, tps: list[TP], what: str) -> dict[TP, Claim] | None:
+        """The offset rows of ``tps`` read FOR SHARE; None when stopping."""
+
+        async def read() -> list[Claim]:
+            return await self._control_db.retrying(
+                what, lambda conn: locked_offsets(conn, self.cfg.group_id, tps)
+            )
+
+        try:
+            rows = call_on_loop(self._loop, read(), self._stop.is_set)
+        except StoppingError:
+            return None
+        return {(c.topic, c.partition): c for c in rows}
+
+    def _retake(self, consumer: Consumer) -> None:
+        """Take back the fenced partitions that Kafka still assigns to this worker.
+
+        Kafka, not PostgreSQL, decides who owns a partition: an epoch that moved while
+        Kafka still assigns the partition here means someone claimed it late (a worker that
+        resumed inside its assign callback after this one claimed). Order of effects: a
+        new claim (one autocommitted statement, bumping the epoch: the late claimer's next
+        batch is fenced); the ledger renews ownership with the rewind mark kept; seek to
+        the DB next offset. Retakes back off (doubling) when fenced again soon, so two
+        workers that both believe they own a partition cannot spin; meanwhile the
+        partition counts as not consumed (gauge, /readyz). Fenced partitions Kafka no
+        longer assigns here are released.
+        """
+        due = self.ledger.retakes_due(time.monotonic())
+        if not due:
+            return
+        assigned = {_tp_of(p) for p in consumer.assignment()}
+        self.ledger.release([tp for tp in due if tp not in assigned])
+        wanted = [tp for tp in due if tp in assigned]
+        if not wanted:
+            return
+        claims = self._claim(wanted)
+        if claims is None:
+            return
+        rewinds = [self.ledger.retake(c) for c in claims]
+        self._seek(rewinds)
+        self._metrics.assigned.set(len(self.ledger.owned()))
+        log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])
+
+    def _seek(self, rewinds: list[Rewind]) -> None:
+        consumer = self._consumer
+        for r in rewinds:
+            where = r.offset if r.offset is not None else OFFSET_BEGINNING
+            if consumer is not None:  # raises if it cannot: a crash re-reads too
+                consumer.seek(TopicPartition(r.tp[0], r.tp[1], where))
 
     def _check_retention_gap(self, tp: TP, expected: int, offset: int) -> None:
         """A jump in a partition's offsets is usual (transaction markers, aborted records);
@@ -508,41 +544,88 @@ class ConsumerRuntime:
 
     # ---- rebalance -------------------------------------------------------------------
 
+    def _claim(self, tps: list[TP], starts: dict[TP, int] | None = None) -> list[Claim] | None:
+        """Claim ``tps`` in PostgreSQL (retried through outages); None when stopping."""
+
+        async def take() -> list[Claim]:
+            return await self._control_db.retrying(
+                "claim",
+                lambda conn: claim(conn, self.cfg.group_id, self.cfg.worker_id, tps, starts),
+            )
+
+        try:
+            return call_on_loop(self._loop, take(), self._stop.is_set)
+        except StoppingError:
+            log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
+            return None
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Claim the partitions in PostgreSQL, then assign them from the DB offsets.
 
-        Order of effects: bump the epochs (one autocommitted statement, retried until it
-        succeeds); the after_claim point; incremental_assign at the DB next offsets (or the
-        start_from policy where none is stored). A crash after the claim and before the
-        assign leaves only a higher epoch, which the next owner bumps again.
+        Order of effects: read where a partition that has no DB offset yet starts (the log
+        start, or for start_from=latest the last stable offset: where a read_committed
+        reader reaching the end stands) and the log ends; claim: one
+        autocommitted statement bumps the epochs and stores that start where no offset is
+        stored, so "latest" is resolved once, for good (retried while PostgreSQL is
+        unreachable, until a stop request); the after_claim point; incremental_assign at
+        the DB next offsets. A partition whose DB offset is past the log end is assigned
+        but paused and reported (it is not consumed: its records would be taken for
+        committed ones). A crash after the claim and before the assign leaves only a
+        higher epoch, which the next owner bumps again.
         """
         if not partitions:
             return
-        tps = [(tp.topic, tp.partition) for tp in partitions]
-
-        async def take() -> list[Any]:
-            return await self._control_db.retrying(
-                "claim", lambda conn: claim(conn, self.cfg.group_id, self.cfg.worker_id, tps)
-            )
-
-        claims = asyncio.run_coroutine_threadsafe(take(), self._loop).result()
+        tps = [_tp_of(tp) for tp in partitions]
+        marks = self._watermarks(consumer, tps)
+        if self.cfg.start_from == "latest":
+            starts = stable_ends(self._admin(), tps, _WATERMARK_TIMEOUT_S)
+        else:
+            starts = {tp: low for tp, (low, _) in marks.items()}
+        claims = self._claim(tps, starts)
+        if claims is None:
+            return
         self._faults.hit("after_claim")
-        default = OFFSET_BEGINNING if self.cfg.start_from == "earliest" else OFFSET_END
-        assign = []
+        self.ledger.claimed(claims)
+        assign, blocked = [], []
         for c in claims:
             tp = (c.topic, c.partition)
-            self._epochs[tp] = c.epoch
-            if c.next_offset is not None:
-                self._db_next[tp] = self._fetch_next[tp] = c.next_offset
-            offset = c.next_offset if c.next_offset is not None else default
+            offset = c.next_offset if c.next_offset is not None else OFFSET_BEGINNING
             assign.append(TopicPartition(c.topic, c.partition, offset))
+            high = marks.get(tp, (0, -1))[1]
+            if c.next_offset is not None and high >= 0 and c.next_offset > high:
+                blocked.append(tp)
+                reason = past_log_end(tp, c.next_offset, high)
+                if self.ledger.block(tp, reason):
+                    log.error("%s", reason)
         consumer.incremental_assign(assign)
+        if blocked:
+            consumer.pause([TopicPartition(t, p) for t, p in blocked])
         # New partitions are not paused here even when the kept ones are: a pause right
         # after the assign can make librdkafka drop the assign offset (its issue #2190) and
         # leave the partition unfetched. Until the next pause they only fill librdkafka's
-        # prefetch queue, which queued.max.messages.kbytes bounds.
-        self._metrics.assigned.set(len(self._epochs))
+        # prefetch queue, which queued.max.messages.kbytes bounds. A blocked partition is
+        # paused anyway: it is sought again before it resumes (_report).
+        self._metrics.assigned.set(len(self.ledger.owned()))
         log.info("assigned %s", [(c.partition, c.next_offset, c.epoch) for c in claims])
+
+    def _admin(self) -> AdminClient:
+        if self._admin_client is None:
+            self._admin_client = admin(self.cfg.bootstrap, dict(self.cfg.kafka_extra))
+        return self._admin_client
+
+    def _watermarks(self, consumer: Consumer, tps: list[TP]) -> dict[TP, tuple[int, int]]:
+        """(log start, log end) of ``tps``; the partitions that did not answer are left out."""
+        found: dict[TP, tuple[int, int]] = {}
+        deadline = time.monotonic() + _WATERMARK_TIMEOUT_S
+        for tp in tps:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
+            except KafkaException as exc:
+                log.warning("cannot read the watermarks of %s[%d]: %s", tp[0], tp[1], exc)
+        return found
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Stop dispatching (we are inside consume), let the in-flight batch finish or roll
@@ -562,7 +645,7 @@ class ConsumerRuntime:
             )
             self._faults.hit("lost_in_flight" if lost else "revoke_in_flight")
             self._settle(self.cfg.revoke_wait_s)
-        tps = [(tp.topic, tp.partition) for tp in partitions]
+        tps = [_tp_of(tp) for tp in partitions]
         self._forget(tps)
         # librdkafka keeps a partition's pause flag across unassign and a later assign
         # (librdkafka #1849): a partition given up while paused (backpressure or a hold)
@@ -578,17 +661,12 @@ class ConsumerRuntime:
         # The partitions kept stay paused if they were (pausing is per partition).
         log.info("%s %s", "lost" if lost else "revoked", [p for _, p in tps])
 
-    def _forget(self, tps: list[TP]) -> None:
+    def _forget(self, tps: Collection[TP]) -> None:
         gone = set(tps)
-        for tp in gone:
-            self._epochs.pop(tp, None)
-            self._db_next.pop(tp, None)
-            self._fetch_next.pop(tp, None)
-            if tp in self._lag_labels:
-                self._lag_labels.discard(tp)
-                self._metrics.lag.remove(tp[0], str(tp[1]))
+        self.ledger.release(gone)
+        self._watch.forget(gone)
         self._drop_buffered(gone)
-        self._metrics.assigned.set(len(self._epochs))
+        self._metrics.assigned.set(len(self.ledger.owned()))
 
     def _drop_buffered(self, gone: set[TP]) -> None:
         """Drop the buffered, decoded and held records of ``gone`` (they are read again)."""
@@ -596,12 +674,13 @@ class ConsumerRuntime:
         self._holds.forget(gone)
         if resume and self._consumer is not None and not self._paused:
             self._consumer.resume(resume)  # a hold had paused them
-        keep = [i for i, m in enumerate(self._buffer) if _tp(m) not in gone]
+        keep = [i for i, r in enumerate(self._buffer) if r.tp not in gone]
         decoded = len(self._decoded)
         self._decoded = [self._decoded[i] for i in keep if i < decoded]
         self._buffer = [self._buffer[i] for i in keep]
+        self._buffer_bytes = sum(len(r.value or b"") + len(r.key or b"") for r in self._buffer)
 
-    # ---- flow control and lag -----------------------------------------------------------
+    # ---- flow control, lag and partitions not consumed ---------------------------------
 
     def _pause(self, consumer: Consumer) -> None:
         if not self._paused:
@@ -616,83 +695,48 @@ class ConsumerRuntime:
 
     def _resume(self, consumer: Consumer) -> None:
         if self._paused:
-            held = self._holds.held  # held partitions stay paused until their hold ends
-            consumer.resume([p for p in consumer.assignment() if _tp_of(p) not in held])
+            keep = set(self._holds.held) | set(self.ledger.blocked())  # paused until their end
+            consumer.resume([p for p in consumer.assignment() if _tp_of(p) not in keep])
             self._paused = False
 
-    def _report_lag(self, consumer: Consumer) -> None:
-        now = time.monotonic()
-        if now - self._last_lag < 5:
-            return
-        self._last_lag = now
-        # With nothing of a partition buffered or in flight, everything below the consumer's
-        # position is committed or was skipped (transaction markers, aborted records), so
-        # lag counts from the position; otherwise from the DB next offset.
-        pending = {_tp(m) for m in self._buffer} | set(self._holds.held)
+    def _report(self, consumer: Consumer) -> None:
+        """Set the lag gauges and the not-consumed gauge; unblock what caught up."""
+        pending = {r.tp for r in self._buffer} | set(self._holds.held)
         if self._inflight_batch is not None:
             pending |= {(r.topic, r.partition) for r in self._inflight_batch.ranges}
+        blocked = self.ledger.blocked()
+        owned = self.ledger.tracked()  # lag is reported for suspended and blocked ones too
         try:
-            positions = {
-                (p.topic, p.partition): p.offset
-                for p in consumer.position([TopicPartition(*tp) for tp in self._epochs])
-            }
+            asked = [TopicPartition(*tp) for tp in owned]
+            positions = {_tp_of(p): p.offset for p in consumer.position(asked)}
         except KafkaException:
             positions = {}
-        for tp in list(self._epochs):
+        for tp in owned:
             try:
-                _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(*tp), cached=tp not in blocked, timeout=_WATERMARK_TIMEOUT_S
+                )
             except KafkaException:
                 continue
+            db_next = self.ledger.db_next(tp)
+            if tp in blocked and db_next is not None and high >= db_next:
+                self._unblock(consumer, tp)
             if high >= 0:
-                done = self._db_next.get(tp, 0)
-                if tp not in pending:
-                    done = max(done, positions.get(tp, -1))
-                lag = max(high - done, 0)
-                self._metrics.lag.labels(tp[0], str(tp[1])).set(lag)
-                self._lag_labels.add(tp)
+                position = positions.get(tp)
+                self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))
+        assigned = [_tp_of(p) for p in consumer.assignment()]
+        self._watch.not_consumed(assigned, self.ledger.owned())
+
+    def _unblock(self, consumer: Consumer, tp: TP) -> None:
+        db_next = self.ledger.unblock(tp)
+        if db_next is not None:
+            consumer.seek(TopicPartition(tp[0], tp[1], db_next))
+        if not self._paused:
+            consumer.resume([TopicPartition(*tp)])
+        log.warning("%s[%d]: the log end reached the DB offset %d again: consuming", *tp, db_next)
 
 
-class _Write:
-    """A batch write running as a task on the event loop, watched from the consumer thread.
-
-    Unlike the future of ``run_coroutine_threadsafe``, which is done the moment it is
-    cancelled, this is done only when the task has really ended, cancelled or not: so a
-    cancelled write can be waited for, and never overlaps what comes after it.
-    """
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, WriteResult]
-    ) -> None:
-        self._loop = loop
-        self._ended = threading.Event()
-        self._task: asyncio.Task[WriteResult] | None = None
-        loop.call_soon_threadsafe(self._start, coro)  # callbacks run in order: before cancel
-
-    def _start(self, coro: Coroutine[Any, Any, WriteResult]) -> None:
-        self._task = self._loop.create_task(coro)
-        self._task.add_done_callback(lambda _: self._ended.set())
-
-    def done(self) -> bool:
-        return self._ended.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._ended.wait(timeout)
-
-    def cancel(self) -> None:
-        self._loop.call_soon_threadsafe(self._cancel)
-
-    def _cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    def outcome(self) -> WriteResult:
-        """The result, or the exception (CancelledError included); only once done."""
-        if self._task is None or not self._ended.is_set():
-            raise RuntimeError("the batch write has not ended")
-        return self._task.result()
-
-
-def _tp_of(tp: TopicPartition) -> TP:
+def _tp_of(tp: Any) -> TP:
     return (tp.topic, tp.partition)
 
 
@@ -700,8 +744,10 @@ def _tp(msg: Message) -> TP:
     return (msg.topic() or "", msg.partition() or 0)
 
 
-def _headers(msg: Message) -> list[tuple[str, str | bytes | None]]:
-    raw = msg.headers()
-    if raw is None:
-        return []
-    return list(raw.items()) if isinstance(raw, dict) else list(raw)
+def _headers_of(msg: Message) -> Any:
+    """The headers of ``msg``, read only when needed (poison) and never raising."""
+
+    def read() -> Headers:
+        return safe_headers(msg)
+
+    return read

@@ -23,6 +23,26 @@ from ackline.streams.errors import ProduceError, TopicError
 log = logging.getLogger(__name__)
 
 
+Headers = list[tuple[str, str | bytes | None]]
+"""A record's headers as the Kafka clients hand them: (key, value) pairs."""
+
+
+def safe_headers(msg: Message) -> Headers:
+    """The headers of a consumed record, or the fact that they could not be read.
+
+    confluent-kafka turns header keys into str without checking they are UTF-8: a key
+    that is not (other clients can send one) makes ``msg.headers()`` raise. The record
+    must still be dead-lettered, so the headers are then replaced by one marker header.
+    """
+    try:
+        raw = msg.headers()
+    except (UnicodeDecodeError, ValueError, SystemError) as exc:
+        return [("ackline.headers-unreadable", f"{type(exc).__name__}: {exc}"[:200].encode())]
+    if raw is None:
+        return []
+    return list(raw.items()) if isinstance(raw, dict) else list(raw)
+
+
 @dataclass(frozen=True, slots=True)
 class Poison:
     """A consumed record that did not decode, with why."""
@@ -32,12 +52,10 @@ class Poison:
     detail: str
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, str | bytes | None]]
+    headers: Headers
 
 
-def headers_json(
-    headers: list[tuple[str, str | bytes | None]],
-) -> list[dict[str, str | None]]:
+def headers_json(headers: Headers) -> list[dict[str, str | None]]:
     """Headers as JSON-safe dicts: base64 of the bytes, and the text when it is clean."""
     out: list[dict[str, str | None]] = []
     for key, raw in headers:
@@ -136,7 +154,7 @@ class DeadLetterProducer:
         ]
 
     def _produce(self, producer: Producer, item: Poison, report: _Report) -> None:
-        headers: list[tuple[str, str | bytes | None]] = [
+        headers: Headers = [
             *item.headers,
             ("ackline.reason", item.reason.encode()),
             ("ackline.detail", item.detail.encode("utf-8", "replace")[:1000]),

@@ -21,5 +21,9 @@ class ProduceError(StreamError):
     """A record was not acknowledged by the broker."""
 
 
+class StoppingError(StreamError):
+    """A wait was given up because the process is stopping (SIGTERM/SIGINT)."""
+
+
 class FatalConsumerError(StreamError):
     """librdkafka reported a fatal error; the consumer cannot continue."""

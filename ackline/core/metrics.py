@@ -58,6 +58,18 @@ class Metrics:
             "ackline_dead_letters", "Dead-letter records acknowledged by Kafka", registry=r
         )
         self.assigned = Gauge("ackline_assigned_partitions", "Partitions owned now", registry=r)
+        self.topic_partitions = Gauge(
+            "ackline_topic_partitions",
+            "Partitions of the topic this worker's group consumes (for the nobody-consumes "
+            "alert: the group's assigned partitions summed over its workers fall short)",
+            registry=r,
+        )
+        self.not_consumed = Gauge(
+            "ackline_partitions_not_consumed",
+            "Partitions Kafka assigns to this worker that it does not consume (fenced and "
+            "not taken back yet, or DB offset past the log end)",
+            registry=r,
+        )
         self.last_commit = Gauge(
             "ackline_last_commit_timestamp_seconds", "Unix time of the last DB commit", registry=r
         )

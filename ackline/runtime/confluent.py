@@ -35,6 +35,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         start_from=settings.start_from,
         batch_max_events=settings.batch_max_events,
         batch_max_ms=settings.batch_max_ms,
+        batch_max_bytes=settings.batch_max_bytes,
         limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
         revoke_wait_s=settings.revoke_wait_s,
         shutdown_wait_s=settings.shutdown_wait_s,
@@ -48,21 +49,19 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
 
     Order of effects at start: wire the worker (:func:`build_ingest`: the ingest DSN may
-    raise SettingsError) and register the payload plugins, both before anything
-    connects; check the topic exists and create the dead-letter topic if missing; serve
-    /metrics, /healthz, /readyz (when metrics_port is set); start the PostgreSQL health
-    probe; connect lazily; join the group in the consumer thread. At SIGTERM or SIGINT:
-    the consumer thread finishes or cancels the in-flight batch, stores offsets, leaves
-    the group; then the probe and the HTTP server stop, connections close and the status
-    is 0.
+    raise SettingsError) and register the payload plugins, both before anything connects;
+    handle SIGTERM/SIGINT; check the topic exists and create the dead-letter topic if
+    missing; serve /metrics, /healthz, /readyz (when metrics_port is set); start the
+    PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
+    SIGTERM or SIGINT: the consumer thread finishes or cancels the in-flight batch, stores
+    offsets, leaves the group; then the probe and the HTTP server stop, connections close
+    and the status is 0.
 
     ``dsn`` is the operator's; every connection of the worker is made as the ingest
     role (:func:`ackline.clients.ingest_dsn`), which may only append event data.
     """
     ingest = build_ingest(settings, bootstrap, dsn)
     load_payload_plugins(settings.payload_plugins)
-    prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
-    ingest.serve()
     loop = asyncio.get_running_loop()
     runtime = ConsumerRuntime(
         runtime_config(settings, bootstrap),
@@ -74,8 +73,13 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
         ingest.faults,
     )
     runtime.drain_and_stop = until_drained
+    # First, so a stop request during start-up ends the run cleanly (status 0) as soon as
+    # the loop runs again, instead of killing the process mid-start.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.request_stop)
+    partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    ingest.metrics.topic_partitions.set(partitions)
+    ingest.serve()
     done: asyncio.Future[None] = loop.create_future()
 
     def body() -> None:

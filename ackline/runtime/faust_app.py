@@ -8,18 +8,20 @@ empty environment (``env={}``), so no faust environment variable (``STREAM_WAIT_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ackline.core.errors import SettingsError
 from ackline.runtime.wiring import Ingest
 from ackline.settings import Settings
-from ackline.streams.faust_runtime.sink import FaustSink
-from ackline.streams.faust_runtime.transport import AcklineApp, Ownership
+from ackline.streams.faust_runtime.sink import FaustSink, KafkaSide
+from ackline.streams.faust_runtime.transport import AcklineApp, AcklineConsumer, Ownership
 
 AGENT_NAME = "ackline-ingest"
 COMMIT_INTERVAL_S = 1.0  # Kafka commits of the DB offsets: advisory, for lag tooling
+METADATA_MAX_AGE_MS = 5_000  # see faust_settings: bounds an empty-assignment stall
 
 
 @dataclass
@@ -71,13 +73,21 @@ def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "stream_wait_empty": True,
         "stream_recovery_delay": 0.1,
         "stream_buffer_maxsize": max(settings.batch_max_events, 1_000),
-        "consumer_auto_offset_reset": settings.start_from,
+        # Partitions are sought to explicit offsets; a reset happens only for an offset
+        # retention deleted, where the log start is the one right answer (the consumer
+        # runtime's docstring says why "latest" there would skip records).
+        "consumer_auto_offset_reset": "earliest",
         "broker_client_id": settings.worker_id,
         "broker_session_timeout": session_s,
         "broker_heartbeat_interval": max(session_s / 5, 0.5),
         "broker_max_poll_interval": settings.max_poll_interval_ms / 1000,
         "broker_commit_interval": COMMIT_INTERVAL_S,
         "broker_request_timeout": request_timeout_s(settings),
+        # The group leader assigns from its metadata; right after a broker restart that can
+        # lack the topic's partitions ("No partition metadata"), so it assigns nothing to
+        # anyone, and only a metadata refresh that sees them triggers a new assignment.
+        # aiokafka's default refresh (5 minutes) left the whole group idle that long.
+        "consumer_metadata_max_age_ms": METADATA_MAX_AGE_MS,
         "web_enabled": False,
         "topic_disable_leader": True,
         "topic_allow_declare": False,
@@ -121,6 +131,7 @@ def make_app(ingest: Ingest) -> FaustApp:
         limits=ingest.limits,
         batch_max_events=settings.batch_max_events,
         batch_max_ms=settings.batch_max_ms,
+        batch_max_bytes=settings.batch_max_bytes,
         faults=ingest.faults,
         claim_deadline_s=request_timeout_s(settings) * 2 / 3,  # exits before faust gives up
     )
@@ -133,6 +144,19 @@ def make_app(ingest: Ingest) -> FaustApp:
         revoking=sink.revoking,
     )
     app.parts = Parts(sink, ingest)
+    sink.kafka = _kafka_side(app)
     topic = app.topic(settings.topic, key_serializer="raw", value_serializer="raw")
     app.agent(topic, name=AGENT_NAME, concurrency=1)(sink.consume)
     return app
+
+
+def _kafka_side(app: FaustApp) -> KafkaSide:
+    """The sink's view of the app's consumer (which exists only once the app runs)."""
+
+    def assigned() -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+
+    async def seek(offsets: Mapping[tuple[str, int], int | None]) -> None:
+        await cast(AcklineConsumer, app.consumer).seek_positions(offsets)
+
+    return KafkaSide(assigned=assigned, seek=seek)

@@ -63,6 +63,7 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     app = make_app(ingest)
     metrics = ingest.metrics
     partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    metrics.topic_partitions.set(partitions)
     ingest.serve()
 
     async def probe() -> None:
@@ -120,21 +121,37 @@ def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
 
 def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     """A timer: ``ackline_partition_lag`` = last stable offset minus DB next offset, per
-    owned partition (an upper bound: transaction markers take offsets too)."""
+    partition of the ledger (an upper bound: transaction markers take offsets too);
+    ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
+    taken back, or blocked); a blocked partition whose log end reached its DB offset is
+    sought there and consumed again; fenced partitions due a retake are taken back."""
     shown: set[tuple[str, int]] = set()
 
     async def report() -> None:
-        positions = app.parts.sink.ledger.resume_offsets()
-        for topic, partition in shown - set(positions):
+        sink = app.parts.sink
+        ledger = sink.ledger
+        await sink.retake()
+        tracked = {tp: ledger.db_next(tp) for tp in ledger.tracked()}
+        for topic, partition in shown - set(tracked):
             metrics.lag.remove(topic, str(partition))
-        shown.intersection_update(positions)
-        if not positions:
+        shown.intersection_update(tracked)
+        assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+        metrics.not_consumed.set(len(assigned - set(ledger.owned())))
+        if not tracked:
             return
-        ends = await app.consumer.highwaters(*(TP(t, p) for t, p in positions))
-        for (topic, partition), done in positions.items():
+        ends = await app.consumer.highwaters(*(TP(t, p) for t, p in tracked))
+        blocked = ledger.blocked()
+        for (topic, partition), done in tracked.items():
             end = ends.get(TP(topic, partition))
-            if end is not None:
-                metrics.lag.labels(topic, str(partition)).set(max(end - (done or 0), 0))
-                shown.add((topic, partition))
+            if end is None:
+                continue
+            if (topic, partition) in blocked and done is not None and end >= done:
+                ledger.unblock((topic, partition))
+                await sink.kafka.seek({(topic, partition): done})
+                log.warning(
+                    "%s[%d]: the log end reached the DB offset %d again", topic, partition, done
+                )
+            metrics.lag.labels(topic, str(partition)).set(max(end - (done or 0), 0))
+            shown.add((topic, partition))
 
     return report

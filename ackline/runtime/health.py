@@ -34,6 +34,7 @@ class Snapshot:
     started: float
     db_up: bool
     db_checked: float
+    not_consumed: int = 0
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
 
 
@@ -47,15 +48,21 @@ class ReadyLimits:
 def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     """Why the worker is not ready; an empty list means ready.
 
-    Ready means: it owns at least one partition; PostgreSQL answered a recent check, and
-    the worker's own operations have not been failing for longer than
-    ``db_down_error_after_s`` (the check can pass while the worker's connections do not);
-    and, when it is behind (lag > 0), a batch committed within ``max_commit_age_s``
-    (counted from start until the first commit, so a fresh worker gets that long).
+    Ready means: it owns at least one partition and consumes every partition Kafka
+    assigns to it; PostgreSQL answered a recent check, and the worker's own operations
+    have not been failing for longer than ``db_down_error_after_s`` (the check can pass
+    while the worker's connections do not); and, when it is behind (lag > 0), a batch
+    committed within ``max_commit_age_s`` (counted from start until the first commit, so
+    a fresh worker gets that long).
     """
     reasons: list[str] = []
     if snap.assigned <= 0:
         reasons.append("no partitions assigned")
+    if snap.not_consumed > 0:
+        reasons.append(
+            f"{snap.not_consumed} partition(s) assigned but not consumed (fenced and not "
+            f"taken back yet, or DB offset past the log end: see the ERROR lines)"
+        )
     db_age = now - snap.db_checked
     if snap.db_checked <= 0:
         reasons.append("PostgreSQL not checked yet")
@@ -92,6 +99,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         started=started,
         db_up=_gauge(metrics, "ackline_database_up") >= 1,
         db_checked=_gauge(metrics, "ackline_database_checked_timestamp_seconds"),
+        not_consumed=int(_gauge(metrics, "ackline_partitions_not_consumed")),
         db_down_since=_gauge(metrics, "ackline_database_down_since_timestamp_seconds"),
     )
 

@@ -62,7 +62,7 @@ class Migration:
 def load_migrations() -> list[Migration]:
     """Read the migration files shipped in the ``schemas`` package, in order."""
     found: list[Migration] = []
-    for entry in resources.files("schemas").joinpath("sql").iterdir():
+    for entry in resources.files("ackline.schemas").joinpath("sql").iterdir():
         match = _NAME.match(entry.name)
         if match is None:
             continue

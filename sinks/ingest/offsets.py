@@ -8,6 +8,7 @@ partition can no longer advance it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import asyncpg
@@ -24,28 +25,46 @@ class Claim:
 _CLAIM = """
 INSERT INTO consumer_offsets AS o
     (group_id, topic, partition, next_offset, epoch, owner, claimed_at)
-SELECT $1, u.topic, u.partition, NULL, 1, $4, now()
-FROM unnest($2::text[], $3::int[]) AS u(topic, partition)
+SELECT $1, u.topic, u.partition, u.start, 1, $4, now()
+FROM unnest($2::text[], $3::int[], $5::bigint[]) AS u(topic, partition, start)
 ON CONFLICT (group_id, topic, partition) DO UPDATE
-    SET epoch = o.epoch + 1, owner = EXCLUDED.owner, claimed_at = now()
+    SET epoch = o.epoch + 1, owner = EXCLUDED.owner, claimed_at = now(),
+        next_offset = COALESCE(o.next_offset, EXCLUDED.next_offset)
 RETURNING o.topic, o.partition, o.next_offset, o.epoch
 """
 
 
 async def claim(
-    conn: asyncpg.Connection, group_id: str, owner: str, partitions: list[tuple[str, int]]
+    conn: asyncpg.Connection,
+    group_id: str,
+    owner: str,
+    partitions: list[tuple[str, int]],
+    starts: Mapping[tuple[str, int], int] | None = None,
 ) -> list[Claim]:
     """Take ``partitions`` for ``owner``: bump each epoch and return where to resume.
 
+    ``starts``: where a partition that has no offset stored yet starts (the log start,
+    or the log end for start_from=latest). It is stored by the claim, so it is decided
+    once: a worker that claims later resumes there, not at a later log end (which would
+    skip what was produced in between). Partitions missing from it keep no offset (they
+    are read from the log start).
+
     Order of effects: one autocommitted statement that inserts missing offset rows and
-    increments the epoch of existing ones (waiting for the row lock of any batch still in
-    flight under the previous epoch, so that batch commits or rolls back first), then
-    returns next_offset and the new epoch. A crash before the statement commits changes
+    increments the epoch of existing ones (storing the start where no offset is stored,
+    and waiting for the row lock of any batch still in flight under the previous epoch,
+    so that batch commits or rolls back first), then returns next_offset and the new
+    epoch. A crash before the statement commits changes
     nothing; a crash after it (before the consumer assigns) leaves a higher epoch that no
     one holds, which the next claim simply bumps again: nothing can be written under it.
     """
+    given = starts or {}
     rows = await conn.fetch(
-        _CLAIM, group_id, [t for t, _ in partitions], [p for _, p in partitions], owner
+        _CLAIM,
+        group_id,
+        [t for t, _ in partitions],
+        [p for _, p in partitions],
+        owner,
+        [given.get(tp) for tp in partitions],
     )
     return [
         Claim(str(r["topic"]), int(r["partition"]), r["next_offset"], int(r["epoch"])) for r in rows

@@ -8,9 +8,10 @@ call that does not ack in a ``finally`` (``take()`` does, even when the body rai
 Failure policy, crash-only: a batch that fails for any reason but fencing is never
 acked; the process logs the error and exits at once with ``os._exit`` (no graceful
 stop, no commit, no ack), and the next start resumes from the PostgreSQL offsets.
-A fenced batch (another worker owns the partition now) was rolled back; its records are
-released (:meth:`~.transport.AcklineConsumer.ack` moves no offset) and re-read by the
-owner.
+A batch fenced on some of its partitions rolled back on all of them: the fenced ones are
+suspended (and taken back while Kafka still assigns them here), the others are re-read
+from their DB offsets (the ledger refuses what was fetched before that seek), so nothing
+after the dropped batch can commit past it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ackline.core.faults import DISARMED, Faults
@@ -29,17 +31,32 @@ from ackline.core.metrics import Metrics
 from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
-from ackline.sinks.ingest.batch import Batch
-from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.batch import TP, Batch
+from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
 from ackline.streams.deadletter import DeadLetterProducer
-from ackline.streams.faust_runtime.batching import Draft, Record, draft_batch, headers_of
-from ackline.streams.faust_runtime.ledger import Ledger
+from ackline.streams.ownership import Ledger, past_log_end
 
 log = logging.getLogger(__name__)
 
 FATAL_EXIT = 70  # EX_SOFTWARE: a batch failed; crash-only exit, nothing acked
+
+
+@dataclass
+class KafkaSide:
+    """What the sink needs of the faust consumer: its assignment, and seeking."""
+
+    assigned: Callable[[], set[TP]]
+    seek: Callable[[Mapping[TP, int | None]], Awaitable[None]]
+
+
+async def _no_seek(offsets: Mapping[TP, int | None]) -> None:
+    raise RuntimeError("the sink is not connected to a consumer")
+
+
+NO_KAFKA = KafkaSide(assigned=set, seek=_no_seek)
 
 
 class FaustSink:
@@ -57,10 +74,12 @@ class FaustSink:
         limits: Limits,
         batch_max_events: int,
         batch_max_ms: int,
+        batch_max_bytes: int = 32 * 1_048_576,
         faults: Faults = DISARMED,
         claim_deadline_s: float = 60.0,
     ) -> None:
         self.ledger = Ledger()
+        self.kafka = NO_KAFKA  # set by make_app once the app exists
         self.claim_deadline_s = claim_deadline_s
         self._group = group_id
         self._worker = worker_id
@@ -71,6 +90,7 @@ class FaustSink:
         self._limits = limits
         self.batch_max_events = batch_max_events
         self.batch_max_s = batch_max_ms / 1000
+        self.batch_max_bytes = batch_max_bytes
         self._faults = faults
         self.committed_batches = 0
         self.records_taken = 0  # records handed to handle(), for the drain check
@@ -78,35 +98,80 @@ class FaustSink:
 
     # ---- assignment ------------------------------------------------------------------
 
-    async def claim(self, partitions: list[tuple[str, int]], generation: int) -> None:
+    async def claim(
+        self,
+        partitions: list[TP],
+        generation: int,
+        marks: Mapping[TP, tuple[int, int]],
+        start_from: str,
+    ) -> None:
         """Take ``partitions`` in PostgreSQL for consumer ``generation``.
 
-        Order of effects: one autocommitted claim statement bumps every epoch (retried
-        while PostgreSQL is unreachable, for at most ``claim_deadline_s``, then the
-        process exits: faust would otherwise abandon the seek and stop recovering); the
-        after_claim point; the ledger replaces its ownership. The caller then seeks to
-        the DB offsets. A crash after the claim leaves higher epochs that nobody holds:
-        the next claim bumps them again.
+        Order of effects: one autocommitted claim statement bumps every epoch and stores,
+        where no offset is stored yet, where the partition starts (its log start, or its
+        end for start_from=latest, from ``marks``: (start, end) per partition), so
+        "latest" is resolved once, for good (retried while PostgreSQL is unreachable, for
+        at most ``claim_deadline_s``, then the process exits: faust would otherwise
+        abandon the seek and stop recovering); the after_claim point; the ledger replaces
+        its ownership, blocking a partition whose DB offset is past the log end. The
+        caller then seeks to the DB offsets. A crash after the claim leaves higher epochs
+        that nobody holds: the next claim bumps them again.
         """
+        pick = 1 if start_from == "latest" else 0
+        starts = {tp: m[pick] for tp, m in marks.items()}
         try:
             claims = await asyncio.wait_for(
-                self._control_db.retrying(
-                    "claim", lambda conn: claim(conn, self._group, self._worker, partitions)
-                ),
-                timeout=self.claim_deadline_s,
+                self._claim(partitions, starts), timeout=self.claim_deadline_s
             )
             await self._faults.ahit("after_claim")
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             die("claiming partitions failed", exc)
-        self.ledger.claimed(generation, claims)
-        self._metrics.assigned.set(len(claims))
+        self.ledger.claimed(claims, generation, replace=True)
+        for c in claims:
+            end = marks.get((c.topic, c.partition), (0, -1))[1]
+            tp = (c.topic, c.partition)
+            if c.next_offset is not None and 0 <= end < c.next_offset:
+                reason = past_log_end(tp, c.next_offset, end)
+                if self.ledger.block(tp, reason):
+                    log.error("%s", reason)
+        self._metrics.assigned.set(len(self.ledger.owned()))
         log.info(
             "assigned (generation %d) %s",
             generation,
             [(c.partition, c.next_offset, c.epoch) for c in claims],
         )
+
+    async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
+        return await self._control_db.retrying(
+            "claim", lambda conn: claim(conn, self._group, self._worker, partitions, starts)
+        )
+
+    async def retake(self) -> None:
+        """Take back the fenced partitions that Kafka still assigns to this worker.
+
+        Kafka, not PostgreSQL, decides who owns a partition: an epoch that moved while
+        Kafka still assigns the partition here means someone claimed it late. Order of
+        effects: a new claim (the late claimer's next batch is fenced); the ledger owns
+        the partition again with its rewind mark kept (records fetched before the seek
+        back are refused); seek to the DB next offset. Retakes back off when fenced again
+        soon (the ledger's doubling wait); fenced partitions Kafka no longer assigns here
+        are released.
+        """
+        due = self.ledger.retakes_due(time.monotonic())
+        if not due:
+            return
+        assigned = self.kafka.assigned()
+        self.ledger.release([tp for tp in due if tp not in assigned])
+        wanted = [tp for tp in due if tp in assigned]
+        if not wanted:
+            return
+        claims = await self._claim(wanted, None)
+        rewinds = [self.ledger.retake(c) for c in claims]
+        await self.kafka.seek({r.tp: r.offset for r in rewinds})
+        self._metrics.assigned.set(len(self.ledger.owned()))
+        log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])
 
     async def revoking(self) -> None:
         """A revoke starts: the revoke_in_flight point when a batch is in flight."""
@@ -145,21 +210,31 @@ class FaustSink:
         except BaseException as exc:
             die("the batch failed", exc)
 
-    async def handle(self, events: Sequence[Any]) -> WriteResult | None:
-        """Draft, dead-letter and write one batch; return its result (None: nothing taken,
-        or fenced).
+    async def handle(self, events: Sequence[Any]) -> list[WriteResult]:
+        """Draft, dead-letter and write the records of ``events``, in chunks of at most
+        ``batch_max_bytes`` (one transaction each); return what committed.
 
-        Order of effects: after_fetch point; draft (pure: the ledger picks the records,
-        ackline decodes them); the dead-letter records produced and acknowledged by
-        Kafka; the PostgreSQL transaction (fence CAS first); after_commit point; the
+        Order of effects per chunk: after_fetch point; draft (pure: the ledger picks the
+        records, ackline decodes them); the dead-letter records produced and acknowledged
+        by Kafka; the PostgreSQL transaction (fence CAS first); after_commit point; the
         ledger's DB offsets advance; metrics. The caller acks only after this returns.
-        A crash anywhere before the COMMIT changes no offset; after it, the restart
-        resumes past the batch (the DB offset), and a repeat of the dead-letter records
-        is possible, never a loss.
+        A crash anywhere before a COMMIT changes no offset; after it, the restart resumes
+        past that chunk (the DB offset), and a repeat of the dead-letter records is
+        possible, never a loss. A fenced chunk re-positions its partitions
+        (:meth:`_not_committed`); the records after it that the ledger refuses are read
+        again from the DB offsets.
         """
         self.records_taken += len(events)
+        results = []
+        for chunk in chunks([_record(e) for e in events], self.batch_max_bytes):
+            result = await self._write(chunk)
+            if result is not None:
+                results.append(result)
+        return results
+
+    async def _write(self, records: list[Record]) -> WriteResult | None:
         await self._faults.ahit("after_fetch")
-        draft = draft_batch([_record(e) for e in events], self.ledger, self._limits)
+        draft = draft_batch(records, self.ledger, self._limits)
         if draft.dropped:
             log.info("dropped %s records not owned by this claim", dict(draft.dropped))
         if draft.empty:
@@ -171,19 +246,39 @@ class FaustSink:
             result = await self._writer.write(draft.batch)
         except FencedError as exc:
             self._metrics.fenced.inc()
-            gone = self.ledger.forget_fenced(draft.batch.ranges, exc.partitions)
-            self._metrics.assigned.set(len(self.ledger.owned()))
-            log.error(
-                "batch %s fenced and rolled back: %s (no longer owned: %s)",
-                draft.batch.describe(),
-                exc,
-                gone,
-            )
+            log.error("batch %s fenced and rolled back: %s", draft.batch.describe(), exc)
+            await self._not_committed(draft.batch)
             return None
         await self._faults.ahit("after_commit")
         self.ledger.committed(draft.batch.ranges)
         self._count(draft.batch, result, time.monotonic() - started)
         return result
+
+    async def _not_committed(self, batch: Batch) -> None:
+        """Re-position the partitions of a batch that did not commit.
+
+        Order of effects: read its offset rows FOR SHARE (the rolled-back transaction has
+        ended); the ledger suspends the partitions whose epoch moved and rewinds the
+        others to their DB next offsets (records fetched before the seek back are refused
+        from now on); seek those; take back the fenced ones Kafka still assigns here.
+        """
+        tps = [(r.topic, r.partition) for r in batch.ranges]
+        rows = await self._control_db.retrying(
+            "re-read", lambda conn: locked_offsets(conn, self._group, tps)
+        )
+        fenced, rewinds = self.ledger.not_committed(
+            batch.ranges, {(c.topic, c.partition): c for c in rows}, time.monotonic()
+        )
+        if rewinds:
+            await self.kafka.seek({r.tp: r.offset for r in rewinds})
+            log.warning(
+                "re-reading %s from their DB offsets after batch %s was dropped",
+                [(r.tp[1], r.offset) for r in rewinds],
+                batch.describe(),
+            )
+        self._metrics.assigned.set(len(self.ledger.owned()))
+        if fenced:
+            await self.retake()
 
     async def _dead_letter(self, draft: Draft) -> None:
         await self._faults.ahit("before_dlq")
@@ -194,6 +289,22 @@ class FaustSink:
     def _count(self, batch: Batch, result: WriteResult, seconds: float) -> None:
         self.committed_batches += 1
         record_committed(self._metrics, batch, result, seconds)
+
+
+def chunks(records: list[Record], max_bytes: int) -> Iterator[list[Record]]:
+    """``records`` in order, cut so each chunk's keys and values stay under ``max_bytes``
+    (a record larger than that is a chunk of its own). Pure."""
+    chunk: list[Record] = []
+    size = 0
+    for rec in records:
+        n = len(rec.value or b"") + len(rec.key or b"")
+        if chunk and size + n > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(rec)
+        size += n
+    if chunk:
+        yield chunk
 
 
 def _record(event: Any) -> Record:

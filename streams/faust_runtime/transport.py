@@ -43,7 +43,7 @@ from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from ackline.streams.errors import StreamError
-from ackline.streams.faust_runtime.ledger import Ledger
+from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +56,19 @@ class IsolationError(StreamError):
 class Ownership:
     """What the consumer needs from the runtime: the ledger and how to claim.
 
-    ``claim(partitions, generation)`` bumps the epochs in PostgreSQL and records the
-    claims in ``ledger`` (see :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`);
-    ``revoking()`` is called when a revoke starts (the revoke_in_flight fault point).
+    ``claim(partitions, generation, marks, start_from)`` bumps the epochs in PostgreSQL
+    and records the claims in ``ledger`` (see
+    :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is called
+    when a revoke starts (the revoke_in_flight fault point).
     """
 
     topic: str
     start_from: str
     ledger: Ledger
-    claim: Callable[[list[tuple[str, int]], int], Awaitable[None]]
+    claim: Callable[
+        [list[tuple[str, int]], int, Mapping[tuple[str, int], tuple[int, int]], str],
+        Awaitable[None],
+    ]
     revoking: Callable[[], Awaitable[None]]
 
 
@@ -202,13 +206,14 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
         faust calls this through ``perform_seek`` after every assignment, before it
         resumes the flow, and again when a fetch returns while the flow is stopped.
-        Order of effects, under a lock: claim (epochs bumped) once per consumer
+        Order of effects, under a lock: read the partitions' (log start, log end); claim
+        (epochs bumped, the start_from end stored where no offset is) once per consumer
         generation — never again within one, so a seek during a revoke cannot take back
-        partitions being handed over; seek each owned partition with a DB next offset to
-        it and the others to the start_from end; return the DB offsets. A crash after the
-        claim leaves only a higher epoch (the next claim bumps it again); records fetched
-        before the seek carry an older generation or offset and the ledger refuses them.
-        faust resumes the flow only after this returns (``Recovery._resume_streams``),
+        partitions being handed over; seek each owned partition to its DB next offset (a
+        partition whose claim stored nothing, to the log start); return the DB offsets. A
+        crash after the claim leaves only a higher epoch (the next claim bumps it again);
+        records fetched before the seek carry an older generation or offset and the ledger
+        refuses them. faust resumes the flow only after this returns (``Recovery._resume_streams``),
         and it gives up on a seek after ``broker_request_timeout``, so the claim has a
         shorter deadline of its own and exits the process when it passes
         (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
@@ -220,22 +225,44 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                 assigned = sorted(
                     (tp.topic, tp.partition) for tp in self.assignment() if tp.topic == own.topic
                 )
-                await own.claim(assigned, generation)
+                await own.claim(assigned, generation, await self._marks(assigned), own.start_from)
             positions = own.ledger.resume_offsets()
-            known = {TP(t, p): off for (t, p), off in positions.items() if off is not None}
-            fresh = [TP(t, p) for (t, p), off in positions.items() if off is None]
-            if known:
-                await self.seek_wait(known)
-            if fresh:
-                await self._seek_fresh(fresh, own.start_from)
-            return known
+            await self.seek_positions(positions)
+            return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
-    async def _seek_fresh(self, tps: list[TP], start_from: str) -> None:
+    async def seek_positions(self, offsets: Mapping[tuple[str, int], int | None]) -> None:
+        """Seek each partition to its offset; None: to the log start."""
+        known = {TP(t, p): off for (t, p), off in offsets.items() if off is not None}
+        fresh = [TP(t, p) for (t, p), off in offsets.items() if off is None]
+        if known:
+            await self.seek_wait(known)
+        if fresh:
+            await self._seek_fresh(fresh)
+
+    async def _marks(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(log start, log end) of ``tps``; empty when the broker does not answer (the
+        claim then stores no start and the partitions start at the log start)."""
+        parts = [TP(t, p) for t, p in tps]
+        try:
+            starts = await self.earliest_offsets(*parts)
+            ends = await self.highwaters(*parts)
+        except Exception as exc:  # the broker decides; the claim goes on without marks
+            log.warning("cannot read the watermarks of %s: %r", tps, exc)
+            return {}
+        return {
+            (tp.topic, tp.partition): (starts[tp], ends[tp])
+            for tp in parts
+            if tp in starts and tp in ends
+        }
+
+    async def _seek_fresh(self, tps: list[TP]) -> None:
+        """Partitions with no DB offset at all: the log start (never the end: "latest"
+        is stored at the claim when the watermarks are known, and guessing it here could
+        skip records produced since another worker's claim)."""
         thread = cast(AcklineConsumerThread, self._thread)
         consumer = thread._ensure_consumer()
         parts = [faust_aiokafka.ensure_aiokafka_TP(tp) for tp in tps]
-        seek = consumer.seek_to_beginning if start_from == "earliest" else consumer.seek_to_end
-        await thread.call_thread(seek, *parts)
+        await thread.call_thread(consumer.seek_to_beginning, *parts)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit

@@ -35,10 +35,9 @@ from ackline.load.generate import POISON_KINDS, Knobs, make_poison
 from ackline.load.manifest import read_manifest
 from ackline.load.verify import Verdict
 from ackline.sinks.admin.migrate import migrate
-from ackline.sinks.ingest.offsets import claim
 from ackline.streams.admin import delete_topic, ensure_topic
 from ackline.streams.errors import TopicError
-from tests.integration.harness import Services, Worker, db, dsn_for, run_async, wait_until
+from tests.integration.harness import Services, Worker, db, dsn_for, wait_until
 from tests.integration.windows import (
     Item,
     Scenario,
@@ -738,48 +737,4 @@ def test_window_18_shutdown_with_write_in_flight(
     w.signal(signal.SIGTERM)
     assert w.stop(timeout=30) == 0, w.log()[-3000:]
     assert batches(dsn) == (2 if ending == "finishes" else 1)
-    _finish(services, dsn, topic, tmp_path, manifest)
-
-
-# --- regressions found by these tests --------------------------------------------------
-
-
-def test_batch_fenced_on_some_partitions_does_not_skip_the_others(
-    services: Services, dsn: str, topic: str, tmp_path: Path
-) -> None:
-    """A batch spanning three partitions is fenced on one of them (another owner claimed
-    it): the whole transaction rolls back, so the worker must re-read the other two from
-    their DB offsets instead of carrying on after the dropped batch (which lost them)."""
-    group = f"g-{topic}"
-    sc = Scenario(services.bootstrap, topic, tmp_path / "partial.jsonl.gz")
-    try:
-        sc.send([Item.event(step(i), partition=i % 3) for i in range(60)])
-        w = Worker(
-            services,
-            dsn,
-            topic,
-            tmp_path,
-            name="w",
-            faults="after_fetch=stall@1",
-            fault_stall_seconds=4,
-            batch_max_events=500,
-            batch_max_ms=1500,
-        )
-        wait_until(lambda: fired(w, "after_fetch"), 60, "the first batch to stall after fetch")
-
-        async def intrude() -> None:
-            conn = await asyncpg.connect(dsn)
-            try:
-                await claim(conn, group, "intruder", [(topic, 0)])
-            finally:
-                await conn.close()
-
-        run_async(intrude())
-        wait_until(lambda: "fenced and rolled back" in w.log(), 60, "the batch to be fenced")
-        sc.send([Item.event(step(100 + i), partition=1 + i % 2) for i in range(20)])
-        manifest = sc.write()
-    finally:
-        sc.close()
-    wait_until(lambda: batches(dsn, "w") >= 1, 60, "w to commit partitions 1 and 2")
-    assert w.stop() == 0
     _finish(services, dsn, topic, tmp_path, manifest)

@@ -137,7 +137,7 @@ def test_pause_ends_early_on_a_stop_request() -> None:
 
 
 def _snap(down_since: float) -> Snapshot:
-    return Snapshot(3, 0.0, NOW - 10, NOW - 100, True, NOW - 1, down_since)
+    return Snapshot(3, 0.0, NOW - 10, NOW - 100, True, NOW - 1, db_down_since=down_since)
 
 
 def test_readiness_fails_when_the_workers_own_operations_fail_past_the_bound() -> None:

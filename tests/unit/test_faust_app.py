@@ -12,7 +12,7 @@ import pytest
 from faust.types import TP, Message
 
 from ackline.core.errors import SettingsError
-from ackline.runtime.faust_app import AGENT_NAME, FaustApp, make_app
+from ackline.runtime.faust_app import AGENT_NAME, METADATA_MAX_AGE_MS, FaustApp, make_app
 from ackline.runtime.wiring import build_ingest
 from ackline.settings import load_settings
 from ackline.sinks.ingest.batch import PartitionRange
@@ -53,6 +53,15 @@ def test_faust_environment_cannot_change_the_settings_the_runtime_needs(
     assert app.agents[next(iter(app.agents))].name.endswith(AGENT_NAME)
 
 
+def test_the_group_leader_refreshes_metadata_within_seconds(tmp_path: Path) -> None:
+    """A leader that assigned with no partition metadata (right after a broker restart)
+    left the whole group without partitions until aiokafka's 5-minute metadata refresh:
+    the short faust chaos run stalled that way. The refresh is now seconds."""
+    app = _app(tmp_path)
+    assert app.conf.consumer_metadata_max_age_ms == METADATA_MAX_AGE_MS <= 10_000
+    assert app.conf.consumer_auto_offset_reset == "earliest"  # resets only past retention
+
+
 def test_only_plaintext_kafka(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="ACKLINE_KAFKA_SECURITY_PROTOCOL"):
         _app(
@@ -82,7 +91,7 @@ def test_acks_never_make_an_offset_committable(tmp_path: Path) -> None:
             consumer._thread.thread_loop.close()  # never started: the test owns its loop
 
     def _check(consumer: AcklineConsumer) -> None:
-        app.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=5)])
+        app.ownership.ledger.claimed([Claim(T, 0, 100, epoch=5)], 1, replace=True)
         for offset in (100, 101, 103, 104):  # 102 in flight (faust #606's shape)
             msg = _message(0, offset)
             consumer.track_message(msg)
@@ -120,7 +129,7 @@ def test_stock_faust_commits_past_an_in_flight_message_ackline_does_not(tmp_path
             finally:
                 consumer._thread.thread_loop.close()
         assert stock.consumer._filter_committable_offsets([tp]) == {tp: 105}  # past 100
-        ours.ownership.ledger.claimed(1, [Claim(T, 0, 100, epoch=1)])
+        ours.ownership.ledger.claimed([Claim(T, 0, 100, epoch=1)], 1, replace=True)
         assert ours.consumer._filter_committable_offsets([tp]) == {tp: 100}
 
     asyncio.run(go())

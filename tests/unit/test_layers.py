@@ -128,3 +128,24 @@ def test_one_import_root_is_installed() -> None:
     packages = find_packages(where=str(repo), include=include)
     assert "ackline.streams.faust_runtime" in packages  # linked folders are found
     assert {p.split(".")[0] for p in packages} == {"ackline"}
+
+
+def test_outside_the_repository_only_the_one_root_exists(tmp_path: Path) -> None:
+    """From another directory (as an installed worker runs) the top-level folders are not
+    importable on their own, and what the package reads by name (the migrations) loads.
+    A test run from the repository root hides a stray `resources.files("schemas")`:
+    the repository root is on sys.path there."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util as u\n"
+        "assert all(u.find_spec(n) is None for n in ('schemas', 'sinks', 'streams', 'load'))\n"
+        "from ackline.sinks.admin.migrate import load_migrations\n"
+        "print(len(load_migrations()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 3

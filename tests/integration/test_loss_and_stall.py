@@ -1,0 +1,226 @@
+"""Loss and stall paths that whole-process chaos does not reach (issue 11, items 1-3).
+
+Each test makes one path happen on purpose and ends exactly once (``verify_ok``), with
+the stalled partition either consumed by the worker that Kafka still assigns it to, or
+reported as not consumed (metric, /readyz, an ERROR line) — never silently idle.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from ackline.load.manifest import read_manifest
+from ackline.sinks.ingest.offsets import claim
+from tests.integration.harness import Services, Worker, db, run_async, wait_until
+from tests.integration.windows import (
+    Item,
+    OffsetRow,
+    Scenario,
+    batches,
+    fired,
+    killed_by_point,
+    offset_rows,
+    produce_mix,
+    step,
+    verify_ok,
+    wait_drained,
+    watermarks,
+    write_manifest,
+)
+
+pytestmark = pytest.mark.integration
+
+FAST: dict[str, Any] = {"batch_max_events": 200, "session_timeout_ms": 3000}
+_NONE = OffsetRow(next_offset=None, epoch=0, owner="")
+
+
+def _intrude(dsn: str, group: str, topic: str, partition: int) -> None:
+    """Bump the epoch of one partition as a late claimer would (a worker that resumes
+    inside its assign callback after the real owner claimed): no row is written."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await claim(conn, group, "intruder", [(topic, partition)])
+        finally:
+            await conn.close()
+
+    run_async(go())
+
+
+def _readyz(worker: Worker) -> tuple[int, dict[str, Any]]:
+    url = f"http://127.0.0.1:{worker.metrics_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_item_1_batch_fenced_on_some_partitions_loses_nothing(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """A batch over three partitions is fenced on one of them: the transaction rolls back
+    on all three, so the worker must re-read the other two from their DB offsets. Before
+    the fix the faust runtime took the next records of the others after the dropped
+    batch, and the fence (next_offset <= first_offset) let that commit: lost."""
+    group = f"g-{topic}"
+    sc = Scenario(services.bootstrap, topic, tmp_path / "partial.jsonl.gz")
+    try:
+        sc.send([Item.event(step(i), partition=i % 3) for i in range(60)])
+        w = Worker(
+            services,
+            dsn,
+            topic,
+            tmp_path,
+            name="w",
+            runtime=runtime,
+            faults="after_fetch=stall@1",
+            fault_stall_seconds=4,
+            batch_max_events=500,
+            batch_max_ms=1500,
+        )
+        wait_until(lambda: fired(w, "after_fetch"), 90, "the first batch to stall after fetch")
+        _intrude(dsn, group, topic, 0)
+        wait_until(lambda: "fenced and rolled back" in w.log(), 60, "the batch to be fenced")
+        sc.send([Item.event(step(100 + i), partition=i % 3) for i in range(30)])
+        manifest = sc.write()
+    finally:
+        sc.close()
+    # The worker alone must finish: partition 0 is still assigned to it by Kafka.
+    wait_drained(dsn, manifest, group, [w])
+    assert w.stop() == 0, w.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+def test_item_2_latest_resumes_where_the_first_claim_started(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """start_from=latest means where a group that never committed starts, once: a first
+    worker that claimed and died before committing must not make the next one skip the
+    records produced since. Before the fix the second worker sought to the log end and
+    ingested none of them (and its --until-drained never returned)."""
+    group = f"g-{topic}"
+    w1 = Worker(
+        services, dsn, topic, tmp_path, name="w1", start_from="latest", faults="after_fetch=kill@1"
+    )
+    wait_until(lambda: len(offset_rows(dsn, group)) == 3, 60, "w1 to claim every partition")
+    manifest = produce_mix(services, topic, tmp_path, 1000, seed=211)
+    killed_by_point(w1, "after_fetch")
+    assert batches(dsn) == 0
+    w2 = Worker(services, dsn, topic, tmp_path, name="w2", start_from="latest", **FAST)
+    wait_drained(dsn, manifest, group, [w2])
+    assert w2.stop() == 0, w2.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+def test_item_2_latest_after_retention_resumes_at_the_log_start(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """With start_from=latest, a DB offset below the log start (retention deleted records
+    no worker read) resumes at the log start and counts exactly the deleted offsets.
+    Before the fix librdkafka's auto.offset.reset=latest jumped to the log end: the
+    records between the log start and the end were skipped, unreported."""
+    group = f"g-{topic}"
+    manifest = produce_mix(services, topic, tmp_path, 1500, seed=212)
+    w1 = Worker(services, dsn, topic, tmp_path, name="w1", batch_max_events=60)
+    wait_until(
+        lambda: (
+            len(offset_rows(dsn, group)) == 3
+            and all(r.next_offset for r in offset_rows(dsn, group).values())
+        ),
+        60,
+        "a commit on every partition",
+    )
+    assert w1.stop() == 0
+    stored = {p: r.next_offset or 0 for p, r in offset_rows(dsn, group).items()}
+    marks = watermarks(services.bootstrap, topic, 3)
+    cut = {p: stored[p] + min(150, (marks[p][1] - stored[p]) // 3) for p in range(3)}
+    gaps = {p: cut[p] - stored[p] for p in range(3)}
+    assert sum(gaps.values()) > 0 and all(cut[p] < marks[p][1] for p in range(3))
+    admin = AdminClient({"bootstrap.servers": services.bootstrap})
+    doomed = [TopicPartition(topic, p, o) for p, o in cut.items() if gaps[p]]
+    for future in admin.delete_records(doomed).values():
+        future.result(30)
+    records = read_manifest(manifest).records
+    deleted = {r.seq for r in records if stored[r.partition] <= r.offset < cut[r.partition]}
+    readable = write_manifest(
+        tmp_path / "readable.jsonl.gz",
+        read_manifest(manifest).header,
+        [r for r in records if r.seq not in deleted],
+    )
+    w2 = Worker(services, dsn, topic, tmp_path, name="w2", start_from="latest", **FAST)
+    wait_drained(dsn, readable, group, [w2])
+    assert w2.metric("ackline_retention_skipped_offsets_total") == sum(gaps.values())
+    assert w2.stop() == 0
+    verify_ok(dsn, readable, group)
+
+
+def test_item_3_fenced_on_a_partition_kafka_still_assigns_is_taken_back(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """A late claimer bumps the epoch of a partition this worker owns and Kafka still
+    assigns to it: the next batch is fenced. The worker must take the partition back (a
+    new claim) and go on. Before the fix it forgot the partition while Kafka kept it
+    assigned: its records were discarded forever, its lag gauge removed, /readyz 200."""
+    group = f"g-{topic}"
+    first = produce_mix(services, topic, tmp_path, 600, seed=213)
+    w = Worker(services, dsn, topic, tmp_path, name="w", **FAST)
+    wait_drained(dsn, first, group, [w])
+    _intrude(dsn, group, topic, 0)
+    sc = Scenario(services.bootstrap, topic, tmp_path / "more.jsonl.gz", base=first)
+    try:
+        sc.send([Item.event(step(1000 + i), partition=i % 3) for i in range(90)])
+        manifest = sc.write()
+    finally:
+        sc.close()
+    wait_drained(dsn, manifest, group, [w])
+    assert "fenced and rolled back" in w.log()
+    assert w.metric("ackline_partitions_not_consumed") == 0
+    assert w.stop() == 0, w.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """A DB offset past the log end (the topic was recreated, or the log truncated) must
+    not make the worker drop what the log holds as "already committed", nor idle in
+    silence: the partition is not consumed, and the metric, /readyz and an ERROR line say
+    so. The other partitions flow."""
+    group = f"g-{topic}"
+    sc = Scenario(services.bootstrap, topic, tmp_path / "m.jsonl.gz")
+    try:
+        sc.send([Item.event(step(i), partition=i % 3) for i in range(30)])
+    finally:
+        sc.close()
+    db(
+        dsn,
+        "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch, owner) "
+        "VALUES ($1, $2, 0, 5000, 1, 'gone')",
+        group,
+        topic,
+    )
+    w = Worker(services, dsn, topic, tmp_path, name="w", **FAST)
+    wait_until(
+        lambda: all((offset_rows(dsn, group).get(p) or _NONE).next_offset for p in (1, 2)),
+        60,
+        "partitions 1 and 2 to be ingested",
+    )
+    wait_until(lambda: w.metric("ackline_partitions_not_consumed") == 1, 30, "the stall metric")
+    status, body = _readyz(w)
+    assert status == 503, body
+    assert any("not consumed" in reason for reason in body["reasons"]), body
+    assert "past the log end" in w.log()
+    assert offset_rows(dsn, group)[0].next_offset == 5000  # nothing skipped or rewritten
+    assert w.stop() == 0

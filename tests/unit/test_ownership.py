@@ -1,0 +1,244 @@
+"""The ownership ledger and the batch assembler both runtimes share. Pure, no services."""
+
+from __future__ import annotations
+
+from ackline.schemas.canonical import canonical_json
+from ackline.schemas.decode import DEFAULT_LIMITS
+from ackline.schemas.envelope import new_envelope
+from ackline.sinks.ingest.batch import PartitionRange
+from ackline.sinks.ingest.offsets import Claim
+from ackline.streams.assemble import Record, draft_batch, headers_of
+from ackline.streams.faust_runtime.sink import chunks
+from ackline.streams.ownership import (
+    NO_GENERATION,
+    RETAKE_MAX_S,
+    Admit,
+    Ledger,
+    Rewind,
+    past_log_end,
+)
+
+T = "topic"
+
+
+def _ledger(generation: int = 7, **next_offsets: int | None) -> Ledger:
+    ledger = Ledger()
+    claims = [Claim(T, int(p[1:]), off, epoch=3) for p, off in next_offsets.items()]
+    ledger.claimed(claims, generation, replace=True)
+    return ledger
+
+
+def _rows(epoch: int = 3, **next_offsets: int | None) -> dict[tuple[str, int], Claim]:
+    return {(T, int(p[1:])): Claim(T, int(p[1:]), off, epoch) for p, off in next_offsets.items()}
+
+
+def test_nothing_is_admitted_before_a_claim() -> None:
+    ledger = Ledger()
+    assert ledger.generation == NO_GENERATION
+    assert ledger.admit((T, 0), 0, 0) is Admit.STALE
+    assert ledger.admit((T, 0), 0, NO_GENERATION) is Admit.UNOWNED
+
+
+def test_admission_order_of_checks() -> None:
+    ledger = _ledger(p0=10, p1=None)
+    assert ledger.admit((T, 0), 12, generation=6) is Admit.STALE  # fetched before the claim
+    assert ledger.admit((T, 2), 12, generation=7) is Admit.UNOWNED
+    assert ledger.admit((T, 0), 9, generation=7) is Admit.COMMITTED  # PostgreSQL has it
+    assert ledger.admit((T, 0), 10, generation=7) is Admit.TAKE
+    assert ledger.admit((T, 0), 10, generation=7) is Admit.REPEAT  # delivered twice
+    assert ledger.admit((T, 0), 13, generation=7) is Admit.TAKE  # a gap: markers
+    assert ledger.admit((T, 0), 11, generation=7) is Admit.REPEAT  # never backwards
+    assert ledger.admit((T, 1), 0, generation=7) is Admit.TAKE  # no DB offset yet
+
+
+def test_confluent_claims_add_to_what_is_owned() -> None:
+    ledger = Ledger()
+    ledger.claimed([Claim(T, 0, 5, 1)])
+    ledger.claimed([Claim(T, 1, 7, 1)])
+    assert ledger.owned() == {(T, 0): 1, (T, 1): 1}
+    assert ledger.admit((T, 0), 5) is Admit.TAKE  # no generation on this runtime
+
+
+def test_kafka_commits_never_pass_the_db_offset() -> None:
+    ledger = _ledger(p0=10, p1=None)
+    assert ledger.commit_targets() == {(T, 0): 10}  # where PostgreSQL says it resumes
+    ledger.kafka_committed({(T, 0): 10})
+    assert ledger.commit_targets() == {}
+    for offset in range(10, 20):
+        assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
+    assert ledger.commit_targets() == {}  # taken (even acked) is not committed
+    ledger.committed([PartitionRange(T, 0, 10, 20, epoch=3)])
+    assert ledger.commit_targets() == {(T, 0): 20}
+    assert ledger.commit_targets([(T, 1)]) == {}  # only the partitions asked for
+
+
+def test_a_commit_under_an_old_epoch_moves_nothing() -> None:
+    ledger = _ledger(p0=10)
+    ledger.committed([PartitionRange(T, 0, 10, 50, epoch=2)])
+    assert ledger.resume_offsets() == {(T, 0): 10}
+
+
+def test_a_new_eager_claim_replaces_everything() -> None:
+    ledger = _ledger(p0=10, p1=5)
+    ledger.claimed([Claim(T, 1, 40, epoch=4)], 8, replace=True)
+    assert ledger.owned() == {(T, 1): 4}
+    assert ledger.resume_offsets() == {(T, 1): 40}
+    assert ledger.admit((T, 0), 10, 8) is Admit.UNOWNED
+    assert ledger.admit((T, 1), 39, 8) is Admit.COMMITTED
+
+
+def test_item_1_a_batch_fenced_on_one_partition_rewinds_the_others() -> None:
+    """Issue 11 item 1: a batch over P0 and P1 at 10..14 fenced on P0 only. P1's DB
+    offset did not move, so the next P1 record taken must be 10 again (after the seek
+    back), never 15: the fence would let a batch starting at 15 commit, losing 10..14."""
+    ledger = _ledger(p0=10, p1=10)
+    for offset in range(10, 15):
+        assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
+        assert ledger.admit((T, 1), offset, 7) is Admit.TAKE
+    ranges = [PartitionRange(T, 0, 10, 15, epoch=3), PartitionRange(T, 1, 10, 15, epoch=3)]
+    fenced, rewinds = ledger.not_committed(ranges, _rows(p1=10) | _rows(4, p0=10), now=0.0)
+    assert fenced == [(T, 0)] and rewinds == [Rewind((T, 1), 10)]
+    assert ledger.admit((T, 1), 15, 7) is Admit.STALE  # fetched before the seek back
+    assert ledger.admit((T, 1), 16, 7) is Admit.STALE
+    assert ledger.admit((T, 1), 10, 7) is Admit.TAKE  # the re-read has begun
+    assert ledger.admit((T, 1), 11, 7) is Admit.TAKE
+    assert ledger.admit((T, 0), 15, 7) is Admit.UNOWNED  # suspended until taken back
+
+
+def test_a_cancelled_batch_that_committed_rewinds_past_itself() -> None:
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        ledger.admit((T, 0), offset, 7)
+    ranges = [PartitionRange(T, 0, 10, 15, epoch=3)]
+    _, rewinds = ledger.not_committed(ranges, _rows(p0=15), now=0.0)
+    assert rewinds == [Rewind((T, 0), 15)]
+    assert ledger.admit((T, 0), 15, 7) is Admit.TAKE  # nothing to re-read: no mark
+    assert ledger.admit((T, 0), 14, 7) is Admit.COMMITTED
+
+
+def test_item_3_a_fenced_partition_is_taken_back_with_its_rewind_mark() -> None:
+    """Issue 11 item 3: fenced on a partition Kafka still assigns here: suspended, then
+    taken back under a new epoch, refusing what was fetched before the seek back."""
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        ledger.admit((T, 0), offset, 7)
+    ranges = [PartitionRange(T, 0, 10, 15, epoch=3)]
+    fenced, rewinds = ledger.not_committed(ranges, _rows(5, p0=10), now=100.0)
+    assert fenced == [(T, 0)] and rewinds == []
+    assert ledger.owned() == {} and ledger.tracked() == [(T, 0)]
+    assert ledger.retakes_due(100.0) == [(T, 0)]  # the first retake is at once
+    assert ledger.retake(Claim(T, 0, 10, epoch=6)) == Rewind((T, 0), 10)
+    assert ledger.owned() == {(T, 0): 6}
+    assert ledger.admit((T, 0), 15, 7) is Admit.STALE
+    assert ledger.admit((T, 0), 10, 7) is Admit.TAKE
+
+
+def test_retakes_back_off_until_a_commit() -> None:
+    ledger = _ledger(p0=10)
+    ranges = [PartitionRange(T, 0, 10, 15, epoch=3)]
+    waits = []
+    now = 0.0
+    for epoch in range(3, 12):
+        ledger.admit((T, 0), 10, 7)
+        ranges = [PartitionRange(T, 0, 10, 11, epoch=epoch)]
+        ledger.not_committed(ranges, _rows(epoch + 100, p0=10), now)
+        due = now
+        while not ledger.retakes_due(due):
+            due += 0.5
+        waits.append(due - now)
+        now = due
+        ledger.retake(Claim(T, 0, 10, epoch=epoch + 1))
+    assert waits[0] == 0 and waits == sorted(waits) and waits[-1] <= RETAKE_MAX_S
+    ledger.admit((T, 0), 10, 7)
+    ledger.committed([PartitionRange(T, 0, 10, 11, epoch=12)])
+    ledger.not_committed([PartitionRange(T, 0, 11, 12, epoch=12)], _rows(99, p0=11), now)
+    assert ledger.retakes_due(now) == [(T, 0)]  # a commit reset the back-off
+
+
+def test_a_blocked_partition_is_not_consumed_until_unblocked() -> None:
+    ledger = _ledger(p0=5000)
+    reason = past_log_end((T, 0), 5000, 10)
+    assert "past the log end" in reason
+    assert ledger.block((T, 0), reason) is True and ledger.block((T, 0), reason) is False
+    assert ledger.owned() == {} and ledger.blocked() == {(T, 0): reason}
+    assert ledger.admit((T, 0), 3, 7) is Admit.UNOWNED
+    assert ledger.unblock((T, 0)) == 5000
+    assert ledger.admit((T, 0), 5000, 7) is Admit.TAKE
+
+
+def test_release_drops_ownership() -> None:
+    ledger = _ledger(p0=10, p1=10)
+    ledger.release([(T, 0)])
+    assert ledger.admit((T, 0), 10, 7) is Admit.UNOWNED
+    assert ledger.admit((T, 1), 10, 7) is Admit.TAKE
+
+
+def _event_bytes(txn: str) -> bytes:
+    env = new_envelope(
+        "tool.called",
+        txn,
+        "agent-1",
+        "req-1",
+        {"run_id": "run-1", "call_id": "call-1", "tool": "web.search", "arguments": {}},
+    )
+    return canonical_json(env.model_dump(mode="json"))
+
+
+def _rec(partition: int, offset: int, value: bytes | None, generation: int = 7) -> Record:
+    return Record(T, partition, offset, b"k", value, [("h", b"v")], generation)
+
+
+def test_draft_takes_admitted_records_and_keeps_poison() -> None:
+    ledger = _ledger(p0=10, p1=None)
+    records = [
+        _rec(0, 9, b"{}"),  # committed: dropped
+        _rec(0, 10, b"not json"),  # poison
+        _rec(1, 0, b"{}", generation=6),  # stale: dropped
+        _rec(1, 1, b"\xff"),
+        _rec(0, 11, _event_bytes("txn-1")),
+        _rec(0, 12, b"{}"),
+    ]
+    draft = draft_batch(records, ledger, DEFAULT_LIMITS)
+    assert draft.dropped == {"committed": 1, "stale": 1}
+    assert [p.coord.offset for p in draft.poison] == [10, 1, 12]
+    assert draft.poison[0].headers == [("h", b"v")] and draft.poison[0].key == b"k"
+    assert draft.batch.ranges == (
+        PartitionRange(T, 0, 10, 13, epoch=3),
+        PartitionRange(T, 1, 1, 2, epoch=3),
+    )
+    assert [(i.coord.partition, i.coord.offset) for i in draft.batch.events] == [(0, 11)]
+    assert draft.batch.events[0].row.txn_id == "txn-1"
+
+
+def test_headers_are_read_only_for_poison() -> None:
+    calls: list[int] = []
+
+    def headers() -> list[tuple[str, str | bytes | None]]:
+        calls.append(1)
+        return [("h", b"v")]
+
+    ledger = _ledger(p0=0)
+    good = Record(T, 0, 0, None, _event_bytes("t"), headers, 7)
+    bad = Record(T, 0, 1, None, b"nope", headers, 7)
+    draft = draft_batch([good, bad], ledger, DEFAULT_LIMITS)
+    assert calls == [1] and draft.poison[0].headers == [("h", b"v")]
+
+
+def test_draft_of_nothing_admitted_is_empty() -> None:
+    ledger = _ledger(p0=10)
+    draft = draft_batch([_rec(0, 3, b"{}"), _rec(2, 3, b"{}")], ledger, DEFAULT_LIMITS)
+    assert draft.empty and draft.dropped == {"committed": 1, "unowned": 1}
+
+
+def test_chunks_bound_the_bytes_of_a_transaction() -> None:
+    records = [_rec(0, i, b"x" * 400) for i in range(10)]  # 402 bytes each with the key
+    got = list(chunks(records, 1000))
+    assert [len(c) for c in got] == [2, 2, 2, 2, 2]
+    assert [r.offset for c in got for r in c] == list(range(10))
+    assert [len(c) for c in chunks([_rec(0, 0, b"y" * 5000)], 1000)] == [1]
+
+
+def test_headers_of_accepts_the_shapes_faust_hands() -> None:
+    assert headers_of(None) == []
+    assert headers_of([("a", b"1")]) == [("a", b"1")]
+    assert headers_of({"a": b"1"}) == [("a", b"1")]
