@@ -215,6 +215,34 @@ class Settings(BaseSettings):
         ge=100,
         description="idle_in_transaction_session_timeout of the worker's connections",
     )
+    db_connect_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="bound on connecting to PostgreSQL (TCP, TLS and start-up)",
+    )
+    db_statement_timeout_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=3_600,
+        description="bound on every statement of the worker; past it the connection is "
+        "dropped and the work retried on a new one. Also the TCP user timeout of its "
+        "connections (keepalives find an idle dead one in about 2/3 of it)",
+    )
+    db_commit_timeout_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=3_600,
+        description="bound on a batch's COMMIT; past it the outcome is unknown and is "
+        "reconciled by reading",
+    )
+    db_down_error_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="PostgreSQL failing for the worker longer than this is logged as ERROR "
+        "and fails /readyz (WARNING before)",
+    )
     faults: str = Field(
         default="",
         description="fault points to arm, for tests and chaos (point=action[@n],...)",

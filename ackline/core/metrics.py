@@ -76,6 +76,12 @@ class Metrics:
         self.db_up = Gauge(
             "ackline_database_up", "1 when the last PostgreSQL health check succeeded", registry=r
         )
+        self.db_down_since = Gauge(
+            "ackline_database_down_since_timestamp_seconds",
+            "Unix time since when the worker's own PostgreSQL operations have failed (0: they "
+            "succeed)",
+            registry=r,
+        )
         self.db_checked = Gauge(
             "ackline_database_checked_timestamp_seconds",
             "Unix time of the last PostgreSQL health check",

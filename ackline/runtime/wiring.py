@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ackline.clients import ingest_dsn, kafka_client_config
@@ -84,11 +85,30 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     metrics = Metrics()
     faults = Faults(settings.faults, settings.fault_stall_seconds)
 
+    failing: dict[str, float] = {}  # per connection: failing since (Unix time)
+
+    def on_down(kind: str) -> Callable[[float | None], None]:
+        """Readiness sees the oldest run of failures of the worker's connections."""
+
+        def note(since: float | None) -> None:
+            if since is None:
+                failing.pop(kind, None)
+            else:
+                failing[kind] = since
+            metrics.db_down_since.set(min(failing.values(), default=0.0))
+
+        return note
+
     def database(kind: str) -> Database:
         return Database(
             worker_dsn,
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+            connect_timeout=settings.db_connect_timeout_s,
+            statement_timeout=settings.db_statement_timeout_s,
+            commit_timeout=settings.db_commit_timeout_s,
+            down_error_after=settings.db_down_error_after_s,
             application_name=f"{kind}:{settings.worker_id}"[:63],
+            on_down=on_down(kind),
         )
 
     db = database("ackline")
@@ -115,7 +135,11 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
         server=StatusServer(
             metrics,
-            ReadyLimits(settings.ready_max_commit_age_s, settings.db_check_interval_s),
+            ReadyLimits(
+                settings.ready_max_commit_age_s,
+                settings.db_check_interval_s,
+                settings.db_down_error_after_s,
+            ),
             started=time.time(),
         ),
     )
