@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     Field,
@@ -321,15 +322,50 @@ class Settings(BaseSettings):
         return value
 
     def redacted(self) -> dict[str, Any]:
-        """The effective settings with secrets shown as '**********'."""
-        return {
-            name: (REDACTED if isinstance(value, SecretStr) else value)
-            for name, value in self.model_dump().items()
-        }
+        """The effective settings, secrets redacted: a DSN keeps everything but its
+        password (where it points is what an operator checks); other secrets are
+        '**********'."""
+        out: dict[str, Any] = {}
+        for name, value in self.model_dump().items():
+            if isinstance(value, SecretStr):
+                secret = value.get_secret_value()
+                out[name] = redact_dsn(secret) if name in _DSN_FIELDS else REDACTED
+            else:
+                out[name] = value
+        return out
 
     def sources(self) -> dict[str, Source]:
         """Where each setting came from (cli, env, file, default), as load_settings saw it."""
         return {name: self._sources.get(name, "default") for name in type(self).model_fields}
+
+
+_DSN_FIELDS = frozenset({"database_url", "database_ingest_url"})
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password (in the authority or as ``?password=``) replaced by
+    '**********'; user, hosts, database and options kept. Pure."""
+    parts = urlsplit(dsn)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":" + REDACTED
+    query = [
+        (k, REDACTED if k == "password" else v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    netloc = f"{userinfo}@{hosts}" if at else hosts
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+
+
+def dsn_address(dsn: str) -> str:
+    """Where a ``postgresql://`` URL points, for messages: ``host:port/database`` (no
+    user, no password). Pure."""
+    parts = urlsplit(dsn)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        hosts = dict(parse_qsl(parts.query)).get("host", "localhost")
+    database = parts.path.lstrip("/")
+    return f"{hosts}/{database}" if database else hosts
 
 
 def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:

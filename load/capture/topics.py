@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from ackline.load.capture.file import CapturedRecord, CaptureHeader, CaptureWriter
 from ackline.load.errors import LoadError
+from ackline.load.paths import check_target
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 Ranges = dict[int, tuple[int, int]]
@@ -250,12 +251,17 @@ def capture(
     timeout: float = 10.0,
     idle_timeout: float = 30.0,
     on_progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = True,
 ) -> CaptureSummary:
     """Write the records of ``spec`` on ``topic`` to the capture file ``path``.
 
     ``on_progress(done, upper_bound)`` is called every 1,000 records. The file appears
     at ``path`` only when complete (see :class:`ackline.load.capture.file.CaptureWriter`).
+    Order: check ``path`` (writable, not a directory, replaced only with ``overwrite``:
+    TargetError before anything is read), resolve the range, read it into the partial
+    file, rename. An error or a stop request (SIGTERM, Ctrl-C) removes the partial file.
     """
+    check_target(Path(path), what="capture file", overwrite=overwrite)
     started = time.monotonic()
     ranges, records = open_range(
         bootstrap, topic, spec, conf=conf, timeout=timeout, idle_timeout=idle_timeout

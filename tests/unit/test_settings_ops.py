@@ -265,8 +265,12 @@ def test_redacted_hides_every_secret(
     s = _secure(monkeypatch, cert_files)
     text = json.dumps(s.redacted(), default=str) + repr(s) + str(s)
     assert "s3cret" not in text
-    for name in ("kafka_sasl_password", "kafka_ssl_key_password", "database_url"):
+    for name in ("kafka_sasl_password", "kafka_ssl_key_password"):
         assert s.redacted()[name] == "**********"
+    # a DSN keeps everything but its password (issue 18)
+    assert s.redacted()["database_url"] == (
+        "postgresql://u:**********@db:5432/ackline?sslmode=disable"
+    )
 
 
 def test_config_show_redacts_and_names_sources(
