@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -21,9 +22,11 @@ from typing import Any
 from ackline.commands import MODULES, Handler
 from ackline.commands.guard import Terminated, explain
 from ackline.core.errors import AcklineError
-from ackline.core.logs import configure_logging
+from ackline.core.logs import KAFKA_LOGGER, configure_logging
 from ackline.settings import load_settings
 
+SERVICES = frozenset({"run"})
+"""Commands that run until stopped: librdkafka's (de-duplicated) lines are part of their log."""
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -113,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _terminate_as_interrupt():
             settings = load_settings(**overrides)
             configure_logging(settings.log_format, verbose=args.verbose, stream=sys.stderr)
+            if args.command not in SERVICES and not args.verbose:
+                # a one-shot command ends with its own error line; librdkafka's retries
+                # on the way there are noise (-v shows them)
+                logging.getLogger(KAFKA_LOGGER).setLevel(logging.CRITICAL)
             handler: Handler = args.handler
             status = handler(args, settings)
             sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit

@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from ackline.core.logs import kafka_logger
 from ackline.sinks.ingest.batch import Coord, RejectRecord
 from ackline.streams.admin import ensure_topic, partition_count
 from ackline.streams.errors import ProduceError, TopicError
@@ -93,6 +94,7 @@ class DeadLetterProducer:
     def __init__(self, bootstrap: str, topic: str, extra: dict[str, Any] | None = None) -> None:
         self.topic = topic
         self._conf: dict[str, Any] = {
+            "logger": kafka_logger(),  # librdkafka's lines, de-duplicated (core/logs.py)
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",

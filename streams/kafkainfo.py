@@ -17,7 +17,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
-from ackline.streams.admin import admin
+from ackline.core.logs import kafka_logger
+from ackline.streams.admin import admin, admin_client, drain
 from ackline.streams.errors import KafkaUnavailableError
 
 Conf = Mapping[str, Any]
@@ -46,6 +47,7 @@ class TopicFacts:
 def _consumer(bootstrap: str, conf: Conf, group_id: str) -> Iterator[Consumer]:
     consumer = Consumer(
         {
+            "logger": kafka_logger(),
             **conf,
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
@@ -100,6 +102,8 @@ def describe_topic(
         entries = futures[resource].result(timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    finally:
+        drain(client)
     replicas = [len(p.replicas) for p in found.partitions.values()]
     return TopicFacts(
         topic=topic,
@@ -113,7 +117,8 @@ def describe_topic(
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
     """The number of brokers in the cluster metadata; raises KafkaUnavailableError."""
     try:
-        return len(admin(bootstrap, conf).list_topics(timeout=timeout).brokers)
+        with admin_client(bootstrap, conf) as client:
+            return len(client.list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
 
@@ -141,6 +146,8 @@ def group_members(
         raise KafkaUnavailableError(
             f"cannot describe group {group_id} at {bootstrap}: {exc}"
         ) from exc
+    finally:
+        drain(client)
     members = []
     for m in described.members or []:
         assigned = m.assignment.topic_partitions if m.assignment is not None else []

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ackline.core.logs import kafka_logger
 from ackline.schemas.canonical import canonical_json
 from ackline.schemas.envelope import Envelope
 from ackline.streams.errors import ProduceError
@@ -57,6 +58,9 @@ class ActivityProducer:
         self.topic = topic
         self.key_by = key_by
         self._conf: dict[str, Any] = {
+            # librdkafka's lines through Python logging, de-duplicated (`extra` may
+            # replace it with the service's own logger)
+            "logger": kafka_logger(),
             "bootstrap.servers": bootstrap,
             "transactional.id": transactional_id,
             "enable.idempotence": True,

@@ -35,6 +35,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.runtime import run
 
+    if args.runtime is not None:  # the start-up line and /metrics name the runtime in use
+        settings = settings.model_copy(update={"runtime": args.runtime})
     bootstrap, dsn = endpoints.endpoints(settings)
     asyncio.run(_preflight(settings, dsn))
     return run(settings, bootstrap, dsn, runtime=args.runtime, until_drained=args.until_drained)

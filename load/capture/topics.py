@@ -10,7 +10,6 @@ records than ``end - first``. Nothing is committed to Kafka (no consumer group j
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from ackline.core.logs import kafka_logger
 from ackline.load.capture.file import CapturedRecord, CaptureHeader, CaptureWriter
 from ackline.load.errors import LoadError
 from ackline.load.paths import check_target
@@ -28,11 +28,11 @@ from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 Ranges = dict[int, tuple[int, int]]
 
-KAFKA_LOG = logging.getLogger("load.kafka")
+KAFKA_LOG = kafka_logger()
 """librdkafka's own log lines (one per failed connect attempt, 20 a second while a broker
-is down) go here and are dropped below CRITICAL: an unreachable broker surfaces once, as
-the timeout error these modules raise."""
-KAFKA_LOG.setLevel(logging.CRITICAL)
+is down) go through Python logging, each distinct line once a minute
+(:class:`ackline.core.logs.KafkaLogBridge`); an unreachable broker also surfaces as the
+timeout error these modules raise."""
 
 
 class EmptyRangeError(LoadError):

@@ -108,8 +108,9 @@ def test_unknown_key_in_the_file_is_an_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('topik = "x"\n', encoding="utf-8")
     err = _error(config_file=str(bad))
-    assert err.setting == "ACKLINE_TOPIK"
-    assert "unknown setting" in err.problem
+    # the file, its line and the key, with the closest valid key (issue 18)
+    assert err.setting == "ACKLINE_CONFIG_FILE"
+    assert f"{bad} line 1" in err.problem and "topik" in err.problem and "topic" in err.problem
 
 
 def test_unknown_environment_variable_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
