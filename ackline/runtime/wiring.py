@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import get_args
 
 from ackline.clients import ingest_dsn, kafka_client_config
 from ackline.core.errors import SettingsError
@@ -20,15 +21,20 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
-from ackline.schemas.decode import Limits
+from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
 from ackline.settings import Settings, dsn_address
 from ackline.sinks.connection import Database
+from ackline.sinks.ingest.classify import Layer
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.deadletter import DeadLetterProducer
 
 log = logging.getLogger(__name__)
+
+RETRY_CAUSES = ("commit_uncertain", "race", "transient")
+"""The causes BatchWriter counts its retries by (ackline.sinks.ingest.writer; a unit test
+keeps the two in step)."""
 
 
 def load_payload_plugins(spec: str) -> None:
@@ -119,6 +125,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     worker_dsn = ingest_dsn(settings, dsn)
     kafka_conf = kafka_client_config(settings)
     metrics = Metrics()
+    metrics.precreate(get_args(Layer), REASONS, RETRY_CAUSES)  # alerts see the first increment
     faults = Faults(settings.faults, settings.fault_stall_seconds)
 
     def database(kind: str) -> Database:
