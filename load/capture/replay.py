@@ -155,7 +155,10 @@ def replay(
     # An unreachable broker raises KafkaUnavailableError after ``timeout``.
     count = partition_count(bootstrap, target, timeout, conf={**(conf or {}), "logger": KAFKA_LOG})
     if count is None:
-        raise TopicError(f"target topic {target} does not exist on {bootstrap} (create it first)")
+        raise TopicError(
+            f"target topic {target} does not exist on {bootstrap}: create it, or pass "
+            "--create-topic to `ackline replay`"
+        )
     keep = all(p < count for p in source_partitions)
     partitioning = "as captured" if keep else f"by key ({count} partitions)"
     failed: list[str] = []
