@@ -175,7 +175,7 @@ def _explain_database(exc: BaseException) -> str | None:
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return (
             f"PostgreSQL: {exc}: connect as a role that holds the grant (`ackline roles show`; "
-            "README 'Roles and privileges')"
+            "docs/roles.md)"
         )
     if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
         return f"lost PostgreSQL ({reason(exc)}): {DSN_HINT}"

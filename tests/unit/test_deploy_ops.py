@@ -45,6 +45,8 @@ def test_alerts_on_lost_events_readiness_and_unconsumed_partitions() -> None:
     ):
         assert gauge in ready
     assert "ackline_partitions_not_consumed" in alerts["AcklinePartitionsNotConsumed"]
+    unassigned = alerts["AcklinePartitionsUnassigned"]
+    assert "ackline_topic_partitions" in unassigned and "ackline_assigned_partitions" in unassigned
 
 
 def test_no_age_is_computed_from_a_never_set_timestamp() -> None:
