@@ -110,3 +110,22 @@ def test_one_constraints_file_pins_the_image_and_make_install() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert "COPY pyproject.toml README.md constraints.txt" in dockerfile
     assert "--constraint constraints.txt" in dockerfile
+
+
+def test_the_promtool_rule_tests_cover_the_new_alerts() -> None:
+    """deploy/prometheus/alerts_test.yml (run by `promtool test rules`, outside make test)
+    tests every alert of issue 18 against the rules file beside it."""
+    path = ROOT / "deploy/prometheus/alerts_test.yml"
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert spec["rule_files"] == ["alerts.yml"]
+    tested = {
+        case["alertname"] for test in spec["tests"] for case in test.get("alert_rule_test", [])
+    }
+    assert tested >= {
+        "AcklineConflict",
+        "AcklineRetentionSkipped",
+        "AcklinePartitionsUnassigned",
+        "AcklinePartitionsNotConsumed",
+        "AcklineNotReady",
+    }
+    assert tested <= set(_alerts())
