@@ -132,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Terminated:
-        return EXIT_TERMINATED
+        # a service stopped before its runtime took over the signal (start-up): a clean
+        # stop, as the runtime's own handling gives
+        return 0 if args.command in SERVICES else EXIT_TERMINATED
     except Exception as exc:
         line = explain(exc)
         if line is None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ackline.commands import Subparsers
 from ackline.commands.guard import connect
-from ackline.endpoints import endpoints
+from ackline.endpoints import database, endpoints
 from ackline.settings import Settings
 
 T = TypeVar("T")
@@ -39,8 +40,8 @@ def _print_json(value: Any) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline import status
     from ackline.clients import kafka_client_config
-    from ackline.streams.errors import TopicError
-    from ackline.streams.kafkainfo import group_members, scan_ranges, topic_offsets
+    from ackline.streams.errors import KafkaUnavailableError, TopicError
+    from ackline.streams.kafkainfo import GroupMember, group_members, scan_ranges, topic_offsets
 
     bootstrap, dsn = endpoints(settings)
     topic, group = settings.topic, settings.group_id
@@ -51,7 +52,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     db = _with_db(dsn, lambda conn: status.db_offsets(conn, group, topic))
     starts, ends = status.unread_starts(db, kafka)
     _, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
-    members = group_members(bootstrap, conf, group)
+    try:
+        members: list[GroupMember] | None = group_members(bootstrap, conf, group)
+    except KafkaUnavailableError as exc:  # offsets were read: show them, liveness unknown
+        print(f"ackline status: group members unknown ({exc})", file=sys.stderr)
+        members = None
     rows = status.merge(db, kafka, settled=settled, members=members, topic=topic)
     if args.json:
         _print_json(status.to_json(topic, group, rows))
@@ -68,12 +73,10 @@ def _truncation(shown: int, total: int, what: str, limit: int) -> str | None:
 
 
 def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
-    import sys
-
     from ackline.render import short_hex, table
     from ackline.sinks.admin import inspect
 
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
     group = settings.group_id
     as_json = getattr(args, "json", False)
     if args.action == "show":
@@ -170,12 +173,10 @@ def _conflict_text(detail: Any) -> str:
 
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
-    import sys
-
     from ackline.render import safe_text, show_bytes, table
     from ackline.sinks.admin import inspect
 
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
     group = settings.group_id
     as_json = getattr(args, "json", False)
     if args.action == "show":
