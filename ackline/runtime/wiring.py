@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 from ackline.clients import ingest_dsn, kafka_client_config
 from ackline.core.errors import SettingsError
@@ -21,15 +22,20 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
-from ackline.schemas.decode import Limits
+from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
-from ackline.settings import Settings
+from ackline.settings import Settings, dsn_address
 from ackline.sinks.connection import Database
+from ackline.sinks.ingest.classify import Layer
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.deadletter import DeadLetterProducer
 
 log = logging.getLogger(__name__)
+
+RETRY_CAUSES = ("commit_uncertain", "race", "transient")
+"""The causes BatchWriter counts its retries by (ackline.sinks.ingest.writer; a unit test
+keeps the two in step)."""
 
 
 def load_payload_plugins(spec: str) -> None:
@@ -61,9 +67,46 @@ class Ingest:
     server: StatusServer
 
     def serve(self) -> None:
-        """Serve /metrics, /healthz and /readyz when ``metrics_port`` is set."""
-        if self.settings.metrics_port:
-            self.server.start(self.settings.metrics_host, self.settings.metrics_port)
+        """Serve /metrics, /healthz and /readyz (unless ``metrics_port`` is 0), then log
+        the worker's one start-up line.
+
+        The default port taken by another process (a second worker on one host) falls
+        back to a free port, with a warning; an explicitly set port that cannot be bound
+        is a SettingsError. The start-up line names the worker id, group, topic(s),
+        runtime, database address (never its credentials) and metrics address.
+        """
+        s = self.settings
+        address = "off (ACKLINE_METRICS_PORT=0)"
+        if s.metrics_port:
+            try:
+                self.server.start(s.metrics_host, s.metrics_port)
+            except SettingsError:
+                if s.sources().get("metrics_port") != "default":
+                    raise
+                log.warning(
+                    "the default metrics port %d is in use; serving on a free port instead "
+                    "(set ACKLINE_METRICS_PORT to choose one)",
+                    s.metrics_port,
+                )
+                self.server.start(s.metrics_host, 0)
+            address = f"http://{s.metrics_host}:{self.server.port}/metrics"
+        log.info(
+            "worker %s starting: group %s, topic %s, runtime %s, PostgreSQL %s, metrics %s",
+            s.worker_id,
+            s.group_id,
+            s.topic,
+            s.runtime,
+            dsn_address(self.dsn),
+            address,
+            extra={
+                "worker_id": s.worker_id,
+                "group_id": s.group_id,
+                "topics": [s.topic],
+                "runtime": s.runtime,
+                "database": dsn_address(self.dsn),
+                "metrics": address,
+            },
+        )
 
     async def close(self) -> None:
         """Stop the status server, flush the dead-letter producer, close the connections."""
@@ -83,6 +126,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     worker_dsn = ingest_dsn(settings, dsn)
     kafka_conf = kafka_client_config(settings)
     metrics = Metrics()
+    metrics.precreate(get_args(Layer), REASONS, RETRY_CAUSES)  # alerts see the first increment
     faults = Faults(settings.faults, settings.fault_stall_seconds)
 
     failing: dict[str, float] = {}  # per connection: failing since (Unix time)
