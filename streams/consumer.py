@@ -39,6 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from confluent_kafka.admin import AdminClient
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.core.logs import kafka_logger
 from ackline.core.metrics import Metrics
 from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Rejection, Row, decode
 from ackline.sinks.connection import Database
@@ -177,7 +178,7 @@ class ConsumerRuntime:
         """
         conf = self.cfg.consumer_conf()
         conf["stats_cb"] = self._on_stats
-        consumer = Consumer(conf, logger=log)
+        consumer = Consumer(conf, logger=kafka_logger())  # de-duplicated, through logging
         self._consumer = consumer
         consumer.subscribe(
             [self.cfg.topic],

@@ -392,18 +392,18 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("processors", help="stream processors: list, status, pause, resume, reset")
     actions = p.add_subparsers(dest="action", required=True)
     lst = actions.add_parser("list", help="processors findable by name")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="print one JSON object")
     lst.set_defaults(handler=cmd_list)
     st = actions.add_parser("status", help="cursor, lag, pause and failure of each processor")
-    st.add_argument("names", nargs="*", metavar="NAME")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(handler=cmd_status)
     for action, text in (
         ("pause", "stop applying at the next batch boundary"),
         ("resume", "undo pause"),
     ):
         a = actions.add_parser(action, help=text)
-        a.add_argument("name")
+        a.add_argument("name", help="processor name")
         a.set_defaults(handler=cmd_pause)
     rs = actions.add_parser(
         "reset", help="rebuild: clear a processor's state and rewind its cursor (one transaction)"
@@ -417,5 +417,5 @@ def register(sub: Subparsers) -> None:
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")
-    su.add_argument("name")
+    su.add_argument("name", help="processor name, entry point or module:attribute")
     su.set_defaults(handler=cmd_setup)

@@ -1,7 +1,8 @@
 """The worker's one HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 stdlib ``ThreadingHTTPServer`` in a daemon thread, bound to ``metrics_host:metrics_port``
-(port 0 disables it). ``/healthz`` is 200 while the process serves requests;
+(default 127.0.0.1:9400; port 0 disables it; see ``Ingest.serve`` in
+:mod:`ackline.runtime.wiring`). ``/healthz`` is 200 while the process serves requests;
 ``/readyz`` is 200 or 503 with a JSON body giving the reasons
 (:func:`ackline.runtime.health.readiness`); ``/metrics`` is the Prometheus text format of the
 worker's own registry.
@@ -55,7 +56,7 @@ class StatusServer:
             target=self._server.serve_forever, name="ackline-http", daemon=True
         )
         self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s:%d", host, self.port)
+        log.debug("serving /metrics, /healthz and /readyz on %s:%d", host, self.port)
 
     def close(self) -> None:
         server, self._server = self._server, None
