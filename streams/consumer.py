@@ -434,10 +434,10 @@ class ConsumerRuntime:
             self._not_committed(batch)
             return
         self._faults.hit("after_commit")
-        self.ledger.committed(batch.ranges)
+        seconds = time.monotonic() - self._inflight_started
+        record_committed(self.ledger, self._metrics, batch, result, seconds)
         self._store(batch)
         self.committed_batches += 1
-        record_committed(self._metrics, batch, result, time.monotonic() - self._inflight_started)
 
     def _store(self, batch: Batch) -> None:
         consumer = self._consumer
