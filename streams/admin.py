@@ -85,25 +85,24 @@ def topic_shape(
     """Partitions, replication, broker count and configuration of ``topic``; None when it
     does not exist. A configuration that cannot be read (not authorized) is None, with
     why: a worker may be allowed to use a topic without being allowed to describe it."""
-    client = admin(bootstrap, conf)
-    try:
-        meta = client.list_topics(topic=topic, timeout=timeout)
-    except KafkaException as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
-    found = meta.topics.get(topic)
-    if found is None or found.error is not None:
-        return None
-    replicas = [len(p.replicas) for p in found.partitions.values()]
-    config: dict[str, str] | None = None
-    error = ""
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    try:
-        entries = client.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout=timeout
-        )
-        config = {name: str(entry.value) for name, entry in entries.items()}
-    except KafkaException as exc:
-        error = str(exc)
+    with admin_client(bootstrap, conf) as client:
+        try:
+            meta = client.list_topics(topic=topic, timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            return None
+        replicas = [len(p.replicas) for p in found.partitions.values()]
+        config: dict[str, str] | None = None
+        error = ""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            futures = client.describe_configs([resource], request_timeout=timeout)
+            entries = futures[resource].result(timeout=timeout)
+            config = {name: str(entry.value) for name, entry in entries.items()}
+        except KafkaException as exc:
+            error = str(exc)
     return TopicShape(
         partitions=len(found.partitions),
         replication_factor=min(replicas) if replicas else 0,

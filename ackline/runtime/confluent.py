@@ -15,7 +15,7 @@ import threading
 
 from ackline.clients import kafka_client_config
 from ackline.runtime.health import probe_database
-from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.schemas.decode import Limits
 from ackline.settings import Settings
 from ackline.streams.consumer import ConsumerRuntime, RuntimeConfig
@@ -94,6 +94,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
         probe_database(ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id)
     )
     _tune_gc()
+    tune_malloc()
     thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
     thread.start()
     try:
