@@ -50,6 +50,15 @@ A :class:`Row` holds the typed columns, the canonical JSON of the payload (for t
 ``jsonb`` column), the canonical JSON of the body (for the conflicts table) and the
 SHA-256 of that body text, computed by the same :func:`ackline.schemas.canonical.canonical_text`
 the producer SDK uses (see :mod:`ackline.schemas.canonical`).
+
+Two decoders, one behaviour. :func:`reference_decode` is the definition: the checks
+above, then the envelope model's validation and the canonical encoder. :func:`decode`,
+the one the runtimes call, first tries a fast path (:mod:`ackline.schemas.decode_fast`:
+msgspec parsing and checks compiled from the same pydantic models) that only ever
+*accepts*, and only when it can prove the reference would accept with the same row;
+everything else goes to :func:`reference_decode` unchanged. A differential test holds
+them equal over more than a million generated and hostile inputs
+(``tests/unit/test_decode_differential.py``, ``make decode-diff``).
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from ackline.schemas.canonical import canonical_texts
+from ackline.schemas.decode_fast import FAST_DEPTH_CAP, make_fast_decoder
 from ackline.schemas.envelope import (
     PARSED_JSON_CONTEXT,
     describe_validation_error,
@@ -74,7 +84,7 @@ from ackline.schemas.envelope import (
     route_envelope,
 )
 from ackline.schemas.errors import SchemaError
-from ackline.schemas.numbers import round_trips
+from ackline.schemas.numbers import exact_float, round_trips
 
 EMPTY: Final = "empty"
 TOO_LARGE: Final = "too_large"
@@ -373,7 +383,9 @@ def reference_decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Ro
     """Decode one record value into a :class:`Row`, or say why not (never raises for it).
 
     The reference decoder: the checks above, in order, then the envelope model's own
-    validation and :func:`ackline.schemas.canonical.canonical_texts`.
+    validation and :func:`ackline.schemas.canonical.canonical_texts`. It defines every
+    result of :func:`decode`, which answers through it whatever its fast path does not
+    accept (and the differential test holds the two equal).
     """
     parsed = _parse(value, limits)
     if isinstance(parsed, Rejection):
@@ -407,5 +419,16 @@ def reference_decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Ro
     )
 
 
+_FAST: Final = make_fast_decoder(reference_decode, Row, exact_float, FAST_DEPTH_CAP)
 
-decode: Final = reference_decode
+
+def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:
+    """Decode one record value into a :class:`Row`, or say why not (never raises for it).
+
+    The same results as :func:`reference_decode`, field for field and reason for reason
+    (detail text included), about 2.5 times faster on realistic events: a fast path
+    (:mod:`ackline.schemas.decode_fast`, derived from the models) answers the events it
+    can prove the reference would accept with the same row, and hands everything else,
+    every rejection included, to :func:`reference_decode` unchanged.
+    """
+    return _FAST(value, limits)
