@@ -149,7 +149,12 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Limits:
-    """Size and nesting limits applied before a value is parsed or validated."""
+    """Size and nesting limits applied before a value is parsed or validated.
+
+    ``max_depth`` above 255 buys nothing: pydantic-core's serializer stops at 257 levels,
+    so a deeper document is ``schema_invalid`` whatever the limit (the setting
+    ``ACKLINE_MAX_JSON_DEPTH`` is capped at :data:`MAX_SUPPORTED_DEPTH` for that reason).
+    """
 
     max_bytes: int = 1_048_576
     max_depth: int = 32
@@ -162,6 +167,9 @@ class Limits:
 
 
 DEFAULT_LIMITS: Final = Limits()
+
+MAX_SUPPORTED_DEPTH: Final = 255
+"""The deepest document every path decodes (a test pins it): the cap of the setting."""
 
 
 # --- parsing ----------------------------------------------------------------------------

@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import annotated_types
 import msgspec
 import pytest
 from pydantic import Field
 
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
+    MAX_SUPPORTED_DEPTH,
     Limits,
     Rejection,
     Row,
@@ -30,6 +32,7 @@ from ackline.schemas.decode import (
 from ackline.schemas.decode_fast import fast_path_models, make_fast_decoder
 from ackline.schemas.envelope import ENVELOPES, PAYLOADS, Payload, new_envelope, register_payloads
 from ackline.schemas.numbers import exact_float
+from ackline.settings import Settings
 
 _slow_calls: list[bytes | None] = []
 
@@ -233,6 +236,23 @@ def test_limits_on_depth(max_depth: int, nesting: int) -> None:
     inner = '{"a":' * nesting + "1" + "}" * nesting
     same(event('{"v":' + inner + "}"), Limits(max_depth=max_depth))
     same(event('{"v":' + "[" * nesting + "]" * nesting + "}"), Limits(max_depth=max_depth))
+
+
+def test_the_deepest_document_the_settings_allow_decodes() -> None:
+    """Before: ACKLINE_MAX_JSON_DEPTH went up to 512, but a document nested 258 deep or more
+    was schema_invalid (pydantic-core's serializer limit), not accepted nor too_deep."""
+    bound = [m for m in Settings.model_fields["max_json_depth"].metadata if hasattr(m, "le")]
+    assert bound and isinstance(bound[0], annotated_types.Le)
+    deepest = bound[0].le
+    assert isinstance(deepest, int)
+    limits = Limits(max_depth=deepest)
+    inner = "[" * (deepest - 3) + "]" * (deepest - 3)  # inside arguments, which is depth 3
+    got = same(event('{"v":' + inner + "}"), limits)
+    assert isinstance(got, Row), got
+    deeper = same(event('{"v":[' + inner + "]}"), limits)
+    assert isinstance(deeper, Rejection)
+    assert deeper.reason == "too_deep"
+    assert deepest == MAX_SUPPORTED_DEPTH
 
 
 def test_a_plugin_model_the_fast_path_does_not_know_goes_slow(registry: None) -> None:
