@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install constraints demo test unit integration lint up down status clean chaos bench bench-backlog
+.PHONY: install constraints demo test unit integration lint up down status clean chaos bench bench-backlog decode-diff
 
 # Every package is pinned by constraints.txt, which the Dockerfile uses too.
 $(STAMP): pyproject.toml constraints.txt
@@ -38,6 +38,13 @@ SEED ?=
 CHAOS_ARGS ?=
 chaos: install
 	$(BIN)/ackline chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+## The decoder's differential test in full: its fast path against the reference decoder
+## over ~1.1M generated and hostile inputs (~15 min; `make test` runs a sample).
+## DIFF_ARGS passes options (--scale, --seed, --out FILE).
+DIFF_ARGS ?=
+decode-diff: install
+	$(BIN)/python -m tests.support.decode_diff $(DIFF_ARGS)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

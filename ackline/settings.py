@@ -181,7 +181,7 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(
         default=32,
         ge=2,
-        le=512,
+        le=255,  # schemas.decode.MAX_SUPPORTED_DEPTH: pydantic-core serialises 257 levels
         description="deeper JSON is rejected as too_deep",
     )
 
