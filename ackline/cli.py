@@ -136,10 +136,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stop, as the runtime's own handling gives
         return 0 if args.command in SERVICES else EXIT_TERMINATED
     except Exception as exc:
+        if _while_stopping(exc):
+            # cleanup after a stop request failed on what the stop interrupted (a client
+            # cut mid-call): the stop is the news, not the cleanup's failure
+            return 0 if args.command in SERVICES else EXIT_TERMINATED
         line = explain(exc)
         if line is None:
             raise
         return _fail(line)
+
+
+def _while_stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling a stop request (SIGTERM, Ctrl-C)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Terminated | KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        shown = None if cause.__suppress_context__ else cause.__context__
+        cause = cause.__cause__ or shown
+    return False
 
 
 if __name__ == "__main__":

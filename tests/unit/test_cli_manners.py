@@ -95,3 +95,27 @@ def test_groups_without_a_subcommand_default_to_list_or_show(
 def test_a_subcommand_handler_wins_over_its_groups_default() -> None:
     args = cli.parser().parse_args(["roles", "set-password", "ackline_ingest", "--password-stdin"])
     assert args.handler.__name__ == "cmd_set_password"
+
+
+def test_a_failure_while_stopping_is_part_of_the_stop() -> None:
+    """SIGTERM interrupting a client mid-call made the cleanup fail on that client (a
+    chaos run printed asyncpg's InternalClientError traceback after SIGTERM): an error
+    raised while a stop is handled is reported as the stop."""
+    from ackline.cli import _while_stopping
+    from ackline.commands.guard import Terminated
+
+    try:
+        try:
+            raise Terminated()
+        except Terminated:
+            raise RuntimeError("got result for unknown protocol state 3") from None
+    except RuntimeError as exc:
+        assert _while_stopping(exc) is False  # `from None` hides it: an unrelated error
+    try:
+        try:
+            raise Terminated()
+        except Terminated:
+            raise RuntimeError("got result for unknown protocol state 3")  # noqa: B904
+    except RuntimeError as exc:
+        assert _while_stopping(exc) is True
+    assert _while_stopping(ValueError("plain")) is False
