@@ -18,7 +18,8 @@ from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.schemas.decode import Limits
 from ackline.settings import Settings
-from ackline.streams.consumer import ConsumerRuntime, RuntimeConfig
+from ackline.streams.consumer import ConsumerRuntime
+from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import prepare_topics
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from ackline.cli import main
 from ackline.clients import database_dsn, kafka_client_config
 from ackline.core.errors import SettingsError
 from ackline.settings import Settings, load_settings, setting_sources
-from ackline.streams.consumer import RuntimeConfig
+from ackline.streams.consumer_config import RuntimeConfig
 
 
 @pytest.fixture(autouse=True)
