@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -311,3 +312,42 @@ def test_a_stopped_chaos_run_leaves_no_worker_behind(services: Services, tmp_pat
     assert left == [], f"still running after the harness exited: {left}\n{text[-2000:]}"
     assert "Traceback" not in text, text[-3000:]
     assert status == 143, text[-3000:]
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_a_worker_claiming_through_a_database_outage_stops(
+    services: Services, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """The operator's report: with PostgreSQL unreachable, `ackline run` retried its claim
+    (in the assign callback, on the consumer thread) for 15 minutes and ignored SIGTERM
+    and SIGINT; only SIGKILL ended it. The claim retry now gives up at a stop request."""
+    with socket.socket() as s:  # a port nothing listens on: every connect is refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    log = tmp_path / f"run-{runtime}.log"
+    env = _env(
+        ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
+        ACKLINE_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{closed}/ackline",
+        ACKLINE_TOPIC=topic,
+        ACKLINE_GROUP_ID=f"g-{topic}",
+        ACKLINE_DLQ_TOPIC=f"{topic}.dlq",
+        ACKLINE_METRICS_PORT="0",
+        ACKLINE_RUNTIME=runtime,
+    )
+    proc = _spawn(["run"], env, log)
+    try:
+        wait_until(
+            lambda: (
+                "claim" in log.read_text(errors="replace")
+                and "retrying" in log.read_text(errors="replace")
+            ),
+            90,
+            "the worker to retry its claim against the closed port",
+        )
+        status = _stop(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    # the faust runtime stops with faust's own status; either way it stopped, not killed
+    assert status >= 0, log.read_text(errors="replace")[-3000:]
