@@ -8,6 +8,10 @@ start with a :class:`~ackline.core.errors.SettingsError` that names it, and so d
 ``ACKLINE_*`` variable that names no setting (a typo must not be silently ignored).
 Secrets are :class:`~pydantic.SecretStr` and never logged; :meth:`Settings.redacted`
 is the only printable view.
+
+Why this module is longer than the house's ~500 lines: every setting is one field with
+its bounds and a description (docs/operating.md's table is generated from them), and the
+model must stay one class; the loading rules around it are short.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ aborted: a prefix of the chunk is sent in a transaction that is aborted, then th
 chunk (the same bytes) goes out in the next, committed, transaction. So every record of
 an aborted transaction has a committed copy right after it, and the committed records
 alone are exactly the plan; no variant ever depends on an aborted-only original.
+
+Why this module is longer than the house's ~500 lines: the plan is one seeded walk —
+runs, their events, and every fault drawn against them in one order (moving a draw
+changes every plan after it); the text it fills events with lives in load/text.py.
 """
 
 from __future__ import annotations
