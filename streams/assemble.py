@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ackline.schemas.decode import Limits, Rejection, Row, decode
 from ackline.sinks.ingest.batch import TP, Batch, Coord, Incoming, PartitionRange
@@ -20,9 +21,9 @@ from ackline.streams.deadletter import Headers, Poison
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One consumed Kafka record, before any decoding.
+class Record(NamedTuple):
+    """One consumed Kafka record, before any decoding (a named tuple: one is made per
+    record on the hot path, at a third of a frozen dataclass's cost).
 
     ``headers`` is read only for poison: a runtime may hand a function that extracts them
     from its client's message (most records never need them).

@@ -71,7 +71,7 @@ def default_fast(slow: Decoder) -> Decoder:
 def norm(result: Row | Rejection) -> tuple[Any, ...]:
     if isinstance(result, Rejection):
         return ("rej", result.reason, result.detail, result.newer)
-    fields = dataclasses.astuple(result)
+    fields = tuple(result)
     return ("row", type(result.event_id), *fields[:5], repr(result.occurred_at), *fields[6:])
 
 

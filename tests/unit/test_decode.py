@@ -101,9 +101,9 @@ def test_round_trip_gives_the_producer_hash() -> None:
         assert row.body_json == canonical_text(body_dict(env))
 
 
-def test_row_and_rejection_are_frozen_slotted_dataclasses() -> None:
-    row = accepted(raw(wire()))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+def test_row_and_rejection_are_immutable_and_slotted() -> None:
+    row = accepted(raw(wire()))  # a named tuple (cheaper to build than a frozen dataclass)
+    with pytest.raises(AttributeError):  # FrozenInstanceError is one too
         row.txn_id = "x"  # type: ignore[misc]
     assert not hasattr(row, "__dict__")
     rejection = rejected(b"")
