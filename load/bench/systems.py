@@ -26,7 +26,6 @@ from ackline.load.bench.peers import ConnectJars, free_port, peer_table_ddl, ren
 from ackline.sinks.admin.migrate import migrate
 
 T = TypeVar("T")
-QUIX_EXTRA = ',\n            "__key" text,\n            "timestamp" timestamp'
 
 
 def run_sql(coro: Callable[[], Awaitable[T]]) -> T:
@@ -253,9 +252,6 @@ class AcklineFaust(Ackline):
 @dataclass
 class Quix(System):
     table: str = "activity_quix"
-
-    def ddl(self) -> list[str]:
-        return peer_table_ddl(self.table, QUIX_EXTRA)
 
     def start(self, topic: str) -> list[Measured]:
         self.procs = []
