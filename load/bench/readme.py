@@ -49,6 +49,13 @@ LABELS: Final = {
 assert set(LABELS) == set(TARGETS)
 
 
+def _label(summary: dict[str, Any], system: str) -> str:
+    """The row's label, with the settings the run recorded for a peer (none before they
+    were recorded: the peers then ran on their defaults)."""
+    settings = summary["conditions"].get("peer_settings", {}).get(system)
+    return f"{ROWS[system]}, {settings}" if settings else ROWS[system]
+
+
 def _cell(entry: dict[str, Any], phase: str, key: str, spec: str = ",.0f") -> str:
     return fmt(entry.get(phase, {}).get(key), spec)
 
@@ -80,27 +87,27 @@ def _system_rows(summary: dict[str, Any]) -> list[str]:
         None,
     )
     lines = [
-        "| system (first ingest, backlog drain) | events/s | CPU s: own / PostgreSQL "
+        "| system (first ingest, backlog drain) | events/s "
         "| CPU µs/event: own / PostgreSQL "
         f"| peak RSS MB | p50 / p99 ms at {fmt(rate)}/s | replay events/s "
         "| 1 % changed bodies on replay |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for s in SYSTEMS:
         entry = summary["systems"].get(s)
         if entry is None:
             continue
         if "error" in entry:
-            lines.append(f"| {ROWS[s]} | failed: {str(entry['error'])[:100]} | | | | | | |")
+            lines.append(
+                f"| {_label(summary, s)} | failed: {str(entry['error'])[:100]} | | | | | |"
+            )
             continue
-        cpu = f"{_cell(entry, 'ingest', 'cpu_client_s', ',.1f')} / "
-        cpu += _cell(entry, "ingest", "cpu_pg_s", ",.1f")
         ingest = entry.get("ingest", {})
         us = f"{fmt(per_event_us(ingest, 'cpu_client_s'), ',.1f')} / "
         us += fmt(per_event_us(ingest, "cpu_pg_s"), ",.1f")
         limit = s == "limit"
         lines.append(
-            f"| {ROWS[s]} | {_cell(entry, 'ingest', 'events_per_s')} | {cpu} | {us} "
+            f"| {_label(summary, s)} | {_cell(entry, 'ingest', 'events_per_s')} | {us} "
             f"| {_cell(entry, 'ingest', 'peak_rss_mb')} "
             f"| {'-' if limit else _latency(entry)} "
             f"| {'-' if limit else _cell(entry, 'replay', 'events_per_s')} "
@@ -224,6 +231,15 @@ def _scale_rows(summary: dict[str, Any]) -> list[str]:
             f"| {n} | {fmt(r.get('events_per_s'))} | {fmt(r.get('cpu_client_s'), ',.1f')} "
             f"| {fmt(r.get('cpu_pg_s'), ',.1f')} | {fmt(busy, '.2f')} core |"
         )
+    connect = summary.get("scale_out_connect")
+    if connect and "error" not in connect:
+        parts = ", ".join(
+            f"{n} task{'s' if n != '1' else ''} {fmt(r.get('events_per_s'))}/s"
+            for n, r in connect.items()
+        )
+        lines += ["", f"Kafka Connect + Debezium JDBC given the same count of tasks: {parts}."]
+    elif connect:
+        lines += ["", f"Kafka Connect with 2 tasks: failed: {str(connect['error'])[:200]}"]
     return lines
 
 

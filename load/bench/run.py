@@ -63,7 +63,7 @@ from ackline.load.bench.common import (
 from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
 from ackline.load.bench.limit import WRITER_CONNECTIONS
 from ackline.load.bench.measure import Measured, kill_all, percentile
-from ackline.load.bench.peers import ensure_connect_jars, ensure_python_peers
+from ackline.load.bench.peers import PEER_SETTINGS, ensure_connect_jars, ensure_python_peers
 from ackline.load.bench.systems import (
     Ackline,
     AcklineFaust,
@@ -383,6 +383,7 @@ def conditions(events: int) -> dict[str, Any]:
         "load_avg_5m_at_start": round(load5, 2),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],
+        "peer_settings": dict(PEER_SETTINGS),
     }
 
 
@@ -422,8 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         if started_here and not args.keep:
             say("stopping the bench stack")
             stack.down(state_dir)
-    report.write(summary, Path(args.results), CHART)
-    if Path(args.results) == RESULTS:  # docs/performance.md's tables: the committed results
+    results = Path(args.results)
+    # The committed chart goes with the committed results; a smoke's beside its own.
+    report.write(summary, results, CHART if results == RESULTS else results.with_suffix(".png"))
+    if results == RESULTS:  # docs/performance.md's tables: the committed results
         bench_readme.update(RESULTS)
     print(report.table(summary))
     print(json.dumps(report.last_line(summary)), flush=True)
@@ -569,7 +572,23 @@ def _first_ingest(
         except BenchError as exc:
             say(f"{name} failed: {exc}")
             out[name] = {"error": str(exc)[:2000]}
+    if "scale" in only and "connect" in systems:
+        _connect_two_tasks(bench, summary)
     return systems
+
+
+def _connect_two_tasks(bench: Bench, summary: dict[str, Any]) -> None:
+    """Kafka Connect given two tasks, beside ackline's two workers in the scale-out."""
+    env = bench.env
+    two = Connect("connect2", env, group=f"bench-jdbc2-{env.run_id}", tasks=2)
+    try:
+        summary["scale_out_connect"] = {
+            "1": summary["systems"]["connect"]["ingest"],
+            "2": bench.ingest(two).to_json(),
+        }
+    except BenchError as exc:
+        say(f"connect with 2 tasks failed: {exc}")
+        summary["scale_out_connect"] = {"error": str(exc)[:2000]}
 
 
 if __name__ == "__main__":

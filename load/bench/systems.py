@@ -308,6 +308,8 @@ class Faust(System):
 @dataclass
 class Connect(System):
     table: str = "activity_connect"
+    tasks: int = 1
+    """``tasks.max``: 1 against one ackline worker (the headline), 2 beside two workers."""
 
     def __post_init__(self) -> None:
         given = self.group
@@ -348,6 +350,7 @@ class Connect(System):
                     "pg_db": self.database,
                     "pg_user": "postgres",
                     "table": self.table,
+                    "tasks": str(self.tasks),
                 },
             )
         )

@@ -120,6 +120,7 @@ def _summary() -> dict[str, Any]:
             "cores": 2,
             "load_avg_1m_at_start": 1.0,
             "load_avg_1m_at_end": 1.0,
+            "peer_settings": {"connect": "1 task, `batch.size=2000`"},
         },
         "systems": {
             "limit": {
@@ -136,6 +137,8 @@ def _summary() -> dict[str, Any]:
             "connect": {"ingest": ingest(12_000, 65, 66)},
             "quix": {"error": "boom"},
         },
+        "scale_out": {"1": {"events_per_s": 30_000, "cpu_client_s": 18, "cpu_pg_s": 31}},
+        "scale_out_connect": {"1": {"events_per_s": 12_000}, "2": {"events_per_s": 19_000}},
         "flood": {"events": 1_100, "peak_rss_mb": 180.0, "wall_s": 30.0, "notes": {}},
         "rtt": {
             "loopback": {"events": 1_000_000, "events_per_s": 30_000, "cpu_client_s": 18},
@@ -171,6 +174,18 @@ def test_targets_are_met_missed_or_not_measured() -> None:
     assert empty["flood_peak_rss_mb"] is None
 
 
+def test_the_recorded_peer_settings_are_the_peers_own() -> None:
+    from ackline.load.bench.peers import HERE, PEER_SETTINGS
+
+    assert "COMMIT_EVERY = 10_000" in (HERE / "quix_app.py").read_text()
+    assert "commit_every=10000" in PEER_SETTINGS["quix"]
+    connector = (HERE / "connect" / "connector.properties").read_text()
+    assert "batch.size=2000" in connector and "batch.size=2000" in PEER_SETTINGS["connect"]
+    assert "consumer.max.poll.records=2000" in (HERE / "connect" / "worker.properties").read_text()
+    assert "CONCURRENCY = 4" in (HERE / "faust_app.py").read_text()
+    assert "concurrency=4" in PEER_SETTINGS["faust"]
+
+
 def test_per_event_cpu() -> None:
     assert report.per_event_us({"events": 500, "cpu_client_s": 0.01}, "cpu_client_s") == 20.0
     assert report.per_event_us({"events": 0, "cpu_client_s": 1.0}, "cpu_client_s") is None
@@ -179,7 +194,9 @@ def test_per_event_cpu() -> None:
 def test_the_page_block_shows_per_event_cpu_the_flood_and_the_rtt_runs() -> None:
     block = readme.block(_summary())
     assert "| 18.0 / 31.0 |" in block  # ackline's µs per event, own / PostgreSQL
+    assert "upsert, 1 task, `batch.size=2000` | 12,000 |" in block
     assert "peak RSS 180 MB" in block
     assert "through the proxies, +1 ms round trip | 27,000 | 0.90 |" in block
     assert "The limit is the best of 1 and N parallel COPY connections" in block
     assert "≥ 0.8 x loopback at 1 ms RTT" in block
+    assert "same count of tasks: 1 task 12,000/s, 2 tasks 19,000/s." in block
