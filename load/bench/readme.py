@@ -12,6 +12,7 @@ tables were in the README.)
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -72,8 +73,15 @@ def _latency(entry: dict[str, Any]) -> str:
     return text
 
 
+_EXCEPTION: Final = re.compile(r"^[\w.]+(?:Error|Exception): .*", re.MULTILINE)
+
+
 def _verdict(entry: dict[str, Any]) -> str:
-    verdict = str(entry.get("replay", {}).get("notes", {}).get("verdict", "-"))
+    replay = entry.get("replay", {})
+    verdict = str(replay.get("notes", {}).get("verdict", "-"))
+    if "error" in replay:  # the system died on the replay: say with what
+        found = _EXCEPTION.search(str(replay["error"]))
+        verdict = f"died: {found.group(0) if found else str(replay['error'])[:100]}"
     return verdict.replace("|", "\\|")[:160]
 
 

@@ -135,6 +135,12 @@ def _summary() -> dict[str, Any]:
                 "latency": {"offered_rate": 15_000, "p50_ms": 40.0, "p99_ms": 260.0},
             },
             "connect": {"ingest": ingest(12_000, 65, 66)},
+            "faust": {
+                "ingest": ingest(1_000, 400, 300),
+                "replay": {
+                    "error": "faust exited 1:\nTraceback\nasyncpg.X.UniqueViolationError: dup key\n"
+                },
+            },
             "quix": {"error": "boom"},
         },
         "scale_out": {"1": {"events_per_s": 30_000, "cpu_client_s": 18, "cpu_pg_s": 31}},
@@ -195,6 +201,7 @@ def test_the_page_block_shows_per_event_cpu_the_flood_and_the_rtt_runs() -> None
     block = readme.block(_summary())
     assert "| 18.0 / 31.0 |" in block  # ackline's µs per event, own / PostgreSQL
     assert "upsert, 1 task, `batch.size=2000` | 12,000 |" in block
+    assert "| died: asyncpg.X.UniqueViolationError: dup key |" in block
     assert "peak RSS 180 MB" in block
     assert "through the proxies, +1 ms round trip | 27,000 | 0.90 |" in block
     assert "The limit is the best of 1 and N parallel COPY connections" in block
