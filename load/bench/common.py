@@ -72,8 +72,10 @@ def wait_for(
     what: str,
     stall_after: float | None = None,
     progress: Callable[[], int] | None = None,
+    stall_records: int = STALL_RECORDS,
 ) -> bool:
-    """Poll ``done`` every 0.5 s; False when stalled (no progress for ``stall_after``)."""
+    """Poll ``done`` every 0.5 s; False when stalled (fewer than ``stall_records`` more in
+    ``progress`` over ``stall_after`` seconds)."""
     deadline = time.monotonic() + timeout
     history: list[tuple[float, int]] = []
     while time.monotonic() < deadline:
@@ -89,7 +91,7 @@ def wait_for(
             now = time.monotonic()
             history.append((now, progress()))
             window = [v for t, v in history if t >= now - stall_after]
-            if history[0][0] <= now - stall_after and window[-1] - window[0] < STALL_RECORDS:
+            if history[0][0] <= now - stall_after and window[-1] - window[0] < stall_records:
                 return False  # (almost) no progress for stall_after seconds
         time.sleep(0.5)
     raise BenchError(f"{system.name}: timed out after {timeout:.0f} s waiting for {what}")

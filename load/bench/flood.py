@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from confluent_kafka import Consumer, TopicPartition
+
 from ackline.load.bench.common import (
     PARTITIONS,
     BenchError,
@@ -126,6 +128,18 @@ def as_captured(records: Iterator[FloodRecord]) -> Iterator[CapturedRecord]:
         yield CapturedRecord(rec.partition, rec.index, 1, 0, None, rec.value)
 
 
+def topic_records(bootstrap: str, topic: str) -> int:
+    """Records in ``topic``: the sum of its partitions' high watermarks (log start 0)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-flood-watermarks"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        )
+    finally:
+        consumer.close()
+
+
 def expected(count: int = FLOOD_RECORDS) -> dict[str, int]:
     """How many of each kind the flood holds."""
     out: dict[str, int] = {}
@@ -155,6 +169,12 @@ def drain(env: Env, cluster: Cluster, count: int = FLOOD_RECORDS) -> Phase:
         conf={"message.max.bytes": TOPIC_MAX_BYTES},
     )
     say(sent.render())
+    held = topic_records(env.bootstrap, topic)
+    if held != count:  # seen once under heavy load: all acknowledged, one never in the log
+        raise BenchError(
+            f"flood: the broker holds {held:,} of the {count:,} records the producer had "
+            f"acknowledged in {topic}"
+        )
     want = expected(count)
     worker = Ackline("flood", env)
     worker.reset()
@@ -163,14 +183,27 @@ def drain(env: Env, cluster: Cluster, count: int = FLOOD_RECORDS) -> Phase:
     worker.start(topic)
     counts = "SELECT (SELECT count(*) FROM activity) AS rows, (SELECT count(*) FROM rejects) AS rj"
 
+    progress = [0]
+
     def done() -> bool:
         row = run_sql(lambda: query(worker.dsn, counts))[0]
-        return int(row["rows"]) + int(row["rj"]) >= count
+        progress[0] = int(row["rows"]) + int(row["rj"])
+        return progress[0] >= count
 
     try:
-        wait_for(done, worker, timeout=900, what=f"{count:,} rows and rejects")
+        finished = wait_for(
+            done,
+            worker,
+            timeout=900,
+            what=f"{count:,} rows and rejects",
+            stall_after=120.0,
+            progress=lambda: progress[0],
+            stall_records=1,
+        )
     finally:
         results = stop_all(worker)
+    if not finished:
+        raise BenchError(f"flood: stalled at {progress[0]:,} of {count:,} rows and rejects")
     wall = time.time() - started
     row = run_sql(lambda: query(worker.dsn, counts))[0]
     reasons = {
