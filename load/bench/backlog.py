@@ -22,9 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ackline.load.bench.common import PARTITIONS, ROOT, Cluster, ensure_stack, say
 from ackline.load.bench.data import ensure_topic_patiently, prepare
 from ackline.load.bench.measure import descendants, kill_all, rss_kb
-from ackline.load.bench.run import PARTITIONS, ROOT, Cluster, ensure_stack, say
 from ackline.load.bench.systems import Ackline, Env
 from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.load.capture.replay import Pace, replay

@@ -159,12 +159,18 @@ def prepare(bootstrap: str, events: int, data_dir: Path, log: Callable[[str], No
     return Dataset(events, base, connect, again, connect_again)
 
 
-def ensure_topic_patiently(bootstrap: str, topic: str, partitions: int, tries: int = 10) -> None:
+def ensure_topic_patiently(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    tries: int = 10,
+) -> None:
     """ensure_topic, retried: a broker that has just started may not show a new topic in
     its metadata at once ("created but is not visible")."""
     for attempt in range(tries):
         try:
-            ensure_topic(bootstrap, topic, partitions)
+            ensure_topic(bootstrap, topic, partitions, config)
             return
         except StreamError:
             if attempt == tries - 1:

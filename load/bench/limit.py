@@ -1,21 +1,27 @@
 """The limit: the same rows COPYed straight into ackline's tables, no Kafka, no checks.
 
-``python -m ackline.load.bench.limit DSN CAPTURE`` decodes the capture's events with the same
-decoder as the worker (untimed), then, chunk after chunk, binary-COPYs the rows into
-``txn_ledger`` and ``activity`` of a freshly migrated database (same columns, same
-indexes) with ``asyncpg.copy_records_to_table``, one transaction per chunk. Only the
-COPY and COMMIT are timed and counted as CPU. Prints one JSON line with the results.
+``python -m ackline.load.bench.limit DSN CAPTURE [--connections N]`` decodes the capture's
+events with the same decoder as the worker (untimed), then, N chunks at a time, binary-COPYs
+the rows into ``txn_ledger`` and ``activity`` of a freshly migrated database (same columns,
+same indexes) with ``asyncpg.copy_records_to_table``: each chunk one transaction on its own
+connection, the N transactions at once. Only the COPYs and COMMITs are timed (wall time of
+each round of N) and counted as CPU. Prints one JSON line with the results.
+
+The limit the bench reports is the best rate of 1 or N parallel connections, N being the most
+connections one ackline worker writes over (:data:`WRITER_CONNECTIONS`): a worker that wrote
+over two connections would otherwise be compared with a ceiling it could pass.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import resource
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -28,12 +34,33 @@ from ackline.sinks.ingest.rows import (
     ledger_record,
 )
 
-CHUNK = 10_000
+CHUNK: Final = 10_000
+WRITER_CONNECTIONS: Final = 1
+"""The most PostgreSQL connections one ackline worker writes rows over. One today: a
+worker's writer (sinks/ingest/writer.py) holds one connection and writes one batch at a
+time. Raise it with the worker; the bench then also times N parallel COPY connections."""
 
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def rounds(records: Iterator[CapturedRecord], chunk: int, width: int) -> Iterator[list[list[Any]]]:
+    """Consecutive chunks of ``chunk`` records, ``width`` chunks per round (the last ones
+    shorter). Pure: the COPY rounds of ``width`` parallel connections."""
+    if chunk < 1 or width < 1:
+        raise ValueError(f"chunk and width must be at least 1, not {chunk} and {width}")
+    while True:
+        group: list[list[Any]] = []
+        for _ in range(width):
+            part = [rec for _, rec in zip(range(chunk), records, strict=False)]
+            if not part:
+                break
+            group.append(part)
+        if not group:
+            return
+        yield group
 
 
 def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any], list[Any]]:
@@ -47,39 +74,42 @@ def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any
     return ledger, activity
 
 
-async def run(dsn: str, path: Path) -> dict[str, Any]:
-    conn = await asyncpg.connect(dsn)
+async def _copy(conn: asyncpg.Connection, ledger: list[Any], activity: list[Any]) -> None:
+    async with conn.transaction():
+        await conn.copy_records_to_table("txn_ledger", columns=LEDGER_COLUMNS, records=ledger)
+        await conn.copy_records_to_table("activity", columns=ACTIVITY_COLUMNS, records=activity)
+
+
+async def run(dsn: str, path: Path, connections: int = 1) -> dict[str, Any]:
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
     timed = cpu = decode_s = 0.0
-    rows = 0
+    rows = batch = 0
     try:
         with CaptureReader(path) as reader:
             topic = reader.header.topic
-            chunk: list[CapturedRecord] = []
-            batch = 0
-            records = iter(reader)
-            while True:
-                chunk = [rec for _, rec in zip(range(CHUNK), records, strict=False)]
-                if not chunk:
-                    break
-                batch += 1
+            for group in rounds(iter(reader), CHUNK, connections):
                 t0 = time.perf_counter()
-                ledger, activity = _rows(chunk, topic, batch)
+                decoded = []
+                for chunk in group:
+                    batch += 1
+                    decoded.append(_rows(chunk, topic, batch))
                 decode_s += time.perf_counter() - t0
                 c0, t0 = _cpu(), time.perf_counter()
-                async with conn.transaction():
-                    await conn.copy_records_to_table(
-                        "txn_ledger", columns=LEDGER_COLUMNS, records=ledger
+                await asyncio.gather(
+                    *(
+                        _copy(conn, led, act)
+                        for conn, (led, act) in zip(conns, decoded, strict=False)
                     )
-                    await conn.copy_records_to_table(
-                        "activity", columns=ACTIVITY_COLUMNS, records=activity
-                    )
+                )
                 timed += time.perf_counter() - t0
                 cpu += _cpu() - c0
-                rows += len(activity)
+                rows += sum(len(act) for _, act in decoded)
     finally:
-        await conn.close()
+        for conn in conns:
+            await conn.close()
     return {
         "rows": rows,
+        "connections": connections,
         "copy_seconds": timed,
         "copy_cpu_s": cpu,
         "decode_seconds": decode_s,
@@ -87,8 +117,15 @@ async def run(dsn: str, path: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    result = asyncio.run(run(sys.argv[1], Path(sys.argv[2])))
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ackline.load.bench.limit", description=__doc__)
+    p.add_argument("dsn")
+    p.add_argument("capture", type=Path)
+    p.add_argument("--connections", type=int, default=1, help="parallel COPY connections")
+    args = p.parse_args(argv)
+    if args.connections < 1:
+        p.error("--connections must be at least 1")
+    result = asyncio.run(run(args.dsn, args.capture, args.connections))
     print(json.dumps(result), flush=True)
 
 

@@ -12,11 +12,12 @@ tables were in the README.)
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Final
 
-from ackline.load.bench.report import SYSTEMS, fmt, ratios
+from ackline.load.bench.report import SYSTEMS, TARGETS, fmt, per_event_us, ratios
 from ackline.load.errors import LoadError
 
 START: Final = "<!-- bench:start (generated from load/bench/results.json by make bench) -->"
@@ -35,13 +36,25 @@ ROWS: Final = {
     "connect": "Kafka Connect standalone + Debezium JDBC sink, upsert",
     "faust": "faust agent, one `INSERT` per event (naive)",
 }
-TARGETS: Final = {
+LABELS: Final = {
     "ratio_to_limit>=0.7": "≥ 0.7 x the limit",
     "ratio_to_best_peer>=1.5": "≥ 1.5 x the best peer",
-    "replay_ratio>=1.0": "replay ≥ 1.0 x first ingest",
-    "p99_ms<=1000_at_half_max": "p99 ≤ 1 s at half of the maximum",
+    "worker_us_per_event<=20": "worker ≤ 20 µs/event",
+    "pg_us_per_event<=30": "PostgreSQL ≤ 30 µs/event",
+    "p50_ms_half_load<=50": "p50 ≤ 50 ms at half load",
+    "p99_ms_half_load<=250": "p99 ≤ 250 ms at half load",
+    "replay_ratio>=1.5": "replay ≥ 1.5 x first ingest",
+    "ratio_at_1ms_rtt>=0.8": "≥ 0.8 x loopback at 1 ms RTT",
     "backlog_peak_rss_mb<=300": "peak RSS ≤ 300 MB on a 10M backlog",
 }
+assert set(LABELS) == set(TARGETS)
+
+
+def _label(summary: dict[str, Any], system: str) -> str:
+    """The row's label, with the settings the run recorded for a peer (none before they
+    were recorded: the peers then ran on their defaults)."""
+    settings = summary["conditions"].get("peer_settings", {}).get(system)
+    return f"{ROWS[system]}, {settings}" if settings else ROWS[system]
 
 
 def _cell(entry: dict[str, Any], phase: str, key: str, spec: str = ",.0f") -> str:
@@ -60,8 +73,15 @@ def _latency(entry: dict[str, Any]) -> str:
     return text
 
 
+_EXCEPTION: Final = re.compile(r"^[\w.]+(?:Error|Exception): .*", re.MULTILINE)
+
+
 def _verdict(entry: dict[str, Any]) -> str:
-    verdict = str(entry.get("replay", {}).get("notes", {}).get("verdict", "-"))
+    replay = entry.get("replay", {})
+    verdict = str(replay.get("notes", {}).get("verdict", "-"))
+    if "error" in replay:  # the system died on the replay: say with what
+        found = _EXCEPTION.search(str(replay["error"]))
+        verdict = f"died: {found.group(0) if found else str(replay['error'])[:100]}"
     return verdict.replace("|", "\\|")[:160]
 
 
@@ -75,7 +95,8 @@ def _system_rows(summary: dict[str, Any]) -> list[str]:
         None,
     )
     lines = [
-        "| system (first ingest, backlog drain) | events/s | CPU s: own / PostgreSQL "
+        "| system (first ingest, backlog drain) | events/s "
+        "| CPU µs/event: own / PostgreSQL "
         f"| peak RSS MB | p50 / p99 ms at {fmt(rate)}/s | replay events/s "
         "| 1 % changed bodies on replay |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -85,13 +106,16 @@ def _system_rows(summary: dict[str, Any]) -> list[str]:
         if entry is None:
             continue
         if "error" in entry:
-            lines.append(f"| {ROWS[s]} | failed: {str(entry['error'])[:100]} | | | | | |")
+            lines.append(
+                f"| {_label(summary, s)} | failed: {str(entry['error'])[:100]} | | | | | |"
+            )
             continue
-        cpu = f"{_cell(entry, 'ingest', 'cpu_client_s', ',.1f')} / "
-        cpu += _cell(entry, "ingest", "cpu_pg_s", ",.1f")
+        ingest = entry.get("ingest", {})
+        us = f"{fmt(per_event_us(ingest, 'cpu_client_s'), ',.1f')} / "
+        us += fmt(per_event_us(ingest, "cpu_pg_s"), ",.1f")
         limit = s == "limit"
         lines.append(
-            f"| {ROWS[s]} | {_cell(entry, 'ingest', 'events_per_s')} | {cpu} "
+            f"| {_label(summary, s)} | {_cell(entry, 'ingest', 'events_per_s')} | {us} "
             f"| {_cell(entry, 'ingest', 'peak_rss_mb')} "
             f"| {'-' if limit else _latency(entry)} "
             f"| {'-' if limit else _cell(entry, 'replay', 'events_per_s')} "
@@ -102,17 +126,21 @@ def _system_rows(summary: dict[str, Any]) -> list[str]:
 
 def _headline(summary: dict[str, Any]) -> list[str]:
     r = ratios(summary)
-    met = [TARGETS[k] for k, v in r["targets"].items() if v is True]
-    missed = [TARGETS[k] for k, v in r["targets"].items() if v is False]
-    unknown = [TARGETS[k] for k, v in r["targets"].items() if v is None]
+    met = [LABELS[k] for k, v in r["targets"].items() if v is True]
+    missed = [LABELS[k] for k, v in r["targets"].items() if v is False]
+    unknown = [LABELS[k] for k, v in r["targets"].items() if v is None]
     best = r["best_peer"]
     lines = [
         f"Headline (`load/bench/results.json`, and the last line of `make bench`): "
         f"**ackline / limit = {fmt(r['ratio_to_limit'], '.2f')}, ackline / best peer "
-        f"({best}) = {fmt(r['ratio_to_best_peer'], '.2f')}**, replay of 100 % duplicates / "
-        f"first ingest = {fmt(r['replay_ratio'], '.2f')}, ackline's p99 at half of its "
-        f"measured maximum = {fmt(r['ackline_p99_ms'])} ms, peak RSS while one worker "
-        f"drains a 10M backlog = {fmt(r['backlog_peak_rss_mb'])} MB.",
+        f"({best}) = {fmt(r['ratio_to_best_peer'], '.2f')}**; one worker's CPU per event "
+        f"{fmt(r['worker_us_per_event'], '.1f')} µs and PostgreSQL's "
+        f"{fmt(r['pg_us_per_event'], '.1f')} µs; p50 / p99 at half of its measured maximum "
+        f"{fmt(r['p50_ms_half_load'])} / {fmt(r['p99_ms_half_load'])} ms; replay of 100 % "
+        f"duplicates / first ingest = {fmt(r['replay_ratio'], '.2f')}; with 1 ms of round "
+        f"trip to PostgreSQL and Kafka / on loopback = {fmt(r['ratio_at_1ms_rtt'], '.2f')}; "
+        f"peak RSS draining a 10M backlog {fmt(r['backlog_peak_rss_mb'])} MB and a flood of "
+        f"1 MiB records {fmt(r['flood_peak_rss_mb'])} MB.",
         "",
         f"Targets met: {', '.join(met) or 'none'}. Missed: {', '.join(missed) or 'none'}."
         + (f" Not measured: {', '.join(unknown)}." if unknown else ""),
@@ -125,6 +153,72 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         f"1-minute load average {c['load_avg_1m_at_start']} at start and "
         f"{c.get('load_avg_1m_at_end')} at end.",
     ]
+    return lines
+
+
+def _limit_line(summary: dict[str, Any]) -> list[str]:
+    notes = summary["systems"].get("limit", {}).get("ingest", {}).get("notes", {})
+    tried = notes.get("events_per_s_by_connections")
+    if not tried:
+        return []
+    parts = ", ".join(
+        f"{n} connection{'s' if n != '1' else ''} {fmt(v)}/s" for n, v in tried.items()
+    )
+    return ["", f"The limit is the best of 1 and N parallel COPY connections ({parts})."]
+
+
+def _flood_rows(summary: dict[str, Any]) -> list[str]:
+    fl = summary.get("flood")
+    if fl is None:
+        return []
+    if "error" in fl:
+        return ["", f"Flood of 1 MiB records: failed: {str(fl['error'])[:200]}"]
+    n = fl.get("notes", {})
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(n.get("reasons", {}).items()))
+    return [
+        "",
+        f"Flood of 1 MiB records (one worker, default settings, `ACKLINE_BATCH_MAX_BYTES` "
+        f"32 MiB): {fmt(fl.get('events'))} records, {fmt(n.get('megabytes'))} MB, drained in "
+        f"{fmt(fl.get('wall_s'), ',.0f')} s; **peak RSS {fmt(fl.get('peak_rss_mb'))} MB**; "
+        f"{fmt(n.get('rows'))} rows and {fmt(n.get('rejects'))} rejects ({reasons}), as "
+        "generated.",
+    ]
+
+
+def _rtt_rows(summary: dict[str, Any]) -> list[str]:
+    rt = summary.get("rtt")
+    if rt is None:
+        return []
+    if "error" in rt:
+        return ["", f"1 ms of round trip: failed: {str(rt['error'])[:200]}"]
+    lines = [
+        "",
+        "One worker, the same backlog on a second broker, through Toxiproxy to Kafka and "
+        "PostgreSQL:",
+        "",
+        "| run | events/s | / loopback | worker CPU µs/event | PostgreSQL µs/event "
+        "| Toxiproxy CPU s | `SELECT 1` ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "loopback": "loopback (no proxy)",
+        "proxied": "through the proxies, no latency",
+        "rtt_1ms": "through the proxies, +1 ms round trip",
+    }
+    base = rt.get("loopback", {}).get("events_per_s")
+    for run, label in labels.items():
+        ph = rt.get(run)
+        if not ph:
+            continue
+        rate = ph.get("events_per_s")
+        ratio = rate / base if rate and base else None
+        lines.append(
+            f"| {label} | {fmt(rate)} | {fmt(ratio, '.2f')} "
+            f"| {fmt(per_event_us(ph, 'cpu_client_s'), ',.1f')} "
+            f"| {fmt(per_event_us(ph, 'cpu_pg_s'), ',.1f')} "
+            f"| {fmt(ph.get('notes', {}).get('toxiproxy_cpu_s'), ',.1f')} "
+            f"| {fmt(rt.get(f'{run}_select1_ms'), '.2f')} |"
+        )
     return lines
 
 
@@ -145,12 +239,31 @@ def _scale_rows(summary: dict[str, Any]) -> list[str]:
             f"| {n} | {fmt(r.get('events_per_s'))} | {fmt(r.get('cpu_client_s'), ',.1f')} "
             f"| {fmt(r.get('cpu_pg_s'), ',.1f')} | {fmt(busy, '.2f')} core |"
         )
+    connect = summary.get("scale_out_connect")
+    if connect and "error" not in connect:
+        parts = ", ".join(
+            f"{n} task{'s' if n != '1' else ''} {fmt(r.get('events_per_s'))}/s"
+            for n, r in connect.items()
+        )
+        lines += ["", f"Kafka Connect + Debezium JDBC given the same count of tasks: {parts}."]
+    elif connect:
+        lines += ["", f"Kafka Connect with 2 tasks: failed: {str(connect['error'])[:200]}"]
     return lines
 
 
 def block(summary: dict[str, Any]) -> str:
     """The generated block of docs/performance.md, markers included."""
-    lines = [START, "", *_system_rows(summary), "", *_headline(summary), *_scale_rows(summary)]
+    lines = [
+        START,
+        "",
+        *_system_rows(summary),
+        "",
+        *_headline(summary),
+        *_limit_line(summary),
+        *_scale_rows(summary),
+        *_flood_rows(summary),
+        *_rtt_rows(summary),
+    ]
     return "\n".join([*lines, "", END])
 
 

@@ -37,25 +37,33 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ackline.dev import stack
+from ackline.dev.errors import DevStackError
+from ackline.load.bench import flood, report, rtt
 from ackline.load.bench import readme as bench_readme
-from ackline.load.bench import report
-from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
-from ackline.load.bench.measure import (
-    Measured,
-    ProcessResult,
-    cpu_seconds_of,
-    descendants,
-    kill_all,
-    percentile,
-    steady_rate,
+from ackline.load.bench.common import (
+    PARTITIONS,
+    ROOT,
+    BenchError,
+    Cluster,
+    Phase,
+    drain_backlog,
+    ensure_stack,
+    fill,
+    host_port,
+    load_avg,
+    say,
+    stop_all,
+    wait_for,
 )
-from ackline.load.bench.peers import ensure_connect_jars, ensure_python_peers
+from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
+from ackline.load.bench.limit import WRITER_CONNECTIONS
+from ackline.load.bench.measure import Measured, kill_all, percentile
+from ackline.load.bench.peers import PEER_SETTINGS, ensure_connect_jars, ensure_python_peers
 from ackline.load.bench.systems import (
     Ackline,
     AcklineFaust,
@@ -74,98 +82,8 @@ from ackline.load.capture.topics import RangeSpec, open_range
 from ackline.load.errors import LoadError
 from ackline.streams.admin import ensure_topic
 
-ROOT = Path(__file__).resolve().parents[2]
-PARTITIONS = 12
-STALL_RECORDS = 1_000
-"""Fewer records than this committed in a whole stall window counts as stalled (a
-crashing agent that a supervisor restarts keeps moving, one record per restart)."""
 RESULTS = Path(__file__).resolve().parent / "results.json"
 CHART = Path(__file__).resolve().parent / "results.png"
-
-
-class BenchError(LoadError):
-    """A phase of the bench failed (a system died, stalled, or never finished)."""
-
-
-def say(text: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Phase:
-    """One system's measurements in one phase."""
-
-    events: int = 0
-    events_per_s: float = 0.0
-    wall_s: float = 0.0
-    cpu_client_s: float = 0.0
-    cpu_pg_s: float = 0.0
-    cpu_kafka_s: float = 0.0
-    peak_rss_mb: float = 0.0
-    notes: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
-        return out
-
-
-class Cluster:
-    """CPU seconds used so far by the bench stack's PostgreSQL and Kafka broker."""
-
-    def __init__(self, state_dir: Path) -> None:
-        status = stack.status(state_dir)
-        self.pg_pid = int(status["postgres"]["pid"])
-        self.kafka_pid = int(status["kafka"]["pid"])
-
-    def cpu(self) -> tuple[float, float]:
-        return cpu_seconds_of(descendants(self.pg_pid)), cpu_seconds_of([self.kafka_pid])
-
-
-def _wait(
-    done: Callable[[], bool],
-    system: System,
-    timeout: float,
-    what: str,
-    stall_after: float | None = None,
-    progress: Callable[[], int] | None = None,
-) -> bool:
-    """Poll ``done`` every 0.5 s; False when stalled (no progress for ``stall_after``)."""
-    deadline = time.monotonic() + timeout
-    history: list[tuple[float, int]] = []
-    while time.monotonic() < deadline:
-        if done():
-            return True
-        for proc in system.procs:
-            if not proc.alive():
-                raise BenchError(
-                    f"{system.name} exited {proc.proc.returncode} before {what}:\n"
-                    + proc.log_text()[-3000:]
-                )
-        if stall_after is not None and progress is not None:
-            now = time.monotonic()
-            history.append((now, progress()))
-            window = [v for t, v in history if t >= now - stall_after]
-            if history[0][0] <= now - stall_after and window[-1] - window[0] < STALL_RECORDS:
-                return False  # (almost) no progress for stall_after seconds
-        time.sleep(0.5)
-    raise BenchError(f"{system.name}: timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _stop(system: System) -> list[ProcessResult]:
-    results = [p.stop() for p in system.procs]
-    return results
-
-
-def _fill(
-    phase: Phase, results: list[ProcessResult], cpu0: tuple[float, float], cluster: Cluster
-) -> None:
-    pg, kafka = cluster.cpu()
-    phase.cpu_pg_s = pg - cpu0[0]
-    phase.cpu_kafka_s = kafka - cpu0[1]
-    phase.cpu_client_s = sum(r.cpu_s for r in results)
-    phase.peak_rss_mb = max((r.peak_rss_mb for r in results), default=0.0)
-    if len(results) > 1:
-        phase.notes["peak_rss_mb_sum"] = round(sum(r.peak_rss_mb for r in results), 1)
 
 
 @dataclass
@@ -178,60 +96,49 @@ class Bench:
 
     # -- the limit --------------------------------------------------------------------
 
-    def limit(self) -> Phase:
-        say("limit: COPY of the same rows into a fresh copy of activity + ledger")
-        dsn = run_sql(lambda: fresh_database(self.env, "bench_limit", migrated=True))
+    def limit(self, writers: int = WRITER_CONNECTIONS) -> Phase:
+        """The best of 1 and ``writers`` parallel COPY connections (each a fresh database)."""
+        best: Phase | None = None
+        tried: dict[str, float] = {}
+        for width in sorted({1, writers}):
+            phase = self._limit(width)
+            tried[str(width)] = round(phase.events_per_s)
+            if best is None or phase.events_per_s > best.events_per_s:
+                best = phase
+        assert best is not None
+        best.notes["events_per_s_by_connections"] = tried
+        return best
+
+    def _limit(self, connections: int) -> Phase:
+        say(f"limit: COPY of the same rows over {connections} connection(s), no Kafka")
+        name = "bench_limit" if connections == 1 else f"bench_limit_{connections}"
+        dsn = run_sql(lambda: fresh_database(self.env, name, migrated=True))
         cpu0 = self.cluster.cpu()
-        log = self.env.logs / "limit.log"
-        proc = Measured(
-            [sys.executable, "-m", "ackline.load.bench.limit", dsn, str(self.data.capture)],
-            dict(os.environ),
-            log,
-            cwd=ROOT,
-        )
+        log = self.env.logs / f"limit-{connections}.log"
+        argv = [sys.executable, "-m", "ackline.load.bench.limit", dsn, str(self.data.capture)]
+        proc = Measured([*argv, "--connections", str(connections)], dict(os.environ), log, ROOT)
         result = proc.reap(3600)
         if result.returncode != 0:
             raise BenchError(f"the limit failed:\n{proc.log_text()[-3000:]}")
         out = json.loads(proc.log_text().strip().splitlines()[-1])
         phase = Phase(events=int(out["rows"]))
-        _fill(phase, [result], cpu0, self.cluster)
+        fill(phase, [result], cpu0, self.cluster)
         phase.cpu_client_s = float(out["copy_cpu_s"])  # the COPY, not the untimed decode
         # The limit's time is its COPY + COMMIT time only: its commit timestamps would
         # also count the untimed decoding between chunks.
         phase.wall_s = float(out["copy_seconds"])
         phase.events_per_s = phase.events / max(phase.wall_s, 1e-9)
+        phase.notes["connections"] = connections
         phase.notes["decode_us_per_event"] = round(float(out["decode_us_per_event"]), 1)
-        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        phase.notes["load_avg_1m"] = load_avg()
+        say(f"limit over {connections} connection(s): {phase.events_per_s:,.0f} events/s")
         return phase
 
     # -- first ingest -----------------------------------------------------------------
 
     def ingest(self, system: System) -> Phase:
         topic = system.input_topic(self.topic)
-        say(f"{system.name}: first ingest of {self.data.events:,} events from {topic}")
-        system.reset()
-        cpu0 = self.cluster.cpu()
-        started = time.time()
-        system.start(topic)
-        expected = self.data.events
-        try:
-            _wait(
-                lambda: system.rows() >= expected,
-                system,
-                timeout=600 + expected / 500,
-                what=f"{expected:,} rows",
-            )
-        finally:
-            results = _stop(system)
-        phase = Phase(events=expected)
-        _fill(phase, results, cpu0, self.cluster)
-        times = system.commit_times()
-        phase.events_per_s = steady_rate(times)
-        phase.wall_s = max(times) - started
-        phase.notes["rows"] = len(times)
-        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
-        say(f"{system.name}: {phase.events_per_s:,.0f} events/s")
-        return phase
+        return drain_backlog(system, topic, self.data.events, self.cluster)
 
     # -- a processor ------------------------------------------------------------------
 
@@ -270,7 +177,7 @@ class Bench:
             )
         )
         phase = Phase(events=applied)
-        _fill(phase, [result], cpu0, self.cluster)
+        fill(phase, [result], cpu0, self.cluster)
         phase.wall_s = result.wall_s
         # events after the first batch over first-to-last commit: start-up does not count
         first = applied / max(batches, 1)
@@ -278,7 +185,7 @@ class Bench:
         phase.events_per_s = (applied - first) / span if span > 0 else applied / result.wall_s
         phase.notes["batches"] = batches
         phase.notes["outcome"] = report["outcome"]
-        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        phase.notes["load_avg_1m"] = load_avg()
         say(f"processor {name}: {phase.events_per_s:,.0f} events/s applied")
         return phase
 
@@ -317,7 +224,7 @@ class Bench:
         system.start(topic)
         done = False
         try:
-            done = _wait(
+            done = wait_for(
                 lambda: progress() >= (total if isinstance(system, Ackline) else _end(self, topic)),
                 system,
                 timeout=600 + self.data.events / 500,
@@ -326,9 +233,9 @@ class Bench:
                 progress=lambda: samples[-1][1] if samples else 0,
             )
         finally:
-            results = _stop(system)
+            results = stop_all(system)
         phase = Phase(events=self.data.events)
-        _fill(phase, results, cpu0, self.cluster)
+        fill(phase, results, cpu0, self.cluster)
         if isinstance(system, Ackline):
             weighted = system.batch_commit_times(first_batch)
             phase.events_per_s = _weighted_rate(weighted)
@@ -345,7 +252,7 @@ class Bench:
         phase.notes["changed_bodies"] = len(changed)
         phase.notes.update(system.changed_outcome(changed))
         phase.notes["rows_after"] = system.rows()
-        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        phase.notes["load_avg_1m"] = load_avg()
         phase.notes["verdict"] = _verdict(system, phase)
         say(f"{system.name}: replay {phase.events_per_s:,.0f} events/s; {phase.notes['verdict']}")
         return phase
@@ -366,7 +273,7 @@ class Bench:
             replay(
                 self.env.bootstrap, head(capture, warm), topic, Pace("max"), source_partitions=parts
             )
-            _wait(lambda: system.rows() >= warm, system, 300, "the warm-up rows")
+            wait_for(lambda: system.rows() >= warm, system, 300, "the warm-up rows")
             sent = replay(
                 self.env.bootstrap,
                 head(capture, count, skip=warm),
@@ -374,14 +281,14 @@ class Bench:
                 Pace("rate", rate),
                 source_partitions=parts,
             )
-            _wait(
+            wait_for(
                 lambda: system.rows() >= warm + count,
                 system,
                 timeout=300 + count / 200,
                 what="the timed rows",
             )
         finally:
-            _stop(system)
+            stop_all(system)
         created = _create_times(self.env.bootstrap, topic, skip=warm)
         committed = system.commit_times_by_id()
         lat = [1000 * (committed[i] - ts) for i, ts in created.items() if i in committed]
@@ -466,17 +373,6 @@ def _verdict(system: System, phase: Phase) -> str:
     return f"silently dropped {kept:,} of {changed:,} changed bodies (no record of them)"
 
 
-def ensure_stack(state_dir: Path) -> tuple[stack.StackInfo, bool]:
-    """The bench stack, up, with commit timestamps tracked; True if started here."""
-    was_running = all(s["running"] for s in stack.status(state_dir).values())
-    info = stack.up(state_dir)
-    rows = run_sql(lambda: query(info.database_url, "SHOW track_commit_timestamp"))
-    if rows[0][0] != "on":
-        run_sql(lambda: query(info.database_url, "ALTER SYSTEM SET track_commit_timestamp = on"))
-        stack.restart_postgres(state_dir)
-    return info, not was_running
-
-
 def conditions(events: int) -> dict[str, Any]:
     load1, load5, _ = os.getloadavg()
     return {
@@ -487,6 +383,7 @@ def conditions(events: int) -> dict[str, Any]:
         "load_avg_5m_at_start": round(load5, 2),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": sys.version.split()[0],
+        "peer_settings": dict(PEER_SETTINGS),
     }
 
 
@@ -501,6 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-replay", action="store_true")
     p.add_argument("--no-latency", action="store_true")
     p.add_argument("--latency-seconds", type=float, default=20.0)
+    p.add_argument(
+        "--limit-connections",
+        type=int,
+        default=WRITER_CONNECTIONS,
+        help="the limit is the best of 1 and this many parallel COPY connections (default: "
+        "the most one ackline worker writes over)",
+    )
+    p.add_argument("--flood-records", type=int, default=flood.FLOOD_RECORDS)
     p.add_argument("--keep", action="store_true", help="leave the bench stack running")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -518,8 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         if started_here and not args.keep:
             say("stopping the bench stack")
             stack.down(state_dir)
-    report.write(summary, Path(args.results), CHART)
-    if Path(args.results) == RESULTS:  # docs/performance.md's tables: the committed results
+    results = Path(args.results)
+    # The committed chart goes with the committed results; a smoke's beside its own.
+    report.write(summary, results, CHART if results == RESULTS else results.with_suffix(".png"))
+    if results == RESULTS:  # docs/performance.md's tables: the committed results
         bench_readme.update(RESULTS)
     print(report.table(summary))
     print(json.dumps(report.last_line(summary)), flush=True)
@@ -530,9 +437,8 @@ def _run(
     args: argparse.Namespace, state_dir: Path, logs: Path, run_id: str, info: stack.StackInfo
 ) -> dict[str, Any]:
     only = set(filter(None, args.only.split(","))) or set(ALL)
-    host_port = info.database_url.split("@", 1)[1].split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
-    env = Env(info.kafka_bootstrap, host, int(port), state_dir, logs, run_id)
+    host, port = host_port(info.database_url)
+    env = Env(info.kafka_bootstrap, host, port, state_dir, logs, run_id)
     say("installing the peers (pip into .ackline/bench/peers-venv, Maven into the cache)")
     if only & {"quix", "faust"}:
         env.peers_python = ensure_python_peers(state_dir)
@@ -547,48 +453,86 @@ def _run(
             say(replay(env.bootstrap, reader, name, Pace("max"), source_partitions=parts).render())
     bench = Bench(env, Cluster(state_dir), data, topic)
     summary: dict[str, Any] = {"conditions": conditions(args.events), "systems": {}}
-    systems = _first_ingest(bench, only, summary)
-    out: dict[str, Any] = summary["systems"]
+    systems = _first_ingest(bench, only, summary, args)
     if not args.no_replay and systems:
-        bench.append_replay()
-        changed = data.changed_ids()
-        for name, system in systems.items():
-            try:
-                out[name]["replay"] = bench.replayed(system, changed).to_json()
-            except BenchError as exc:
-                out[name]["replay"] = {"error": str(exc)[:2000]}
-    if not args.no_latency and "ackline" in out:
-        rate = 0.5 * out["ackline"]["ingest"]["events_per_s"]
-        count = min(int(rate * args.latency_seconds), args.events - 200)
-        for name, system in systems.items():
-            fresh = type(system)(name, env, group=f"bench-lat-{name}-{run_id}")
-            try:
-                out[name]["latency"] = bench.latency(fresh, rate, count)
-            except BenchError as exc:
-                out[name]["latency"] = {"error": str(exc)[:2000]}
-            # A system slower than the common rate is overloaded there: also measure it at
-            # half of its own maximum, the rate it can sustain (same definition as ackline's).
-            own = 0.5 * out[name]["ingest"]["events_per_s"]
-            if own < rate:
-                own_count = min(int(own * args.latency_seconds), args.events - 200)
-                fresh = type(system)(name, env, group=f"bench-lat-own-{name}-{run_id}")
-                try:
-                    out[name]["latency_own_half"] = bench.latency(fresh, own, own_count, "own")
-                except BenchError as exc:
-                    out[name]["latency_own_half"] = {"error": str(exc)[:2000]}
-    summary["conditions"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        _replays(bench, systems, summary["systems"])
+    if not args.no_latency and "ackline" in summary["systems"]:
+        _latencies(bench, systems, summary["systems"], args)
+    if "flood" in only:
+        try:
+            summary["flood"] = flood.drain(env, bench.cluster, args.flood_records).to_json()
+        except BenchError as exc:
+            say(f"flood failed: {exc}")
+            summary["flood"] = {"error": str(exc)[:2000]}
+    if "rtt" in only:
+        try:
+            summary["rtt"] = rtt.measure(env, data)
+        except (BenchError, LoadError, DevStackError) as exc:
+            say(f"rtt failed: {exc}")
+            summary["rtt"] = {"error": str(exc)[:2000]}
+    summary["conditions"]["load_avg_1m_at_end"] = load_avg()
     return summary
 
 
-ALL = ("limit", "ackline", "runs", "ackline-faust", "scale", "quix", "connect", "faust")
+def _replays(bench: Bench, systems: dict[str, System], out: dict[str, Any]) -> None:
+    """Phase 3: the whole topic again, every system drains it on its database and group."""
+    bench.append_replay()
+    changed = bench.data.changed_ids()
+    for name, system in systems.items():
+        try:
+            out[name]["replay"] = bench.replayed(system, changed).to_json()
+        except BenchError as exc:
+            out[name]["replay"] = {"error": str(exc)[:2000]}
 
 
-def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict[str, System]:
+def _latencies(
+    bench: Bench, systems: dict[str, System], out: dict[str, Any], args: argparse.Namespace
+) -> None:
+    """Phase 4: produce-to-commit latency at half of ackline's maximum (and, for a system
+    slower than that, at half of its own)."""
+    env, run_id = bench.env, bench.env.run_id
+    rate = 0.5 * out["ackline"]["ingest"]["events_per_s"]
+    count = min(int(rate * args.latency_seconds), args.events - 200)
+    for name, system in systems.items():
+        fresh = type(system)(name, env, group=f"bench-lat-{name}-{run_id}")
+        try:
+            out[name]["latency"] = bench.latency(fresh, rate, count)
+        except BenchError as exc:
+            out[name]["latency"] = {"error": str(exc)[:2000]}
+        # A system slower than the common rate is overloaded there: also measure it at
+        # half of its own maximum, the rate it can sustain (same definition as ackline's).
+        own = 0.5 * out[name]["ingest"]["events_per_s"]
+        if own < rate:
+            own_count = min(int(own * args.latency_seconds), args.events - 200)
+            fresh = type(system)(name, env, group=f"bench-lat-own-{name}-{run_id}")
+            try:
+                out[name]["latency_own_half"] = bench.latency(fresh, own, own_count, "own")
+            except BenchError as exc:
+                out[name]["latency_own_half"] = {"error": str(exc)[:2000]}
+
+
+ALL = (
+    "limit",
+    "ackline",
+    "runs",
+    "ackline-faust",
+    "scale",
+    "quix",
+    "connect",
+    "faust",
+    "flood",
+    "rtt",
+)
+
+
+def _first_ingest(
+    bench: Bench, only: set[str], summary: dict[str, Any], args: argparse.Namespace
+) -> dict[str, System]:
     """Phase 2: every system drains the backlog; returns those that can go on."""
     env, out = bench.env, summary["systems"]
     systems: dict[str, System] = {}
     if "limit" in only:
-        out["limit"] = {"ingest": bench.limit().to_json()}
+        out["limit"] = {"ingest": bench.limit(args.limit_connections).to_json()}
     if "ackline" in only or "scale" in only:
         ingested = Ackline("ackline", env)
         systems["ackline"] = ingested
@@ -628,7 +572,23 @@ def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict
         except BenchError as exc:
             say(f"{name} failed: {exc}")
             out[name] = {"error": str(exc)[:2000]}
+    if "scale" in only and "connect" in systems:
+        _connect_two_tasks(bench, summary)
     return systems
+
+
+def _connect_two_tasks(bench: Bench, summary: dict[str, Any]) -> None:
+    """Kafka Connect given two tasks, beside ackline's two workers in the scale-out."""
+    env = bench.env
+    two = Connect("connect2", env, group=f"bench-jdbc2-{env.run_id}", tasks=2)
+    try:
+        summary["scale_out_connect"] = {
+            "1": summary["systems"]["connect"]["ingest"],
+            "2": bench.ingest(two).to_json(),
+        }
+    except BenchError as exc:
+        say(f"connect with 2 tasks failed: {exc}")
+        summary["scale_out_connect"] = {"error": str(exc)[:2000]}
 
 
 if __name__ == "__main__":

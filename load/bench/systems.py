@@ -26,7 +26,6 @@ from ackline.load.bench.peers import ConnectJars, free_port, peer_table_ddl, ren
 from ackline.sinks.admin.migrate import migrate
 
 T = TypeVar("T")
-QUIX_EXTRA = ',\n            "__key" text,\n            "timestamp" timestamp'
 
 
 def run_sql(coro: Callable[[], Awaitable[T]]) -> T:
@@ -254,9 +253,6 @@ class AcklineFaust(Ackline):
 class Quix(System):
     table: str = "activity_quix"
 
-    def ddl(self) -> list[str]:
-        return peer_table_ddl(self.table, QUIX_EXTRA)
-
     def start(self, topic: str) -> list[Measured]:
         self.procs = []
         assert self.env.peers_python is not None
@@ -312,6 +308,8 @@ class Faust(System):
 @dataclass
 class Connect(System):
     table: str = "activity_connect"
+    tasks: int = 1
+    """``tasks.max``: 1 against one ackline worker (the headline), 2 beside two workers."""
 
     def __post_init__(self) -> None:
         given = self.group
@@ -352,6 +350,7 @@ class Connect(System):
                     "pg_db": self.database,
                     "pg_user": "postgres",
                     "table": self.table,
+                    "tasks": str(self.tasks),
                 },
             )
         )

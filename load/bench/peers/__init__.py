@@ -31,6 +31,13 @@ PEER_PACKAGES = (
     "asyncpg==0.32.0",
     "psycopg2-binary==2.9.13",
 )
+PEER_SETTINGS = {
+    "quix": "`commit_every=10000`",
+    "connect": "1 task, `batch.size=2000`",
+    "faust": "`concurrency=4`",
+}
+"""The throughput settings each peer runs with (docs/performance.md, "The peers' settings"),
+as the results record them; the peers' files hold the same values (a unit test checks)."""
 CONNECT_VERSION = "4.1.1"
 DEBEZIUM_VERSION = "3.6.0.Final"
 # Jars the Connect runtime provides; a plugin folder must not shadow them (a second
@@ -173,6 +180,7 @@ def peer_table_ddl(table: str, extra_columns: str = "") -> list[str]:
 
 __all__ = [
     "PEER_PACKAGES",
+    "PEER_SETTINGS",
     "ConnectJars",
     "PeerInstallError",
     "bench_cache",

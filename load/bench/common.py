@@ -1,0 +1,183 @@
+"""What every phase of the bench shares: where things are, one phase's measurements, the
+cluster's CPU, waiting on a system, and the bench stack.
+
+Kept apart from :mod:`ackline.load.bench.run` so that the phases in their own modules
+(:mod:`~ackline.load.bench.flood`, :mod:`~ackline.load.bench.rtt`,
+:mod:`~ackline.load.bench.backlog`) use the same helpers without importing the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from ackline.dev import stack
+from ackline.load.bench.measure import ProcessResult, cpu_seconds_of, descendants, steady_rate
+from ackline.load.bench.systems import System, query, run_sql
+from ackline.load.errors import LoadError
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+PARTITIONS: Final = 12
+STALL_RECORDS: Final = 1_000
+"""Fewer records than this committed in a whole stall window counts as stalled (a
+crashing agent that a supervisor restarts keeps moving, one record per restart)."""
+
+
+class BenchError(LoadError):
+    """A phase of the bench failed (a system died, stalled, or never finished)."""
+
+
+def say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Phase:
+    """One system's measurements in one phase."""
+
+    events: int = 0
+    events_per_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_client_s: float = 0.0
+    cpu_pg_s: float = 0.0
+    cpu_kafka_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
+class Cluster:
+    """CPU seconds used so far by a stack's PostgreSQL and Kafka broker."""
+
+    def __init__(self, state_dir: Path, kafka_pid: int | None = None) -> None:
+        status = stack.status(state_dir)
+        self.pg_pid = int(status["postgres"]["pid"])
+        self.kafka_pid = kafka_pid if kafka_pid is not None else int(status["kafka"]["pid"])
+
+    def cpu(self) -> tuple[float, float]:
+        return cpu_seconds_of(descendants(self.pg_pid)), cpu_seconds_of([self.kafka_pid])
+
+
+def wait_for(
+    done: Callable[[], bool],
+    system: System,
+    timeout: float,
+    what: str,
+    stall_after: float | None = None,
+    progress: Callable[[], int] | None = None,
+    stall_records: int = STALL_RECORDS,
+) -> bool:
+    """Poll ``done`` every 0.5 s; False when stalled (fewer than ``stall_records`` more in
+    ``progress`` over ``stall_after`` seconds)."""
+    deadline = time.monotonic() + timeout
+    history: list[tuple[float, int]] = []
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        for proc in system.procs:
+            if not proc.alive():
+                raise BenchError(
+                    f"{system.name} exited {proc.proc.returncode} before {what}:\n"
+                    + proc.log_text()[-3000:]
+                )
+        if stall_after is not None and progress is not None:
+            now = time.monotonic()
+            history.append((now, progress()))
+            window = [v for t, v in history if t >= now - stall_after]
+            if history[0][0] <= now - stall_after and window[-1] - window[0] < stall_records:
+                return False  # (almost) no progress for stall_after seconds
+        time.sleep(0.5)
+    raise BenchError(f"{system.name}: timed out after {timeout:.0f} s waiting for {what}")
+
+
+def stop_all(system: System) -> list[ProcessResult]:
+    return [p.stop() for p in system.procs]
+
+
+def fill(
+    phase: Phase, results: list[ProcessResult], cpu0: tuple[float, float], cluster: Cluster
+) -> None:
+    """The phase's CPU (the system's own, PostgreSQL's, the broker's) and peak RSS."""
+    pg, kafka = cluster.cpu()
+    phase.cpu_pg_s = pg - cpu0[0]
+    phase.cpu_kafka_s = kafka - cpu0[1]
+    phase.cpu_client_s = sum(r.cpu_s for r in results)
+    phase.peak_rss_mb = max((r.peak_rss_mb for r in results), default=0.0)
+    if len(results) > 1:
+        phase.notes["peak_rss_mb_sum"] = round(sum(r.peak_rss_mb for r in results), 1)
+
+
+def drain_backlog(system: System, topic: str, expected: int, cluster: Cluster) -> Phase:
+    """``system`` drains ``expected`` events already in ``topic`` into a fresh database.
+
+    Its rate is the steady rate of the rows' commit timestamps (:func:`steady_rate`), so
+    process start-up and the group join do not count.
+    """
+    say(f"{system.name}: first ingest of {expected:,} events from {topic}")
+    system.reset()
+    cpu0 = cluster.cpu()
+    started = time.time()
+    system.start(topic)
+    try:
+        wait_for(
+            lambda: system.rows() >= expected,
+            system,
+            timeout=600 + expected / 500,
+            what=f"{expected:,} rows",
+        )
+    finally:
+        results = stop_all(system)
+    phase = Phase(events=expected)
+    fill(phase, results, cpu0, cluster)
+    times = system.commit_times()
+    phase.events_per_s = steady_rate(times)
+    phase.wall_s = max(times) - started
+    phase.notes["rows"] = len(times)
+    phase.notes["load_avg_1m"] = load_avg()
+    say(f"{system.name}: {phase.events_per_s:,.0f} events/s")
+    return phase
+
+
+def load_avg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def ensure_stack(state_dir: Path) -> tuple[stack.StackInfo, bool]:
+    """The bench stack, up, with commit timestamps tracked; True if started here."""
+    was_running = all(s["running"] for s in stack.status(state_dir).values())
+    info = stack.up(state_dir)
+    rows = run_sql(lambda: query(info.database_url, "SHOW track_commit_timestamp"))
+    if rows[0][0] != "on":
+        run_sql(lambda: query(info.database_url, "ALTER SYSTEM SET track_commit_timestamp = on"))
+        stack.restart_postgres(state_dir)
+    return info, not was_running
+
+
+def host_port(dsn: str) -> tuple[str, int]:
+    """``postgresql://user@host:port/db`` -> (host, port)."""
+    host, port = dsn.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    return host, int(port)
+
+
+__all__ = [
+    "PARTITIONS",
+    "ROOT",
+    "BenchError",
+    "Cluster",
+    "Phase",
+    "drain_backlog",
+    "ensure_stack",
+    "fill",
+    "host_port",
+    "load_avg",
+    "say",
+    "stop_all",
+    "wait_for",
+]
