@@ -18,7 +18,7 @@ class RuntimeConfig:
     session_timeout_ms: int = 10_000
     start_from: str = "earliest"
     batch_max_events: int = 2_000
-    batch_max_bytes: int = 32 * 1_048_576
+    batch_max_bytes: int = 8 * 1_048_576
     batch_linger_ms: int = 0  # 0: a batch closes as soon as the writer is free
     limits: Limits = DEFAULT_LIMITS
     revoke_wait_s: float = 20.0
@@ -45,6 +45,8 @@ class RuntimeConfig:
             "enable.partition.eof": False,
             # bounded prefetch: at most this much waits in librdkafka per worker
             "queued.max.messages.kbytes": max(min(16_384, self.batch_max_bytes // 1024), 1024),
+            # one fetch response (held whole while it is parsed) no larger than a batch
+            "fetch.max.bytes": max(self.batch_max_bytes, 1_048_576),
             "queued.min.messages": 10_000,
             "group.protocol": self.group_protocol,
             "max.poll.interval.ms": self.max_poll_interval_ms,

@@ -1,7 +1,7 @@
 """The flood phase: ~1,100 records of about 1 MiB, valid and poison mixed, drained by one
 worker with default settings while its memory is sampled.
 
-It exercises the byte bound on batches (``ACKLINE_BATCH_MAX_BYTES``, 32 MiB by default): at
+It exercises the byte bound on batches (``ACKLINE_BATCH_MAX_BYTES``, 8 MiB by default): at
 the default ``batch_max_events`` of 2,000 a batch of such records would be 2 GB, so only the
 byte bound keeps the worker's memory flat. The records, by kind (:data:`MIX`, in this order,
 repeated; partitions round-robin):
@@ -226,7 +226,7 @@ def drain(env: Env, cluster: Cluster, count: int = FLOOD_RECORDS) -> Phase:
             "rejects": int(row["rj"]),
             "rejects_expected": poison,
             "reasons": reasons,
-            "batch_max_bytes": 32 * 1_048_576,
+            "batch_max_bytes": 8 * 1_048_576,
             "load_avg_1m": load_avg(),
         }
     )

@@ -178,7 +178,7 @@ def _flood_rows(summary: dict[str, Any]) -> list[str]:
     return [
         "",
         f"Flood of 1 MiB records (one worker, default settings, `ACKLINE_BATCH_MAX_BYTES` "
-        f"32 MiB): {fmt(fl.get('events'))} records, {fmt(n.get('megabytes'))} MB, drained in "
+        f"8 MiB): {fmt(fl.get('events'))} records, {fmt(n.get('megabytes'))} MB, drained in "
         f"{fmt(fl.get('wall_s'), ',.0f')} s; **peak RSS {fmt(fl.get('peak_rss_mb'))} MB**; "
         f"{fmt(n.get('rows'))} rows and {fmt(n.get('rejects'))} rejects ({reasons}), as "
         "generated.",

@@ -74,7 +74,7 @@ class FaustSink:
         limits: Limits,
         batch_max_events: int,
         batch_max_ms: int,
-        batch_max_bytes: int = 32 * 1_048_576,
+        batch_max_bytes: int = 8 * 1_048_576,
         faults: Faults = DISARMED,
         claim_deadline_s: float = 60.0,
     ) -> None:
