@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # only annotations: `ackline --help` must not import asyncpg
 MIGRATOR: Final = "ackline_migrator"
 INGEST: Final = "ackline_ingest"
 READER: Final = "ackline_reader"
-ROLES: Final = (MIGRATOR, INGEST, READER)
-LOGIN_ROLES: Final = (INGEST, READER)
+ERASER: Final = "ackline_eraser"  # schemas/sql/0009_erasure.sql
+ROLES: Final = (MIGRATOR, INGEST, READER, ERASER)
+LOGIN_ROLES: Final = (INGEST, READER, ERASER)
 SCRAM_ITERATIONS: Final = 4096  # PostgreSQL's default scram_iterations
 
 

@@ -2,9 +2,10 @@
 
 ``python -m ackline.load.bench.limit DSN CAPTURE`` decodes the capture's events with the same
 decoder as the worker (untimed), then, chunk after chunk, binary-COPYs the rows into
-``txn_ledger`` and ``activity`` of a freshly migrated database (same columns, same
-indexes) with ``asyncpg.copy_records_to_table``, one transaction per chunk. Only the
-COPY and COMMIT are timed and counted as CPU. Prints one JSON line with the results.
+``txn_ledger``, ``event_keys`` and ``activity`` of a freshly migrated database (same
+columns, same indexes, today's partition) with ``asyncpg.copy_records_to_table``, one
+transaction per chunk. Only the COPY and COMMIT are timed and counted as CPU. Prints one
+JSON line with the results.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import resource
 import sys
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,10 @@ from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.ingest.rows import (
     ACTIVITY_COLUMNS,
+    EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
     activity_record,
+    event_key_record,
     ledger_record,
 )
 
@@ -36,15 +40,18 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any], list[Any]]:
-    ledger, activity = [], []
+def _rows(
+    chunk: list[CapturedRecord], topic: str, batch: int, day: date
+) -> tuple[list[Any], list[Any], list[Any]]:
+    ledger, keys, activity = [], [], []
     for rec in chunk:
         row = decode(rec.value)
         if not isinstance(row, Row):
             continue
         ledger.append(ledger_record(row, topic, rec.partition, rec.offset, batch))
-        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch))
-    return ledger, activity
+        keys.append(event_key_record(row, batch))
+        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch, day))
+    return ledger, keys, activity
 
 
 async def run(dsn: str, path: Path) -> dict[str, Any]:
@@ -52,6 +59,7 @@ async def run(dsn: str, path: Path) -> dict[str, Any]:
     timed = cpu = decode_s = 0.0
     rows = 0
     try:
+        day = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
         with CaptureReader(path) as reader:
             topic = reader.header.topic
             chunk: list[CapturedRecord] = []
@@ -63,12 +71,15 @@ async def run(dsn: str, path: Path) -> dict[str, Any]:
                     break
                 batch += 1
                 t0 = time.perf_counter()
-                ledger, activity = _rows(chunk, topic, batch)
+                ledger, keys, activity = _rows(chunk, topic, batch, day)
                 decode_s += time.perf_counter() - t0
                 c0, t0 = _cpu(), time.perf_counter()
                 async with conn.transaction():
                     await conn.copy_records_to_table(
                         "txn_ledger", columns=LEDGER_COLUMNS, records=ledger
+                    )
+                    await conn.copy_records_to_table(
+                        "event_keys", columns=EVENT_KEY_COLUMNS, records=keys
                     )
                     await conn.copy_records_to_table(
                         "activity", columns=ACTIVITY_COLUMNS, records=activity
