@@ -10,6 +10,13 @@ count as produced and must leave no trace at all.
 
 The database side (:func:`verify`) is set-based: the winners and every id of the run
 are COPYed into temporary tables and compared with a handful of queries.
+
+Retention and erasure (docs/retention.md) take activity rows away on purpose: a winner
+counts as ingested when its key is in ``event_keys`` with its body hash and its row is
+there, or was erased (a tombstone in ``erased_events`` with that hash), or went with a
+partition retention dropped (its batch committed on that partition's days, before the
+drop: ``retention_drops.snap``). Such winners are reported apart (``erased``,
+``dropped_by_retention``); any other missing row is lost.
 """
 
 from __future__ import annotations
@@ -174,6 +181,10 @@ class Verdict:
     drained: bool
     plan_inconsistent: int = 0
     """Manifest records whose declared kind disagrees with the replay (informational)."""
+    erased: int = 0
+    """Ingested winners whose row an erasure removed (a tombstone holds their key)."""
+    dropped_by_retention: int = 0
+    """Ingested winners whose row went with a partition retention dropped."""
 
     @property
     def ok(self) -> bool:
@@ -225,6 +236,11 @@ def render_summary(verdict: Verdict) -> str:
         mark = "ok" if actual == expected else "MISMATCH"
         lines.append(f"{label:<26}{expected:>12,}{actual:>12,}  {mark}")
     lines.append(f"{'consumer drained':<26}{'yes':>12}{'yes' if verdict.drained else 'no':>12}")
+    if verdict.erased or verdict.dropped_by_retention:
+        lines.append(
+            f"of the ingested: {verdict.erased:,} erased, "
+            f"{verdict.dropped_by_retention:,} dropped by retention (their keys kept)"
+        )
     if verdict.plan_inconsistent:
         lines.append(f"note: {verdict.plan_inconsistent} manifest records had a mislabeled kind")
     lines.append(
@@ -248,9 +264,33 @@ CREATE TEMP TABLE load_event (event_id uuid PRIMARY KEY) ON COMMIT DROP;
 CREATE TEMP TABLE load_txn (txn_id text PRIMARY KEY) ON COMMIT DROP;
 """
 
+# Per winner: its row is there; else it was erased; else its key is stored and its batch's
+# rows went with a partition that retention dropped after the batch committed.
 _INGESTED = """
-SELECT count(*) FROM activity a
-JOIN load_winner w ON w.event_id = a.event_id AND w.body_hash = a.body_hash
+WITH present AS (
+    SELECT a.event_id FROM activity a
+    JOIN load_winner w ON w.event_id = a.event_id AND w.body_hash = a.body_hash
+), gone AS (
+    SELECT w.event_id, k.batch_id FROM load_winner w
+    JOIN event_keys k ON k.event_id = w.event_id AND k.body_hash = w.body_hash
+    WHERE NOT EXISTS (SELECT 1 FROM present p WHERE p.event_id = w.event_id)
+), erased AS (
+    SELECT g.event_id FROM gone g
+    JOIN load_winner w ON w.event_id = g.event_id
+    JOIN erased_events e ON e.event_id = g.event_id AND e.body_hash = w.body_hash
+), dropped AS (
+    SELECT g.event_id FROM gone g
+    JOIN ingest_batches b ON b.batch_id = g.batch_id
+    WHERE NOT EXISTS (SELECT 1 FROM erased e WHERE e.event_id = g.event_id)
+      AND EXISTS (
+        SELECT 1 FROM retention_drops d
+        WHERE pg_visible_in_snapshot(b.commit_xid, d.snap)
+          AND b.committed_at < d.ends_before
+          AND b.committed_at >= (d.lower_day::timestamp AT TIME ZONE 'UTC'))
+)
+SELECT (SELECT count(*) FROM present) AS present,
+       (SELECT count(*) FROM erased) AS erased,
+       (SELECT count(*) FROM dropped) AS dropped
 """
 
 # Rows of this run that are not exactly a winner: any row read from the topic, or
@@ -336,7 +376,11 @@ async def _compare(
     await conn.copy_records_to_table("load_event", records=[(uuid.UUID(e),) for e in exp.event_ids])
     await conn.copy_records_to_table("load_txn", records=[(t,) for t in exp.txn_ids])
     await conn.execute("ANALYZE load_winner; ANALYZE load_event; ANALYZE load_txn")
-    ingested = int(await conn.fetchval(_INGESTED))
+    found = await conn.fetchrow(_INGESTED)
+    if found is None:  # one row always
+        raise LoadError("verify read no counts")
+    erased, dropped = int(found["erased"]), int(found["dropped"])
+    ingested = int(found["present"]) + erased + dropped
     duplicated = int(await conn.fetchval(_DUPLICATED, topic))
 
     quarantined = unexpected_conflicts = layer_mismatch = 0
@@ -381,6 +425,8 @@ async def _compare(
         reject_reason_mismatch=reason_mismatch,
         drained=drained,
         plan_inconsistent=exp.inconsistent,
+        erased=erased,
+        dropped_by_retention=dropped,
     )
 
 

@@ -15,4 +15,16 @@ from ackline.settings import Settings
 Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers = Any  # argparse's _SubParsersAction is private
 
-MODULES = ("core", "dev", "feed", "config", "inspect", "doctor", "roles", "capture", "chaos")
+MODULES = (
+    "core",
+    "dev",
+    "feed",
+    "config",
+    "inspect",
+    "doctor",
+    "roles",
+    "capture",
+    "chaos",
+    "retention",
+    "erase",
+)

@@ -24,6 +24,7 @@ from ackline.schemas.decode import Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
 from ackline.settings import Settings
+from ackline.sinks.admin.partitions import Upkeep
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.deadletter import DeadLetterProducer
@@ -98,6 +99,9 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         settings.worker_id,
         faults,
         on_retry=lambda cause: metrics.retries.labels(cause).inc(),
+        upkeep=Upkeep(
+            settings.partition_interval, settings.partitions_ahead, settings.retention_keep()
+        ),
     )
     return Ingest(
         settings=settings,

@@ -21,7 +21,6 @@ them at the same time.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Final, Literal
 
 import asyncpg
 
+from ackline.sinks.admin.durations import format_duration
 from ackline.sinks.errors import SinkError
 
 log = logging.getLogger(__name__)
@@ -39,32 +39,9 @@ Interval = Literal["day", "week"]
 LEGACY: Final = "activity_legacy"
 """The partition holding the rows stored before migration 0008 (day key '-infinity')."""
 
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "": 86_400}
-
 
 class PartitionError(SinkError):
     """A partition could not be made or dropped (the reason is PostgreSQL's)."""
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90d``, ``12w``, ``36h``, ``30m``, ``45s``; a bare number is days. Pure.
-
-    Raises ValueError with the accepted forms.
-    """
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration like 90d, 12w or 36h")
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
-
-
-def format_duration(value: timedelta) -> str:
-    """The shortest of :func:`parse_duration`'s forms that is exact. Pure."""
-    seconds = int(value.total_seconds())
-    for unit in ("w", "d", "h", "m"):
-        if seconds and seconds % _UNITS[unit] == 0:
-            return f"{seconds // _UNITS[unit]}{unit}"
-    return f"{seconds}s"
 
 
 @dataclass(frozen=True, slots=True)
