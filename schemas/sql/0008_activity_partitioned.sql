@@ -335,14 +335,80 @@ END
 $$;
 REVOKE ALL ON FUNCTION ackline_apply_retention(interval) FROM PUBLIC;
 
+-- Erasure (docs/retention.md, "Erasure"; `ackline erase`, role ackline_eraser of 0009):
+-- the activity rows of an agent, a request or one event are deleted in one transaction,
+-- their keys and hashes stay as tombstones, and the audit row says who erased what, when.
+--
+-- The audit row: who (the login, even under SET ROLE), what (the selector and its
+-- value, how many rows of each kind, the dead-letter records that cannot be erased),
+-- when. No content. commit_xid places the erasure in the changefeed: every reader meets
+-- one `ackline.erased` notice per erased event at this point of the feed.
+CREATE TABLE erasures (
+    erasure_id   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    selector     text        NOT NULL CHECK (selector IN ('agent', 'request', 'event')),
+    value        text        NOT NULL,
+    reason       text        NOT NULL DEFAULT '',
+    requested_by text        NOT NULL DEFAULT session_user,
+    events       bigint      NOT NULL DEFAULT 0,
+    conflicts    bigint      NOT NULL DEFAULT 0,
+    rejects      bigint      NOT NULL DEFAULT 0,
+    dead_letters jsonb       NOT NULL DEFAULT '[]',
+    commit_xid   xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    erased_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX erasures_commit_xid_idx ON erasures (commit_xid);
+
+-- Tombstones: the keys, hash and coordinates of each erased event, no content.
+CREATE TABLE erased_events (
+    event_id      uuid    PRIMARY KEY,
+    txn_id        text    NOT NULL,
+    body_hash     bytea   NOT NULL,
+    batch_id      bigint  NOT NULL,
+    src_topic     text    NOT NULL,
+    src_partition integer NOT NULL,
+    src_offset    bigint  NOT NULL,
+    erasure_id    bigint  NOT NULL REFERENCES erasures
+);
+CREATE INDEX erased_events_erasure_idx
+    ON erased_events (erasure_id, batch_id, src_partition, src_offset);
+
+-- An erased conflict keeps its keys, hashes and coordinates; its incoming body goes.
+ALTER TABLE conflicts ALTER COLUMN incoming_body DROP NOT NULL;
+ALTER TABLE conflicts ADD COLUMN erasure_id bigint;
+-- An erased reject keeps its reason and coordinates; its raw key, value, headers and
+-- detail go (the dead-letter copy stays in Kafka: the erasure lists its offsets).
+ALTER TABLE rejects ADD COLUMN erasure_id bigint;
+
+-- A conflict against an erased event keeps no body either: the writer stores NULL with
+-- the erasure's id (a replay must not bring erased content back through the quarantine).
+
 -- Today's partition and the next two days', so a new database ingests at once; workers
 -- keep making them ahead (ACKLINE_PARTITION_INTERVAL, ACKLINE_PARTITIONS_AHEAD).
 SELECT count(*) FROM ackline_ensure_partitions_at(now(), 'day', 2);
 
 -- Grants (the rule of 0003_roles.sql; 0010_roles.sql restates the whole model).
 GRANT SELECT, INSERT ON TABLE activity, event_keys TO ackline_ingest;
-GRANT SELECT ON TABLE retention_policy TO ackline_ingest;
+GRANT SELECT ON TABLE retention_policy, erased_events TO ackline_ingest;
 GRANT EXECUTE ON FUNCTION ackline_ensure_partitions(text, integer) TO ackline_ingest;
 GRANT EXECUTE ON FUNCTION ackline_apply_retention(interval) TO ackline_ingest;
 GRANT SELECT ON TABLE activity, event_keys, activity_partitions, retention_policy,
-    retention_drops TO ackline_reader;
+    retention_drops, erasures, erased_events TO ackline_reader;
+
+-- Every other role that reads the changefeed (SELECT on ingest_batches and activity: the
+-- roles of later migrations, a dashboard's login) reads its erasure notices too.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT rolname FROM pg_roles
+        WHERE rolname NOT IN ('ackline_ingest', 'ackline_reader', 'ackline_eraser',
+                              'ackline_migrator')
+          AND NOT rolsuper AND rolname NOT LIKE 'pg\_%'
+          AND has_table_privilege(oid, 'ingest_batches', 'SELECT')
+          AND has_table_privilege(oid, 'activity', 'SELECT')
+    LOOP
+        EXECUTE format('GRANT SELECT ON TABLE erasures, erased_events TO %I', r.rolname);
+    END LOOP;
+END
+$$;

@@ -12,7 +12,9 @@
 --                     rejects, ingest_batches; SELECT where the writer reads; claims and
 --                     the fence on consumer_offsets; EXECUTE of ackline_ensure_partitions
 --                     (empty partitions ahead, on the database's clock) and
---                     ackline_apply_retention (never below the operator's min_keep).
+--                     ackline_apply_retention (never below the operator's min_keep);
+--                     SELECT on erased_events (a conflict with an erased event keeps
+--                     no body).
 --                     No UPDATE, DELETE or TRUNCATE of anything that holds events.
 --   ackline_reader    SELECT only, on every table and view.
 --   ackline_eraser    `ackline erase`: DELETE of activity rows, the body columns of
@@ -53,7 +55,7 @@ GRANT SELECT (group_id, src_topic, src_partition, src_offset) ON TABLE conflicts
 GRANT SELECT (group_id, src_topic, src_partition, src_offset) ON TABLE rejects TO ackline_ingest;
 GRANT SELECT, INSERT ON TABLE ingest_batches TO ackline_ingest;
 GRANT SELECT, INSERT, UPDATE ON TABLE consumer_offsets TO ackline_ingest;
-GRANT SELECT ON TABLE retention_policy TO ackline_ingest;
+GRANT SELECT ON TABLE retention_policy, erased_events TO ackline_ingest;
 GRANT USAGE ON SEQUENCE ingest_batch_id_seq TO ackline_ingest;
 GRANT EXECUTE ON FUNCTION ackline_ensure_partitions(text, integer) TO ackline_ingest;
 GRANT EXECUTE ON FUNCTION ackline_apply_retention(interval) TO ackline_ingest;

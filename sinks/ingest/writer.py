@@ -19,7 +19,9 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    docs/design.md. Nothing is ever overwritten or silently skipped. A day whose
    partition is missing (docs/retention.md) rolls the batch back; the writer makes the
    partitions (:class:`ackline.sinks.admin.partitions.Upkeep`) and retries it;
-5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...);
+5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...) (a conflict with an
+   erased event keeps its keys and hashes but not its incoming body: a replay must not
+   bring erased content back);
 6. the batch row, whose ``commit_xid`` defaults to this transaction's xid8 (the
    changefeed's order), and ``pg_notify('ackline_batches', batch_id)`` (sent on COMMIT
    only), in one statement;
@@ -102,6 +104,22 @@ SELECT false, NULL, body_hash, event_id FROM activity WHERE event_id = ANY($2::u
 """
 
 _CONFLICTS = """
+INSERT INTO conflicts
+    (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
+     group_id, src_topic, src_partition, src_offset, batch_id, erasure_id)
+SELECT u.layer, u.event_id, u.txn_id, u.stored_event_id, u.stored_hash, u.incoming_hash,
+       CASE WHEN e.erasure_id IS NULL THEN u.incoming_body::jsonb END,
+       $1, u.topic, u.partition, u.src_offset, $2, e.erasure_id
+FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::bytea[],
+            $9::text[], $10::text[], $11::int[], $12::bigint[])
+    AS u(layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash,
+         incoming_body, topic, partition, src_offset)
+LEFT JOIN erased_events AS e ON e.event_id = u.stored_event_id
+ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
+"""
+
+# Before migration 0008: no erasures, so no erased event to withhold a body for.
+_CONFLICTS_UNPARTITIONED = """
 INSERT INTO conflicts
     (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
      group_id, src_topic, src_partition, src_offset, batch_id)
@@ -297,7 +315,7 @@ class BatchWriter:
         if verdict.inserts:
             await self._copy_inserts(conn, fenced, verdict)
         if verdict.conflicts:
-            await self._insert_conflicts(conn, batch_id, verdict)
+            await self._insert_conflicts(conn, batch_id, verdict, fenced.keyed)
         if batch.rejects:
             await self._insert_rejects(conn, batch_id, batch)
         result = WriteResult(
@@ -418,11 +436,10 @@ class BatchWriter:
         return classify(batch.events, ledger, activity)
 
     async def _insert_conflicts(
-        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified
+        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified, keyed: bool
     ) -> None:
         cs = verdict.conflicts
-        await conn.execute(
-            _CONFLICTS,
+        args = (
             self._group,
             batch_id,
             [c.layer for c in cs],
@@ -436,6 +453,10 @@ class BatchWriter:
             [c.incoming.coord.partition for c in cs],
             [c.incoming.coord.offset for c in cs],
         )
+        if keyed:
+            await conn.execute(_CONFLICTS, *args)
+        else:
+            await conn.execute(_CONFLICTS_UNPARTITIONED, *args)
 
     async def _insert_rejects(self, conn: asyncpg.Connection, batch_id: int, batch: Batch) -> None:
         rs = batch.rejects
