@@ -379,8 +379,8 @@ async def _compare(
     found = await conn.fetchrow(_INGESTED)
     if found is None:  # one row always
         raise LoadError("verify read no counts")
-    erased, dropped = int(found["erased"]), int(found["dropped"])
-    ingested = int(found["present"]) + erased + dropped
+    erased, by_retention = int(found["erased"]), int(found["dropped"])
+    ingested = int(found["present"]) + erased + by_retention
     duplicated = int(await conn.fetchval(_DUPLICATED, topic))
 
     quarantined = unexpected_conflicts = layer_mismatch = 0
@@ -426,7 +426,7 @@ async def _compare(
         drained=drained,
         plan_inconsistent=exp.inconsistent,
         erased=erased,
-        dropped_by_retention=dropped,
+        dropped_by_retention=by_retention,
     )
 
 

@@ -140,10 +140,12 @@ CREATE INDEX activity_batch_idx ON activity (batch_id, src_partition, src_offset
 -- around it. Each is created empty and then attached, which locks the parent in SHARE
 -- UPDATE EXCLUSIVE mode only: ingest and readers go on. Serialized by an advisory lock.
 -- Returns the partitions it created. The operator's clock: the ingest role calls
--- ackline_ensure_partitions, which passes now().
+-- ackline_ensure_partitions, which passes now(). SECURITY DEFINER, executable by its
+-- owner's members only: whoever calls it, ackline_migrator owns what it makes.
 CREATE FUNCTION ackline_ensure_partitions_at(at timestamptz, step text, ahead integer)
 RETURNS TABLE (partition_name text, from_day date, until_day date)
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, public
 SET lock_timeout = '10s'
 AS $$
@@ -260,6 +262,7 @@ CREATE FUNCTION ackline_drop_partitions_before(cutoff timestamptz, force boolean
 RETURNS TABLE (partition_name text, from_day date, until_day date, dropped boolean,
                readers_behind text[])
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, public
 SET lock_timeout = '10s'
 AS $$
