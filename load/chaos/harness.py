@@ -12,11 +12,15 @@ started and stopped here, never the shared one (it restarts the broker and Postg
    zombies (a worker stalled with a batch in hand is SIGSTOPped past its session
    timeout until others own its partitions, then SIGCONTed: its batch must be fenced);
    broker and PostgreSQL restarts; terminations of a writer's backend while its COMMIT
-   is in flight (held by a synchronous standby that never answers) or stalled before it.
-   All along, Kafka's committed offsets are sampled against the DB offsets.
-3. Drain, verify against the manifest (:mod:`ackline.load.verify`), print a table and, as the
-   last line, one JSON object. ``ok`` means: verify exact, every minimum count met, every
-   zombie fenced, and Kafka never ahead of the DB.
+   is in flight (held by a synchronous standby that never answers) or stalled before it;
+   a retention drop of the partition the workers are writing (their next COPY finds it
+   missing: they make it again and retry) and an erasure of the agent with the most
+   stored events (docs/retention.md). All along, Kafka's committed offsets are sampled
+   against the DB offsets.
+3. Drain, verify against the manifest (:mod:`ackline.load.verify`: the winners whose rows
+   the retention drop or the erasure took are counted apart, their keys still in place),
+   print a table and, as the last line, one JSON object. ``ok`` means: verify exact,
+   every minimum count met, every zombie fenced, and Kafka never ahead of the DB.
 
 Every run prints its seed; the schedule derives from it (``--seed`` reproduces it).
 """
@@ -30,8 +34,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, Any, TextIO, TypeVar
 
 import asyncpg
 
@@ -43,6 +49,8 @@ from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
 from ackline.load.manifest import read_manifest
 from ackline.load.verify import expected_outcome, is_drained, verify
+
+T = TypeVar("T")
 
 IN_COMMIT = "state = 'active' AND query ILIKE 'COMMIT%' AND wait_event = 'SyncRep'"
 IDLE_IN_TRANSACTION = "state = 'idle in transaction'"
@@ -135,6 +143,8 @@ class _Run:
             broker_restarts=self.cfg.broker_restarts,
             pg_restarts=self.cfg.pg_restarts,
             commit_faults=self.cfg.commit_faults,
+            retention_drops=self.cfg.retention_drops,
+            erasures=self.cfg.erasures,
         )
         for n, fault in enumerate(faults, 1):
             self._wait_progress(fault.at)
@@ -358,11 +368,83 @@ class _Run:
             self._commit_fault(fault)
         elif fault.kind == "broker":
             self._broker(fault)
+        elif fault.kind == "retention":
+            self._retention()
+        elif fault.kind == "erase":
+            self._erase()
         else:
             from ackline.dev import stack
 
             stack.restart_postgres(self.state_dir, hard=fault.hard)
             self.counts.pg_restarts += 1
+
+    def _retention(self) -> None:
+        """Drop, by retention, every partition ingested before tomorrow (by the database's
+        clock): today's, which the workers are writing. Forced (a reader could be behind)
+        and without touching the retention policy."""
+        from ackline.sinks.admin.partitions import apply_retention
+
+        async def drop(conn: asyncpg.Connection) -> list[str]:
+            tomorrow = await conn.fetchval(
+                "SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')"
+                " AT TIME ZONE 'UTC'"
+            )
+            dropped = await apply_retention(
+                conn, timedelta(0), now=tomorrow, force=True, set_policy=False
+            )
+            return [d.name for d in dropped if d.dropped]
+
+        names = self._with_retries("the retention drop", drop)
+        if names:
+            self.counts.retention_drops += 1
+            self.say(f"retention dropped {', '.join(names)}")
+        else:
+            self.counts.skipped.append("the retention drop found no partition to drop")
+
+    def _erase(self) -> None:
+        """Erase the agent with the most stored events (its later events are ingested
+        after the erasure; replays of the erased ones are duplicates or body-less
+        conflicts)."""
+        from ackline.sinks.admin.erase import erase
+
+        async def run(conn: asyncpg.Connection) -> tuple[str, int]:
+            agent = await conn.fetchval(
+                "SELECT agent_id FROM activity GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1"
+            )
+            if agent is None:
+                return "", 0
+            done = await erase(conn, "agent", str(agent), reason="chaos")
+            return str(agent), done.events
+
+        agent, events = self._with_retries("the erasure", run)
+        if agent:
+            self.counts.erasures += 1
+            self.counts.erased_events += events
+            self.say(f"erased agent {agent}: {events} events")
+        else:
+            self.counts.skipped.append("the erasure found no stored event")
+
+    def _with_retries(self, what: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run ``work`` on a fresh connection as the superuser, again after a failure
+        (a PostgreSQL restart, a lock that timed out) for up to two minutes."""
+        from ackline.core.errors import AcklineError
+
+        async def once() -> T:
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+            try:
+                return await work(conn)
+            finally:
+                await conn.close()
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return asyncio.run(once())
+            except (AcklineError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"{what} failed: {exc}") from exc
+                self.say(f"{what} failed, retrying: {exc}")
+                wait_for(lambda: False, 2.0, self._tick)
 
     def _kill(self, fault: Fault) -> None:
         pool = self._pool()

@@ -25,6 +25,10 @@ class ChaosConfig:
     broker_restarts: int = 2
     pg_restarts: int = 2
     commit_faults: int = 10
+    retention_drops: int = 1
+    """Retention drops of the partition being written (docs/retention.md)."""
+    erasures: int = 1
+    """Erasures of an agent's activity while it is being ingested."""
     seed: int | None = None
     group_protocol: str = "classic"
     runtime: str = "confluent"  # `ackline run --runtime` (docs/faust.md)
@@ -63,6 +67,9 @@ class Counts:
     pg_restarts: int = 0
     commit_faults: int = 0
     commit_faults_in_commit: int = 0
+    retention_drops: int = 0
+    erasures: int = 0
+    erased_events: int = 0
     unexpected_exits: int = 0
     skipped: list[str] = field(default_factory=list)
 
@@ -92,6 +99,8 @@ class ChaosReport:
             and c.broker_restarts >= cfg.broker_restarts
             and c.pg_restarts >= cfg.pg_restarts
             and c.commit_faults >= cfg.commit_faults
+            and c.retention_drops >= cfg.retention_drops
+            and c.erasures >= cfg.erasures
             and self.max_kafka_ahead_of_db == 0
         )
 
@@ -128,6 +137,10 @@ class ChaosReport:
             "commit_in_flight": c.commit_faults_in_commit,
             "offset_samples": self.offset_samples,
             "unexpected_exits": c.unexpected_exits,
+            "retention_drops": c.retention_drops,
+            "erasures": c.erasures,
+            "erased": v.erased,
+            "dropped_by_retention": v.dropped_by_retention,
         }
 
     def render(self) -> str:
@@ -143,6 +156,18 @@ class ChaosReport:
                 c.commit_faults,
                 cfg.commit_faults,
                 f"{c.commit_faults_in_commit} with COMMIT in flight",
+            ),
+            (
+                "retention drops (live partition)",
+                c.retention_drops,
+                cfg.retention_drops,
+                f"{self.verdict.dropped_by_retention} ingested events went with them",
+            ),
+            (
+                "erasures (agent, live)",
+                c.erasures,
+                cfg.erasures,
+                f"{c.erased_events} events erased, {self.verdict.erased} of them winners",
             ),
         ]
         lines = [
