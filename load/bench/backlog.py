@@ -194,11 +194,12 @@ WITH g AS (
     SELECT i, event_id, txn_id, sha256(convert_to(txn_id || i, 'UTF8')) AS body_hash FROM g
 ), keys AS (
     INSERT INTO event_keys (event_id, body_hash, batch_id)
-    SELECT event_id, body_hash, $3 + i / 2000 FROM h
+    SELECT event_id, body_hash, $3 + i / 2000 FROM h ORDER BY event_id
 ), ledger AS (
     INSERT INTO txn_ledger (txn_id, event_id, body_hash, src_topic, src_partition, src_offset,
                             batch_id)
     SELECT txn_id, event_id, body_hash, 'fill', (i % 12)::int, i, $3 + i / 2000 FROM h
+    ORDER BY txn_id
 )
 INSERT INTO activity (event_id, txn_id, type, agent_id, request_id, occurred_at,
                       schema_version, payload, body_hash, src_topic, src_partition,
