@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ackline.core.errors import SettingsError
-from ackline.roles import INGEST, dsn_password, with_user
+from ackline.roles import INGEST, PROCESSOR, dsn_password, with_user
 from ackline.settings import Settings
 
 
@@ -74,3 +74,18 @@ def ingest_dsn(settings: Settings, dsn: str) -> str:
             f"{INGEST} (set its password with `ackline roles set-password {INGEST}`)",
         )
     return with_user(dsn, INGEST)
+
+
+def processor_dsn(settings: Settings, dsn: str) -> str:
+    """The DSN `ackline process` connects with: the processor role, by the rule of
+    :func:`ingest_dsn` (``database_processor_url``, else ``dsn`` as ``ackline_processor``
+    with no password; a ``dsn`` with a password needs ``database_processor_url``)."""
+    if settings.database_processor_url is not None:
+        return database_dsn(settings.database_processor_url.get_secret_value(), settings)
+    if dsn_password(dsn) is not None:
+        raise SettingsError(
+            "ACKLINE_DATABASE_PROCESSOR_URL",
+            f"required when ACKLINE_DATABASE_URL carries a password: processors connect as "
+            f"{PROCESSOR} (set its password with `ackline roles set-password {PROCESSOR}`)",
+        )
+    return with_user(dsn, PROCESSOR)

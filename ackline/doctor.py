@@ -27,6 +27,7 @@ from ackline.sinks.admin.grants import (
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
 from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge
+from ackline.streams.dlq_rules import weaker_than_source
 from ackline.streams.kafkainfo import (
     TopicFacts,
     describe_topic,
@@ -189,6 +190,24 @@ def dlq_check(dlq_topic: str, exists: bool) -> Check:
     )
 
 
+def dlq_durability_check(dlq: TopicFacts, source: TopicFacts) -> Check:
+    """A dead letter must survive what an ingested event survives: the dead-letter topic's
+    replication factor and min.insync.replicas are at least the source topic's."""
+    name = "dead-letter durability"
+    weaker = weaker_than_source(
+        dlq.replication_factor,
+        int(dlq.config.get("min.insync.replicas", "1")),
+        source.replication_factor,
+        int(source.config.get("min.insync.replicas", "1")),
+        source.brokers,
+    )
+    if weaker:
+        return Check(
+            name, "warn", f"{dlq.topic} is weaker than {source.topic}: " + "; ".join(weaker)
+        )
+    return Check(name, "pass", f"{dlq.topic} is as durable as {source.topic}")
+
+
 def exit_status(checks: Sequence[Check]) -> int:
     return 1 if any(c.status == "fail" for c in checks) else 0
 
@@ -311,4 +330,6 @@ def _topic_checks(
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))
+    if dlq is not None and facts is not None:
+        checks.append(dlq_durability_check(dlq, facts))
     return checks

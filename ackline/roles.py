@@ -21,9 +21,10 @@ if TYPE_CHECKING:  # only annotations: `ackline --help` must not import asyncpg
 MIGRATOR: Final = "ackline_migrator"
 INGEST: Final = "ackline_ingest"
 READER: Final = "ackline_reader"
-ERASER: Final = "ackline_eraser"  # schemas/sql/0009_erasure.sql
-ROLES: Final = (MIGRATOR, INGEST, READER, ERASER)
-LOGIN_ROLES: Final = (INGEST, READER, ERASER)
+PROCESSOR: Final = "ackline_processor"  # `ackline process` (schemas/sql/0004_processors.sql)
+ERASER: Final = "ackline_eraser"  # `ackline erase` (schemas/sql/0009_erasure.sql)
+ROLES: Final = (MIGRATOR, INGEST, READER, PROCESSOR, ERASER)
+LOGIN_ROLES: Final = (INGEST, READER, PROCESSOR, ERASER)
 SCRAM_ITERATIONS: Final = 4096  # PostgreSQL's default scram_iterations
 
 

@@ -1,16 +1,51 @@
-"""One PostgreSQL connection that reconnects, and the rule for what is transient."""
+"""One PostgreSQL connection that reconnects, bounds every wait, and the rule for what is
+transient.
+
+A PostgreSQL host can vanish without a reset (a crash, a failover, a firewall that starts
+dropping): then nothing ever answers and nothing is ever closed, in either direction, and a
+wait without a bound lasts for ever. So every wait here has one (:class:`Bounds`):
+
+- the connect (TCP, TLS, startup) is bounded by ``connect_s``;
+- every statement by asyncpg's ``command_timeout`` (``statement_s``), which also bounds
+  asyncpg's own CancelRequest after a timeout (without it a cancel that never gets an
+  answer would leave ``close()`` waiting for ever); the writer bounds COMMIT apart
+  (``commit_s``);
+- the client socket gets TCP keepalives and ``TCP_USER_TIMEOUT``, so a dead connection
+  fails by itself even between statements;
+- the server session gets the same keepalives, ``tcp_user_timeout`` and
+  ``client_connection_check_interval`` in the startup packet, so the *server* ends the
+  session of a client that vanished (and frees its row locks) instead of waiting for
+  ever: ``idle_in_transaction_session_timeout`` covers only an idle transaction, not a
+  backend waiting in COPY or running a statement;
+- a connection given up on is never closed politely (that waits on the dead peer): it is
+  terminated at once, with SO_LINGER=0 so that a COMMIT still queued in our kernel is
+  dropped rather than delivered if the path heals. Its server session may live on for a
+  while and hold locks, so the next connection ends it first (``pg_terminate_backend``,
+  matched on pid *and* backend start, which a role may do to its own sessions): after
+  that nothing it sent can still commit.
+
+Failures are counted per :class:`Database` until the next success: WARNING lines while
+the outage is younger than ``down_error_after_s``, then one ERROR line (repeated once per
+``down_error_after_s``), and ``on_down`` tells readiness since when it has been failing.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import socket
+import struct
+import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
 
 import asyncpg
 
-from ackline.sinks.errors import TransientDatabaseError
+from ackline.sinks.errors import TransientDatabaseError, WaitStoppedError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -22,9 +57,29 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.QueryCanceledError,  # a statement or lock timeout of ours
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
     OSError,
     TimeoutError,
 )
+
+_STOP_POLL_S = 0.1
+
+_END_OLD_SESSION = """
+SELECT count(*) AS found, coalesce(bool_and(pg_terminate_backend(pid, $3::bigint)), true) AS gone
+FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2
+"""
+
+_BACKEND_START = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an error: asyncpg's TimeoutError and some OSErrors have no message."""
+    text = str(exc).strip()
+    name = type(exc).__name__
+    if not text:
+        return f"{name} (no answer in time)" if isinstance(exc, TimeoutError) else name
+    return text if isinstance(exc, TransientDatabaseError) else f"{name}: {text}"
 
 
 def is_transient(exc: BaseException, conn: asyncpg.Connection | None = None) -> bool:
@@ -34,11 +89,110 @@ def is_transient(exc: BaseException, conn: asyncpg.Connection | None = None) -> 
     return isinstance(exc, asyncpg.InterfaceError) and (conn is None or conn.is_closed())
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Every bound of a :class:`Database`'s waits, in seconds unless named ``_ms``."""
+
+    connect_s: float = 10.0
+    statement_s: float = 30.0
+    commit_s: float = 30.0
+    idle_in_transaction_ms: int = 15_000
+    down_error_after_s: float = 60.0
+
+    @property
+    def keepalive(self) -> tuple[int, int, int]:
+        """(idle, interval, count) in whole seconds: an idle dead connection is found
+        after about idle + count * interval, two thirds of ``statement_s``."""
+        idle = min(60, max(1, round(self.statement_s / 3)))
+        interval = min(20, max(1, round(idle / 3)))
+        return idle, interval, 3
+
+    @property
+    def user_timeout_ms(self) -> int:
+        """TCP_USER_TIMEOUT: data unacknowledged this long means the peer is gone."""
+        return max(1000, int(self.statement_s * 1000))
+
+    @property
+    def terminate_wait_ms(self) -> int:
+        """How long ending an old session may wait for it to go (below command_timeout)."""
+        return max(100, int(self.statement_s * 1000 / 2))
+
+
+def session_settings(bounds: Bounds, application_name: str) -> dict[str, str]:
+    """The server settings sent in the startup packet (all of context ``user``).
+
+    Keepalives end the session of a vanished client while nothing is in flight,
+    ``tcp_user_timeout`` while the server's own reply goes unacknowledged, and
+    ``client_connection_check_interval`` notices the dead socket during a statement.
+    """
+    idle, interval, count = bounds.keepalive
+    return {
+        # A stalled or stopped worker must not hold offset-row locks forever.
+        "idle_in_transaction_session_timeout": str(bounds.idle_in_transaction_ms),
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": str(interval),
+        "tcp_keepalives_count": str(count),
+        "tcp_user_timeout": str(bounds.user_timeout_ms),
+        "client_connection_check_interval": str(interval * 1000),
+        "application_name": application_name,
+    }
+
+
+def _socket(conn: asyncpg.Connection) -> Any:
+    """The connection's socket, or None. asyncpg has no public way to set socket options;
+    its transport's ``socket`` extra accepts setsockopt, and the options take effect."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None  # a unix socket: no network to lose
+    return sock
+
+
+def _bound_socket(conn: asyncpg.Connection, bounds: Bounds) -> None:
+    """Keepalive and TCP_USER_TIMEOUT on the client socket (Linux option names)."""
+    sock = _socket(conn)
+    if sock is None:
+        return
+    idle, interval, count = bounds.keepalive
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", bounds.user_timeout_ms),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def drop(conn: asyncpg.Connection) -> None:
+    """Terminate ``conn`` now, never waiting. SO_LINGER=0 makes the kernel throw away what
+    is still queued (a COMMIT the server never acknowledged) instead of delivering it if
+    the path heals after we gave up."""
+    if conn.is_closed():
+        return
+    with contextlib.suppress(OSError):
+        sock = _socket(conn)
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.terminate()
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A server session: a pid alone can be reused, a pid with its start time cannot."""
+
+    pid: int
+    backend_start: datetime
+
+
 class Database:
     """A lazily (re)connected asyncpg connection with the writer's session settings.
 
     Nothing connects in the constructor; :meth:`get` connects on first use and after
-    any loss.
+    any loss. ``on_down`` is called with the Unix time the current run of failures began
+    (on its first failure) and with None on the next success.
     """
 
     def __init__(
@@ -47,43 +201,166 @@ class Database:
         *,
         idle_in_transaction_timeout_ms: int = 15_000,
         connect_timeout: float = 10.0,
+        statement_timeout: float = 30.0,
+        commit_timeout: float = 30.0,
+        down_error_after: float = 60.0,
         application_name: str = "ackline",
+        on_down: Callable[[float | None], None] | None = None,
     ) -> None:
         self._dsn = dsn
+        self.bounds = Bounds(
+            connect_s=connect_timeout,
+            statement_s=statement_timeout,
+            commit_s=commit_timeout,
+            idle_in_transaction_ms=idle_in_transaction_timeout_ms,
+            down_error_after_s=down_error_after,
+        )
+        self._settings = session_settings(self.bounds, application_name)
         self._conn: asyncpg.Connection | None = None
-        self._settings = {
-            # A stalled or stopped worker must not hold offset-row locks forever.
-            "idle_in_transaction_session_timeout": str(idle_in_transaction_timeout_ms),
-            "application_name": application_name,
-        }
-        self._connect_timeout = connect_timeout
+        self._session: Session | None = None
+        self._orphan: Session | None = None  # a dropped session that may live on
+        self._on_down = on_down
+        self._down_since: float | None = None  # monotonic
+        self._last_error_log = 0.0
+
+    # -- the connection ------------------------------------------------------------
 
     async def get(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            try:
-                conn = await asyncpg.connect(
-                    self._dsn, timeout=self._connect_timeout, server_settings=self._settings
-                )
-            except BaseException as exc:
-                if isinstance(exc, Exception) and is_transient(exc):
-                    raise TransientDatabaseError(f"cannot connect to PostgreSQL: {exc}") from exc
-                raise
-            self._conn = conn
-        return self._conn
+        """The connection, made when there is none; a dropped session is ended first.
+
+        Order of effects on a (re)connect: connect (bounded); set the socket options;
+        read this session's start time; end the dropped session, if any, and wait until
+        it is gone (bounded). A failure at any step drops the new connection and keeps
+        the old session on the list, so the next call tries again.
+        """
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        self._conn = self._session = None
+        try:
+            conn = await asyncio.wait_for(
+                asyncpg.connect(
+                    self._dsn,
+                    timeout=self.bounds.connect_s,
+                    command_timeout=self.bounds.statement_s,
+                    server_settings=self._settings,
+                ),
+                self.bounds.connect_s + 1.0,  # asyncpg's own bound should fire first
+            )
+        except BaseException as exc:
+            if isinstance(exc, Exception) and is_transient(exc):
+                raise TransientDatabaseError(
+                    f"cannot connect to PostgreSQL: {describe(exc)}"
+                ) from exc
+            raise
+        try:
+            _bound_socket(conn, self.bounds)
+            started = await conn.fetchval(_BACKEND_START)
+            await self._end_orphan(conn)
+        except BaseException:
+            drop(conn)
+            raise
+        self._conn = conn
+        self._session = Session(conn.get_server_pid(), started)
+        return conn
+
+    async def _end_orphan(self, conn: asyncpg.Connection) -> None:
+        """Terminate the session dropped last, and wait until it is gone: until then it may
+        hold row locks, and a COMMIT it received may still complete."""
+        orphan = self._orphan
+        if orphan is None:
+            return
+        try:
+            row = await conn.fetchrow(
+                _END_OLD_SESSION,
+                orphan.pid,
+                orphan.backend_start,
+                self.bounds.terminate_wait_ms,
+            )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            # Another role's session (the DSN changed?): the server's own timeouts end it.
+            log.warning("cannot end the dropped session (pid %d): %s", orphan.pid, exc)
+            self._orphan = None
+            return
+        assert row is not None  # an aggregate always returns one row
+        if not row["gone"]:
+            raise TransientDatabaseError(f"the dropped session (pid {orphan.pid}) is still alive")
+        if row["found"]:
+            log.info("ended the dropped session (pid %d), which was still there", orphan.pid)
+        self._orphan = None
+
+    @property
+    def session(self) -> Session | None:
+        """The server session of the current connection (None when not connected)."""
+        return self._session
 
     async def discard(self) -> None:
-        """Drop the connection after an error; the next :meth:`get` reconnects."""
+        """Drop the connection after an error, never waiting on the server; the next
+        :meth:`get` reconnects and ends the dropped session first."""
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            conn.terminate()
+        if self._session is not None:
+            self._orphan = self._session
+        self._session = None
+        if conn is not None:
+            drop(conn)
 
     async def close(self) -> None:
+        """Close politely (bounded); terminate when that does not finish in time."""
         conn, self._conn = self._conn, None
+        self._session = None
         if conn is not None and not conn.is_closed():
             try:
-                await asyncio.wait_for(conn.close(), timeout=5)
+                await asyncio.wait_for(conn.close(), timeout=self.bounds.connect_s)
             except Exception:
-                conn.terminate()
+                drop(conn)
+
+    # -- failures and retries ------------------------------------------------------
+
+    @property
+    def down_since(self) -> float | None:
+        """Monotonic time of the first failure since the last success, or None."""
+        return self._down_since
+
+    def failed(self, what: str, exc: BaseException, retry_in: float) -> None:
+        """Count a transient failure of ``what`` and log it at the level its age calls for:
+        WARNING while the outage is younger than ``down_error_after_s``, then ERROR (once,
+        then once per ``down_error_after_s``; DEBUG in between)."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            self._last_error_log = 0.0
+            if self._on_down is not None:
+                self._on_down(time.time())
+        age = now - self._down_since
+        limit = self.bounds.down_error_after_s
+        if age < limit:
+            log.warning(
+                "%s: transient PostgreSQL error, retrying in %.2fs: %s",
+                what,
+                retry_in,
+                describe(exc),
+            )
+        elif now - self._last_error_log >= limit:
+            self._last_error_log = now
+            log.error(
+                "%s: PostgreSQL has been failing for %.0fs (longer than "
+                "ACKLINE_DB_DOWN_ERROR_AFTER_S=%g), still retrying: %s",
+                what,
+                age,
+                limit,
+                describe(exc),
+            )
+        else:
+            log.debug("%s: still failing, retrying in %.2fs: %s", what, retry_in, describe(exc))
+
+    def succeeded(self) -> None:
+        """End the current run of failures, if any."""
+        if self._down_since is None:
+            return
+        age = time.monotonic() - self._down_since
+        self._down_since = None
+        log.info("PostgreSQL answers again after %.1fs of failures", age)
+        if self._on_down is not None:
+            self._on_down(None)
 
     async def retrying(
         self,
@@ -92,26 +369,71 @@ class Database:
         *,
         max_backoff: float = 5.0,
         on_retry: Callable[[BaseException], None] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> T:
         """Run ``operation`` until it succeeds, reconnecting with jittered backoff.
 
-        Only transient errors are retried; anything else propagates. Cancellation
-        propagates at once.
+        Only transient errors are retried; anything else propagates. Every attempt is
+        bounded (connect and statement timeouts). ``stopping`` is polled every 0.1 s,
+        during an attempt too: once it is true the attempt is cancelled, the connection
+        dropped and :class:`WaitStoppedError` raised. Cancellation propagates at once.
+        Failures are logged by :meth:`failed` (WARNING, then ERROR past
+        ``down_error_after_s``).
         """
         delay = 0.05
         while True:
+            self._check_stop(stopping, what)
             conn: asyncpg.Connection | None = None
             try:
-                conn = await self.get()
-                return await operation(conn)
+                conn = await self._watch(self.get(), stopping, what)
+                result = await self._watch(operation(conn), stopping, what)
+            except (WaitStoppedError, asyncio.CancelledError):
+                await self.discard()  # the attempt was cut short: its state is unknown
+                raise
             except Exception as exc:
                 if not isinstance(exc, TransientDatabaseError) and not is_transient(exc, conn):
                     raise
-                log.warning(
-                    "%s: transient PostgreSQL error, retrying in %.2fs: %s", what, delay, exc
-                )
+                pause = delay * (0.5 + random.random())
+                self.failed(what, exc, pause)
                 if on_retry is not None:
                     on_retry(exc)
                 await self.discard()
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                await self.pause(pause, stopping, what)
                 delay = min(delay * 2, max_backoff)
+            else:
+                self.succeeded()
+                return result
+
+    @staticmethod
+    def _check_stop(stopping: Callable[[], bool] | None, what: str) -> None:
+        if stopping is not None and stopping():
+            raise WaitStoppedError(f"{what}: stopping; gave up waiting on PostgreSQL")
+
+    async def _watch(self, aw: Awaitable[T], stopping: Callable[[], bool] | None, what: str) -> T:
+        """Await ``aw``, cancelling it as soon as ``stopping()`` (checked every 0.1 s)."""
+        if stopping is None:
+            return await aw
+        task = asyncio.ensure_future(aw)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_STOP_POLL_S)
+                if done:
+                    return task.result()
+                self._check_stop(stopping, what)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def pause(
+        self, seconds: float, stopping: Callable[[], bool] | None = None, what: str = "wait"
+    ) -> None:
+        """Sleep ``seconds``; raise :class:`WaitStoppedError` as soon as ``stopping()``."""
+        if stopping is None:
+            await asyncio.sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self._check_stop(stopping, what)
+            await asyncio.sleep(min(left, _STOP_POLL_S))

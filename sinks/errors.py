@@ -37,3 +37,10 @@ class TransientDatabaseError(SinkError):
 
 class FeedError(SinkError):
     """A changefeed cursor, filter or reader cannot be used as given."""
+
+
+class WaitStoppedError(SinkError):
+    """A stop was requested while waiting on PostgreSQL (retrying through an outage).
+
+    Nothing was done since the operation's last attempt failed; the caller unwinds.
+    """

@@ -27,3 +27,20 @@ class StoppingError(StreamError):
 
 class FatalConsumerError(StreamError):
     """librdkafka reported a fatal error; the consumer cannot continue."""
+
+
+class OutcomeUnknownError(ProduceError):
+    """A transaction's commit could not be confirmed: its records may or may not be visible.
+
+    Resend the same records (from a new producer instance with the same transactional.id
+    if this one is broken): ackline counts a copy as a duplicate. Never build new events
+    or a new txn_id for the same unit of work (docs/producing.md).
+    """
+
+
+class ProducerFencedError(OutcomeUnknownError):
+    """A newer instance with the same transactional.id took over; this one can do nothing.
+
+    Close it. Whoever owns the unit of work now resends its records if it does not know
+    that they were committed.
+    """

@@ -230,6 +230,16 @@ class Ledger:
         owned.backoff = min(max(owned.backoff * 2, 1.0), RETAKE_MAX_S)
         self._kafka.pop(tp, None)
 
+    def suspend_all(self, now: float) -> list[TP]:
+        """Suspend every partition consumed now (this worker may have been cut off from its
+        group); each is taken back (:meth:`retake`) once due and the group is up again."""
+        away = [tp for tp, o in self._owned.items() if o.consumed()]
+        for tp in away:
+            self._owned[tp].suspended = True
+            self._owned[tp].retake_at = now
+            self._kafka.pop(tp, None)
+        return away
+
     def retakes_due(self, now: float) -> list[TP]:
         """Suspended partitions whose retake wait is over."""
         return [tp for tp, o in self._owned.items() if o.suspended and o.retake_at <= now]

@@ -1,35 +1,50 @@
 """The producer SDK: validated envelopes on a transactional, idempotent producer.
 
-An envelope is stamped once (event_id, occurred_at) by :func:`schemas.new_envelope` and
-serialized once; the same bytes go out on every retry, so a retry can be recognised
-downstream (same txn_id and body, and the same event_id when librdkafka retries).
+An event is stamped once (``event_id``, ``occurred_at``) by :func:`schemas.new_envelope`
+and turned into an :class:`Outgoing` record once, by :func:`prepare`: its key, value and
+headers are fixed bytes from then on. Every retry sends that same object, so a copy that
+reaches ackline twice (a retry after an unknown outcome, a resend by a new instance) has
+the same ``txn_id``, ``event_id`` and body, and ackline counts it as a duplicate. Building
+the envelope again for a retry would stamp a new ``occurred_at``: a conflict instead.
+``docs/producing.md`` is the guide; :mod:`ackline.streams.aio_producer` is the asyncio
+twin of :class:`ActivityProducer` and shares this module's code.
 
 Usage::
 
+    records = [prepare(envelope)]          # once, before the first attempt
     producer = ActivityProducer(bootstrap, "agent-activity", transactional_id="svc-1")
     producer.start()
-    with producer.transaction():
-        producer.send(envelope)
+    producer.send_transaction(records)     # begin, send, commit; retries, same bytes
     producer.close()
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ackline.core.logs import kafka_logger
 from ackline.schemas.canonical import canonical_json
+from ackline.schemas.decode import Rejection, decode
 from ackline.schemas.envelope import Envelope
-from ackline.streams.errors import ProduceError
+from ackline.schemas.errors import SchemaError
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, ProducerFencedError
 
 log = logging.getLogger(__name__)
 
 DeliveryHook = Callable[[KafkaError | None, Message], None]
+KeyBy = Literal["agent", "request"]
+Headers = tuple[tuple[str, bytes], ...]
 CONTENT_TYPE = b"application/json"
+RETRY_PAUSE_S = 0.1
+"""Pause between two attempts of a transactional call that failed retriably."""
 
 
 def serialize(envelope: Envelope) -> bytes:
@@ -37,9 +52,131 @@ def serialize(envelope: Envelope) -> bytes:
     return canonical_json(envelope.model_dump(mode="json"))
 
 
-def record_key(envelope: Envelope, key_by: Literal["agent", "request"]) -> bytes:
+def record_key(envelope: Envelope, key_by: KeyBy) -> bytes:
     """Partition key: every event of one agent (or one request) stays in order."""
     return (envelope.agent_id if key_by == "agent" else envelope.request_id).encode()
+
+
+def envelope_headers(envelope: Envelope) -> Headers:
+    """Informational headers (ackline reads none of them: the envelope says it all)."""
+    return (
+        ("content-type", CONTENT_TYPE),
+        ("ackline.type", envelope.type.encode()),
+        ("ackline.schema-version", str(envelope.schema_version).encode()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One event ready for the wire; every attempt to send it sends these same bytes."""
+
+    key: bytes
+    value: bytes
+    headers: Headers
+    event_id: uuid.UUID
+    txn_id: str
+    body_hash: bytes
+    """What ackline will compute for it (``schemas/CANONICAL.md``)."""
+
+
+def prepare(envelope: Envelope, key_by: KeyBy = "agent") -> Outgoing:
+    """Serialize ``envelope`` once and check it the way an ackline worker will.
+
+    The bytes go through :func:`ackline.schemas.decode.decode` with the default limits,
+    so an event the worker would reject (too deep, over 1 MiB, a model built without
+    validation) raises :class:`SchemaError` here instead of becoming a reject row.
+    """
+    if not isinstance(envelope, Envelope):
+        raise SchemaError(f"expected an Envelope (see new_envelope), got {type(envelope).__name__}")
+    value = serialize(envelope)
+    row = decode(value)
+    if isinstance(row, Rejection):
+        raise SchemaError(
+            f"ackline would reject this {envelope.type} event: {row.reason}: {row.detail}"
+        )
+    return Outgoing(
+        record_key(envelope, key_by),
+        value,
+        envelope_headers(envelope),
+        row.event_id,
+        row.txn_id,
+        row.body_hash,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where a record of a committed transaction landed."""
+
+    partition: int
+    offset: int
+
+
+# --- what a transactional error means ---------------------------------------------------
+
+TxnAction = Literal["retry", "abort", "fenced", "fatal", "unknown"]
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError behind ``exc``, following ``__cause__``/``__context__``.
+
+    confluent-kafka's asyncio producer can raise a fatal error as a ``SystemError`` whose
+    cause is the ``KafkaException`` (a delivery callback ran while it was pending).
+    """
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def txn_action(err: KafkaError) -> TxnAction:
+    """What to do after a transactional call (commit, abort, begin) failed with ``err``.
+
+    ``retry``: call the same API again (librdkafka: "retry call to resume"); never resend.
+    ``abort``: abort the transaction; nothing of it is visible; send the same records again.
+    ``fenced``: another instance with this transactional.id took over; stop this one.
+    ``fatal``: this instance can do nothing more; a new one must resend.
+    ``unknown``: anything else; the outcome cannot be known from here.
+    """
+    if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return "fenced"
+    if err.fatal():
+        return "fatal"
+    if err.txn_requires_abort():
+        return "abort"
+    if err.retriable():
+        return "retry"
+    return "unknown"
+
+
+def settle(err: KafkaError, what: str) -> ProduceError:
+    """The exception for a commit that ended with ``err`` (not a retry, not an abort)."""
+    action = txn_action(err)
+    if action == "fenced":
+        return ProducerFencedError(
+            f"{what}: fenced by a newer instance with the same transactional.id: {err.str()}"
+        )
+    return OutcomeUnknownError(f"{what} failed ({err.name()}), outcome unknown: {err.str()}")
+
+
+def transactional_config(
+    bootstrap: str, transactional_id: str, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The producer settings both SDK producers use; ``extra`` overrides (security...)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": transactional_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 10,
+        "compression.type": "lz4",
+        "transaction.timeout.ms": 60_000,
+        **(extra or {}),
+    }
 
 
 class ActivityProducer:
@@ -51,25 +188,25 @@ class ActivityProducer:
         topic: str,
         transactional_id: str,
         *,
-        key_by: Literal["agent", "request"] = "agent",
+        key_by: KeyBy = "agent",
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
-        self.key_by = key_by
-        self._conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 10,
-            "compression.type": "lz4",
-            "transaction.timeout.ms": 60_000,
-            **(extra or {}),
+        self.key_by: KeyBy = key_by
+        # librdkafka's lines through Python logging, de-duplicated (``extra`` may replace
+        # it with the service's own logger)
+        self._conf = {
+            "logger": kafka_logger(),
+            **transactional_config(bootstrap, transactional_id, extra),
         }
         self._producer: Producer | None = None
 
     def start(self, timeout: float = 30.0) -> None:
-        """Connect and fence older producers with the same transactional.id."""
+        """Connect and fence older producers with the same transactional.id.
+
+        A transaction an older instance left open is finished by the broker first
+        (committed if its commit had begun, aborted otherwise).
+        """
         producer = Producer(self._conf)
         try:
             producer.init_transactions(timeout)
@@ -83,6 +220,43 @@ class ActivityProducer:
             raise ProduceError("ActivityProducer.start() was not called")
         return self._producer
 
+    def send_transaction(
+        self, records: Sequence[Outgoing], *, timeout: float = 60.0, rounds: int = 3
+    ) -> list[Delivery]:
+        """Send ``records`` in one transaction and commit it; the deliveries, in order.
+
+        Order of effects: begin; produce every record; commit (which flushes). A commit
+        that fails retriably is called again until ``timeout`` (never a resend). One that
+        requires an abort is aborted and the same records go out in a new transaction,
+        up to ``rounds`` times. Raises :class:`OutcomeUnknownError` when the commit could
+        not be confirmed (resend the same records, from a new instance if this one is
+        fenced or broken: ackline drops the copies), :class:`ProducerFencedError` when a
+        newer instance took over, :class:`ProduceError` when nothing was committed
+        (a record the broker refuses for good). A crash anywhere before the commit
+        marker leaves nothing visible to ackline.
+        """
+        for attempt in range(1, rounds + 1):
+            with self._failures_as_outcome("begin_transaction"):
+                self.client.begin_transaction()
+            reports: list[tuple[KafkaError | None, Message | None]] = [(None, None)] * len(records)
+            for i, record in enumerate(records):
+                self.send_record(record, _collect(reports, i))
+            try:
+                self._commit(time.monotonic() + timeout)
+            except _AbortRequired as exc:
+                self.abort()
+                failed = _failed(reports)
+                if failed or attempt == rounds:
+                    raise ProduceError(
+                        f"transaction aborted, nothing committed: {failed or exc.err.str()}"
+                    ) from None
+                log.warning("transaction aborted (%s); sending the same records again", exc.err)
+                continue
+            if any(err is None and msg is None for err, msg in reports):
+                self.client.flush(10)  # commit delivered them; serve their callbacks
+            return _deliveries(reports)
+        raise AssertionError("unreachable")
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Begin; run the block; commit. Any exception in the block aborts instead.
@@ -91,6 +265,8 @@ class ActivityProducer:
         flushes and waits for every record and the commit marker. A crash before the
         commit marker is written leaves the records invisible to read_committed consumers
         (the broker aborts the transaction when it times out or the id is re-initialised).
+        Commit errors raise as in :meth:`send_transaction` (an abortable one is aborted
+        and raised as :class:`ProduceError`: the block is not run again).
         """
         producer = self.client
         producer.begin_transaction()
@@ -99,22 +275,39 @@ class ActivityProducer:
         except BaseException:
             self.abort()
             raise
-        self._commit(producer)
+        try:
+            self._commit(time.monotonic() + 60)
+        except _AbortRequired as exc:
+            self.abort()
+            raise ProduceError(f"transaction aborted: {exc.err}") from None
 
-    def _commit(self, producer: Producer) -> None:
+    def _commit(self, deadline: float) -> None:
+        """commit_transaction, again while it fails retriably and time is left."""
+        producer = self.client
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
             try:
-                producer.commit_transaction(60)
+                producer.commit_transaction(left)
                 return
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if err.retriable():
+                action = txn_action(err)
+                if action == "retry":
                     log.warning("commit_transaction retriable error, retrying: %s", err)
+                    time.sleep(RETRY_PAUSE_S)
                     continue
-                if err.txn_requires_abort():
-                    self.abort()
-                    raise ProduceError(f"transaction aborted: {err}") from exc
-                raise ProduceError(f"transaction commit failed: {err}") from exc
+                if action == "abort":
+                    raise _AbortRequired(err) from exc
+                raise settle(err, "commit_transaction") from exc
+
+    @contextmanager
+    def _failures_as_outcome(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except KafkaException as exc:
+            raise settle(exc.args[0], what) from exc
 
     def abort(self) -> None:
         try:
@@ -124,14 +317,11 @@ class ActivityProducer:
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one validated envelope inside the current transaction."""
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("content-type", CONTENT_TYPE),
-            ("ackline.type", envelope.type.encode()),
-            ("ackline.schema-version", str(envelope.schema_version).encode()),
-        ]
-        self.send_bytes(
-            record_key(envelope, self.key_by), serialize(envelope), headers, on_delivery
-        )
+        self.send_record(prepare(envelope, self.key_by), on_delivery)
+
+    def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
+        """Queue one prepared record inside the current transaction."""
+        self.send_bytes(record.key, record.value, list(record.headers), on_delivery)
 
     def send_bytes(
         self,
@@ -155,3 +345,34 @@ class ActivityProducer:
         if self._producer is not None:
             self._producer.flush(30)
             self._producer = None
+
+
+class _AbortRequired(Exception):
+    """A commit failed with an error that requires abort_transaction."""
+
+    def __init__(self, err: KafkaError) -> None:
+        super().__init__(err.str())
+        self.err = err
+
+
+def _collect(reports: list[tuple[KafkaError | None, Message | None]], i: int) -> DeliveryHook:
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        reports[i] = (err, msg)
+
+    return on_delivery
+
+
+def _failed(reports: list[tuple[KafkaError | None, Message | None]]) -> str:
+    errors = [err for err, _ in reports if err is not None]
+    if not errors:
+        return ""
+    return f"{len(errors)} record(s) refused, first: {errors[0].name()}: {errors[0].str()}"
+
+
+def _deliveries(reports: list[tuple[KafkaError | None, Message | None]]) -> list[Delivery]:
+    out = []
+    for err, msg in reports:
+        if err is not None or msg is None:
+            raise OutcomeUnknownError(f"committed, but a delivery report is missing: {err}")
+        out.append(Delivery(msg.partition() or 0, msg.offset() or 0))
+    return out

@@ -16,15 +16,8 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers = Any  # argparse's _SubParsersAction is private
 
 MODULES = (
-    "core",
-    "dev",
-    "feed",
-    "config",
-    "inspect",
-    "doctor",
-    "roles",
-    "capture",
-    "chaos",
+    *("core", "dev", "feed", "config", "inspect", "doctor", "roles", "capture", "chaos"),
+    "processors",
     "retention",
     "erase",
 )

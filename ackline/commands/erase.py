@@ -87,5 +87,5 @@ def register(sub: Subparsers) -> None:
     which.add_argument("--event", metavar="UUID", help="one event_id")
     p.add_argument("--reason", default="", help="recorded in the audit row (a ticket id)")
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(handler=cmd_erase)

@@ -212,16 +212,16 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="drop partitions that a changefeed reader has not read all of",
     )
-    apply.add_argument("--json", action="store_true")
+    apply.add_argument("--json", action="store_true", help="one JSON object")
     apply.set_defaults(handler=cmd_apply)
     show = actions.add_parser("show", help="the policy, the partitions, the last drops")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="one JSON object")
     show.set_defaults(handler=cmd_show)
 
     q = sub.add_parser("partitions", help="the time partitions of activity")
     qa = q.add_subparsers(dest="action", required=True)
     lst = qa.add_parser("list", help="partitions, oldest first, with sizes")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="one JSON array")
     lst.set_defaults(handler=cmd_list)
     ens = qa.add_parser("ensure", help="make the partitions of today and ahead")
     ens.add_argument("--interval", choices=("day", "week"), help="ACKLINE_PARTITION_INTERVAL")

@@ -39,6 +39,7 @@ POINTS = frozenset(
         "shutdown",  # shutdown requested, in-flight batch not yet finished
         "before_dlq",  # poison decoded, dead-letter record not yet produced
         "feed_before_commit",  # a feed reader's side effects and cursor update not committed
+        "processor_before_commit",  # a processor's effects and cursor update not committed
     }
 )
 ACTIONS = frozenset({"kill", "stall", "fail"})

@@ -25,10 +25,11 @@ from faust.types import TP
 from ackline.core.metrics import Metrics
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
-from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.settings import Settings
 from ackline.streams.deadletter import prepare_topics
 from ackline.streams.faust_runtime import risk
+from ackline.streams.faust_runtime.headers import install_lenient_headers
 
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
@@ -58,7 +59,9 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     risk.check(problems, settings.faust_accept_risk)
     if problems:
         log.warning("running with the accepted risk %s: %s", risk.UNTESTED_VERSION, problems)
+    install_lenient_headers()  # before the app's consumer exists: non-UTF-8 header keys
     ingest = build_ingest(settings, bootstrap, dsn)
+    tune_malloc()
     load_payload_plugins(settings.payload_plugins)
     app = make_app(ingest)
     metrics = ingest.metrics

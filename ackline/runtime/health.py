@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from ackline.core.metrics import Metrics
+from ackline.sinks.connection import describe
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +35,25 @@ class Snapshot:
     db_up: bool
     db_checked: float
     not_consumed: int = 0
+    db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
 
 
 @dataclass(frozen=True, slots=True)
 class ReadyLimits:
     max_commit_age_s: float
     db_check_interval_s: float
+    db_down_error_after_s: float = 60.0
 
 
 def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     """Why the worker is not ready; an empty list means ready.
 
     Ready means: it owns at least one partition and consumes every partition Kafka
-    assigns to it; PostgreSQL answered a recent check; and, when it is behind (lag > 0),
-    a batch committed within ``max_commit_age_s`` (counted from start until the first
-    commit, so a fresh worker gets that long).
+    assigns to it; PostgreSQL answered a recent check, and the worker's own operations
+    have not been failing for longer than ``db_down_error_after_s`` (the check can pass
+    while the worker's connections do not); and, when it is behind (lag > 0), a batch
+    committed within ``max_commit_age_s`` (counted from start until the first commit, so
+    a fresh worker gets that long).
     """
     reasons: list[str] = []
     if snap.assigned <= 0:
@@ -65,6 +70,12 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
         reasons.append("PostgreSQL unreachable at the last check")
     elif db_age > STALE_CHECKS * limits.db_check_interval_s:
         reasons.append(f"PostgreSQL last checked {db_age:.0f}s ago")
+    failing = now - snap.db_down_since
+    if snap.db_down_since > 0 and failing > limits.db_down_error_after_s:
+        reasons.append(
+            f"PostgreSQL operations of the worker failing for {failing:.0f}s "
+            f"(db_down_error_after_s={limits.db_down_error_after_s:g})"
+        )
     if snap.lag > 0:
         since = max(snap.last_commit, snap.started)
         age = now - since
@@ -89,6 +100,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         db_up=_gauge(metrics, "ackline_database_up") >= 1,
         db_checked=_gauge(metrics, "ackline_database_checked_timestamp_seconds"),
         not_consumed=int(_gauge(metrics, "ackline_partitions_not_consumed")),
+        db_down_since=_gauge(metrics, "ackline_database_down_since_timestamp_seconds"),
     )
 
 
@@ -128,7 +140,7 @@ async def probe_database(dsn: str, metrics: Metrics, interval: float, name: str)
             except _DOWN as exc:
                 up = False
                 if was_up is not False:
-                    log.warning("PostgreSQL health check failed: %s", exc)
+                    log.warning("PostgreSQL health check failed: %s", describe(exc))
                 if conn is not None:
                     conn.terminate()
                     conn = None

@@ -63,6 +63,9 @@ def _met(value: float | None, at_least: float) -> bool | None:
 
 def last_line(summary: dict[str, Any]) -> dict[str, Any]:
     out = ratios(summary)
+    runs = summary.get("processors", {}).get("runs", {})
+    if "events_per_s" in runs:
+        out["runs_processor_events_per_s"] = round(runs["events_per_s"])
     if "scale_out" in summary:
         out["scale_out_events_per_s"] = {
             n: round(r.get("events_per_s", 0)) for n, r in summary["scale_out"].items()
@@ -116,6 +119,18 @@ def table(summary: dict[str, Any]) -> str:
             for n, r in summary["scale_out"].items()
         ]
         lines.append("scale-out: " + ", ".join(parts))
+    runs = summary.get("processors", {}).get("runs")
+    if runs is not None:
+        lines.append(
+            "processor runs (ackline process runs, on ackline's ingested events): "
+            + (
+                f"failed: {runs['error'][:80]}"
+                if "error" in runs
+                else f"{fmt(runs.get('events_per_s'))} events/s applied, "
+                f"{fmt(runs.get('events'))} events, CPU {fmt(runs.get('cpu_client_s'), ',.1f')} s "
+                f"own / {fmt(runs.get('cpu_pg_s'), ',.1f')} s PostgreSQL"
+            )
+        )
     r = ratios(summary)
     lines.append(
         f"ackline / limit = {fmt(r['ratio_to_limit'], '.2f')}, ackline / best peer "

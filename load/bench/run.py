@@ -15,6 +15,10 @@ Phases, all on the bench's own stack (``.ackline/bench``: Kafka + PostgreSQL wit
    fixed rate (half of ackline's first-ingest rate); produce-to-commit = PostgreSQL
    commit timestamp of the row minus the record's Kafka CreateTime.
 
+After ackline's first ingest, the ``runs`` processor (`ackline process runs
+--until-caught-up`, docs/processors.md) applies the N ingested events of that database:
+its rate is events after its first batch over the time from its first to its last commit.
+
 Rates are steady rates from the rows' commit timestamps (:func:`measure.steady_rate`:
 events after the first commit over the time from the first to the last commit), so
 process start-up and group joins do not count, whatever a system's batch size; the
@@ -227,6 +231,55 @@ class Bench:
         phase.notes["rows"] = len(times)
         phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
         say(f"{system.name}: {phase.events_per_s:,.0f} events/s")
+        return phase
+
+    # -- a processor ------------------------------------------------------------------
+
+    def processor(self, system: Ackline, name: str = "runs") -> Phase:
+        """`ackline process NAME --until-caught-up` on ``system``'s ingested database."""
+        say(f"processor {name}: applying the events ingested by {system.name}")
+        cpu0 = self.cluster.cpu()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+        env.update(
+            {
+                "ACKLINE_DATABASE_URL": system.dsn,
+                "ACKLINE_LOG_FORMAT": "json",
+                "ACKLINE_WORKER_ID": f"bench-{name}",
+            }
+        )
+        argv = [sys.executable, "-m", "ackline", "process", name, "--until-caught-up"]
+        proc = Measured(argv, env, self.env.logs / f"processor-{name}.log", cwd=ROOT)
+        result = proc.reap(3600)
+        reports = [
+            json.loads(line)
+            for line in proc.log_text().splitlines()
+            if line.startswith('{"instance"')
+        ]
+        if result.returncode != 0 or not reports:
+            raise BenchError(f"processor {name} failed:\n{proc.log_text()[-3000:]}")
+        (report,) = reports[-1]["processors"]
+        applied, batches = int(report["applied"]), int(report["batches"])
+        times = sorted(
+            float(r["t"])
+            for r in run_sql(
+                lambda: query(
+                    system.dsn,
+                    "SELECT DISTINCT extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8"
+                    " AS t FROM run_facts",
+                )
+            )
+        )
+        phase = Phase(events=applied)
+        _fill(phase, [result], cpu0, self.cluster)
+        phase.wall_s = result.wall_s
+        # events after the first batch over first-to-last commit: start-up does not count
+        first = applied / max(batches, 1)
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        phase.events_per_s = (applied - first) / span if span > 0 else applied / result.wall_s
+        phase.notes["batches"] = batches
+        phase.notes["outcome"] = report["outcome"]
+        phase.notes["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        say(f"processor {name}: {phase.events_per_s:,.0f} events/s applied")
         return phase
 
     # -- replay -----------------------------------------------------------------------
@@ -527,7 +580,7 @@ def _run(
     return summary
 
 
-ALL = ("limit", "ackline", "ackline-faust", "scale", "quix", "connect", "faust")
+ALL = ("limit", "ackline", "runs", "ackline-faust", "scale", "quix", "connect", "faust")
 
 
 def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict[str, System]:
@@ -537,8 +590,16 @@ def _first_ingest(bench: Bench, only: set[str], summary: dict[str, Any]) -> dict
     if "limit" in only:
         out["limit"] = {"ingest": bench.limit().to_json()}
     if "ackline" in only or "scale" in only:
-        systems["ackline"] = Ackline("ackline", env)
-        out["ackline"] = {"ingest": bench.ingest(systems["ackline"]).to_json()}
+        ingested = Ackline("ackline", env)
+        systems["ackline"] = ingested
+        out["ackline"] = {"ingest": bench.ingest(ingested).to_json()}
+        if "runs" in only:  # the runs processor on what ackline just ingested
+            try:
+                phase = bench.processor(ingested)
+                summary["processors"] = {"runs": phase.to_json()}
+            except BenchError as exc:
+                say(f"processor runs failed: {exc}")
+                summary["processors"] = {"runs": {"error": str(exc)[:2000]}}
     if "ackline-faust" in only:  # ackline's sink in a Faust agent (docs/faust.md)
         on_faust = AcklineFaust("ackline-faust", env)
         try:

@@ -22,6 +22,12 @@ started and stopped here, never the shared one (it restarts the broker and Postg
    print a table and, as the last line, one JSON object. ``ok`` means: verify exact,
    every minimum count met, every zombie fenced, and Kafka never ahead of the DB.
 
+Beside the workers, `ackline process runs` (the ``runs`` projection, a stream processor)
+follows the changefeed; it is SIGKILLed on the schedule too, half the time restarted
+armed to kill itself between its effects and its COMMIT. At the end it catches up and
+every run's row is recomputed from ``activity`` and compared (``runs_mismatch``,
+:mod:`ackline.load.chaos.runs_check`).
+
 Every run prints its seed; the schedule derives from it (``--seed`` reproduces it).
 """
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -44,6 +51,7 @@ import asyncpg
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.plan import Fault, plan
 from ackline.load.chaos.probe import OffsetWatch, Pg
+from ackline.load.chaos.runs_check import RunsCheck, check_runs_at
 from ackline.load.chaos.workers import FENCED_LINE, Incarnation, WorkerPool, wait_for
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
@@ -51,6 +59,37 @@ from ackline.load.manifest import read_manifest
 from ackline.load.verify import expected_outcome, is_drained, verify
 
 T = TypeVar("T")
+
+PROCESSOR_READER = "runs"
+"""The changefeed reader name of `ackline process runs` (its cursor row)."""
+
+# The chaos run's own table: rows retention or erasure took that the runs processor had
+# read (the runs check recomputes from activity and these).
+_RETIRED_TABLE = "CREATE TABLE chaos_retired (LIKE activity)"
+_HOLD = "LOCK TABLE activity IN ACCESS EXCLUSIVE MODE"
+_TOMORROW = """
+SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
+"""
+_BUSIEST_AGENT = "SELECT agent_id FROM activity GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1"
+_READ_BY_PROCESSOR = """
+FROM activity AS a
+JOIN ingest_batches AS b ON b.batch_id = a.batch_id
+JOIN feed_cursors AS c ON c.reader = $1
+WHERE (b.commit_xid < c.position
+       OR (b.commit_xid = c.position
+           AND (c.within_batch IS NULL
+                OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
+                   <= (c.within_batch, c.within_partition, c.within_offset,
+                       c.within_topic COLLATE "C"))))
+"""
+_RETIRE_BEFORE = (
+    "INSERT INTO chaos_retired SELECT a.* "
+    + _READ_BY_PROCESSOR
+    + " AND a.ingested_on < ($2::timestamptz AT TIME ZONE 'UTC')::date"
+)
+_RETIRE_AGENT = (
+    "INSERT INTO chaos_retired SELECT a.* " + _READ_BY_PROCESSOR + " AND a.agent_id = $2"
+)
 
 IN_COMMIT = "state = 'active' AND query ILIKE 'COMMIT%' AND wait_event = 'SyncRep'"
 IDLE_IN_TRANSACTION = "state = 'idle in transaction'"
@@ -124,6 +163,8 @@ class _Run:
         self.producer: subprocess.Popen[bytes] | None = None
         self._produce_log: IO[bytes] | None = None
         self.pool: WorkerPool | None = None
+        self.processors: WorkerPool | None = None
+        self.env: dict[str, str] = {}
         self.watch: OffsetWatch | None = None
         self._last_sample = self._last_scrape = 0.0
         self._expected: int | None = None
@@ -143,6 +184,7 @@ class _Run:
             broker_restarts=self.cfg.broker_restarts,
             pg_restarts=self.cfg.pg_restarts,
             commit_faults=self.cfg.commit_faults,
+            processor_kills=self.cfg.processor_kills,
             retention_drops=self.cfg.retention_drops,
             erasures=self.cfg.erasures,
         )
@@ -190,6 +232,7 @@ class _Run:
             conn = await asyncpg.connect(self.dsn)
             try:
                 await migrate(conn)
+                await conn.execute(_RETIRED_TABLE)
             finally:
                 await conn.close()
 
@@ -222,11 +265,18 @@ class _Run:
             "ACKLINE_MAX_MESSAGE_BYTES": str(65_536),
             "ACKLINE_STATE_DIR": str(self.state_dir),
         }
+        self.env = env
         self.pool = WorkerPool(self.run_dir, env, self.cfg.workers)
         for slot in range(self.cfg.workers):
             self.pool.start(slot)
         self.watch = OffsetWatch(self.bootstrap, self.name, self.name, self.cfg.partitions)
         self.say(f"{self.cfg.workers} workers started in group {self.name}")
+        if self.cfg.processor_kills > 0:
+            self.processors = WorkerPool(
+                self.run_dir, env, 1, command=("process", "runs"), prefix="p"
+            )
+            self.processors.start(0)
+            self.say("the runs processor started beside them")
 
     def _child_args(self) -> dict[str, Any]:
         return {
@@ -248,6 +298,8 @@ class _Run:
             self.watch.reset()
         if self.pool is not None:
             self.pool.shutdown()
+        if self.processors is not None:
+            self.processors.shutdown()
         if self.producer is not None and self.producer.poll() is None:
             self.producer.kill()
             self.producer.wait(30)
@@ -294,6 +346,7 @@ class _Run:
                 tail = "\n".join(inc.log().splitlines()[-5:])
                 self.say(f"{inc.worker_id} exited {ended.returncode} by itself:\n{tail}")
             pool.start(inc.slot)
+        self._reap_processors()
         now = time.monotonic()
         if now - self._last_sample >= 1.0 and self.watch is not None:
             self._last_sample = now
@@ -303,6 +356,36 @@ class _Run:
             pool.scrape_all()
         if self.producer is not None and self.producer.poll() not in (None, 0):
             raise ChaosError(f"production failed: see {self.run_dir / 'produce.log'}")
+
+    def _reap_processors(self) -> None:
+        """A processor that ended by itself is counted and restarted (unarmed)."""
+        if self.processors is None:
+            return
+        for ended in self.processors.reap():
+            inc = ended.incarnation
+            if ended.armed_kill:
+                self.counts.processor_kills += 1
+                self.counts.processor_armed_kills += 1
+                self.say(f"processor {inc.worker_id} killed itself at its armed point ({inc.arm})")
+            else:
+                self.counts.processor_exits += 1
+                tail = "\n".join(inc.log().splitlines()[-5:])
+                self.say(f"processor {inc.worker_id} exited {ended.returncode} by itself:\n{tail}")
+            self.processors.start(inc.slot)
+
+    def _kill_processor(self, fault: Fault) -> None:
+        """SIGKILL the runs processor wherever it is; restart it (armed, if the plan says)."""
+        procs = self.processors
+        if procs is None:
+            return
+        self._reap_processors()
+        victim = procs.current(0)
+        if victim is not None:
+            procs.kill(victim)
+            self.counts.processor_kills += 1
+        else:
+            self.counts.skipped.append("a processor kill found no live processor")
+        procs.start(0, arm=fault.arm)
 
     def _pool(self) -> WorkerPool:
         if self.pool is None:
@@ -368,6 +451,8 @@ class _Run:
             self._commit_fault(fault)
         elif fault.kind == "broker":
             self._broker(fault)
+        elif fault.kind == "processor":
+            self._kill_processor(fault)
         elif fault.kind == "retention":
             self._retention()
         elif fault.kind == "erase":
@@ -380,18 +465,21 @@ class _Run:
 
     def _retention(self) -> None:
         """Drop, by retention, every partition ingested before tomorrow (by the database's
-        clock): today's, which the workers are writing. Forced (a reader could be behind)
-        and without touching the retention policy."""
+        clock): today's, which the workers are writing. Forced (the runs processor is
+        always a little behind) and without touching the retention policy. In the same
+        transaction, under a lock that holds ingest and readers for a moment, the rows
+        the processor had already read are kept aside in ``chaos_retired`` for the runs
+        check (those it had not read it never sees)."""
         from ackline.sinks.admin.partitions import apply_retention
 
         async def drop(conn: asyncpg.Connection) -> list[str]:
-            tomorrow = await conn.fetchval(
-                "SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')"
-                " AT TIME ZONE 'UTC'"
-            )
-            dropped = await apply_retention(
-                conn, timedelta(0), now=tomorrow, force=True, set_policy=False
-            )
+            async with conn.transaction():
+                await conn.execute(_HOLD)
+                tomorrow = await conn.fetchval(_TOMORROW)
+                await conn.execute(_RETIRE_BEFORE, PROCESSOR_READER, tomorrow)
+                dropped = await apply_retention(
+                    conn, timedelta(0), now=tomorrow, force=True, set_policy=False
+                )
             return [d.name for d in dropped if d.dropped]
 
         names = self._with_retries("the retention drop", drop)
@@ -404,16 +492,18 @@ class _Run:
     def _erase(self) -> None:
         """Erase the agent with the most stored events (its later events are ingested
         after the erasure; replays of the erased ones are duplicates or body-less
-        conflicts)."""
+        conflicts). The rows the runs processor had read are kept aside first, as for
+        the retention drop."""
         from ackline.sinks.admin.erase import erase
 
         async def run(conn: asyncpg.Connection) -> tuple[str, int]:
-            agent = await conn.fetchval(
-                "SELECT agent_id FROM activity GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1"
-            )
-            if agent is None:
-                return "", 0
-            done = await erase(conn, "agent", str(agent), reason="chaos")
+            async with conn.transaction():
+                await conn.execute(_HOLD)
+                agent = await conn.fetchval(_BUSIEST_AGENT)
+                if agent is None:
+                    return "", 0
+                await conn.execute(_RETIRE_AGENT, PROCESSOR_READER, str(agent))
+                done = await erase(conn, "agent", str(agent), reason="chaos")
             return str(agent), done.events
 
         agent, events = self._with_retries("the erasure", run)
@@ -556,6 +646,7 @@ class _Run:
             else:
                 self.counts.unexpected_exits += 1
             self._pool().start(ended.incarnation.slot)
+        self._reap_processors()
 
     # ---- the end -----------------------------------------------------------------------
 
@@ -583,6 +674,7 @@ class _Run:
             self.say(f"worker exit statuses at shutdown: {codes}")
         fenced = sum(i.fenced() for i in pool.incarnations)
         logged = sum(i.fenced_lines() for i in pool.incarnations)
+        runs = self._finish_runs()
         self.say("verifying against the manifest")
         verdict = asyncio.run(verify(self.dsn, self.manifest, self.name))
         watch = self.watch
@@ -596,7 +688,40 @@ class _Run:
             offset_samples=watch.samples if watch else 0,
             max_kafka_ahead_of_db=watch.max_ahead if watch else 0,
             duration_s=time.monotonic() - self.started,
+            runs=runs,
         )
+
+    def _finish_runs(self) -> RunsCheck | None:
+        """Stop the following processor (SIGTERM), let one catch up to the drained feed,
+        then recompute every run from activity and compare."""
+        if self.processors is None:
+            return None
+        self._reap_processors()
+        codes = self.processors.shutdown()
+        if any(code != 0 for code in codes):
+            self.say(f"processor exit statuses at shutdown: {codes}")
+        self.say("the runs processor catches up")
+        log_path = self.run_dir / "logs" / "p-final.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+        env.update(self.env)
+        env.update({"ACKLINE_WORKER_ID": "p-final", "ACKLINE_LOG_FORMAT": "json"})
+        with log_path.open("ab") as log:
+            done = subprocess.run(
+                [sys.executable, "-m", "ackline", "process", "runs", "--until-caught-up"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=self.cfg.drain_timeout_s,
+                check=False,
+            )
+        if done.returncode != 0:
+            self.counts.skipped.append(
+                f"the final runs catch-up exited {done.returncode} (see {log_path})"
+            )
+        check = asyncio.run(check_runs_at(self.dsn, retired=True))
+        self.say(f"runs projection: {check.runs:,} runs, {check.mismatches} mismatches")
+        return check
 
 
 def _produce_child(args: dict[str, Any]) -> None:

@@ -2,7 +2,9 @@
 
 The report's JSON object (:meth:`ChaosReport.to_json`) is the last line `make chaos`
 prints; ``ok`` requires the verify verdict to be exact, every minimum count to be met,
-every zombie to be fenced, and Kafka's committed offsets never ahead of the DB offsets.
+every zombie to be fenced, Kafka's committed offsets never ahead of the DB offsets, and
+(with the ``runs`` processor on) every run's row equal to its recomputation from
+``activity`` (``runs_mismatch`` 0).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ackline.load.chaos.runs_check import RunsCheck
 from ackline.load.generate import Knobs
 from ackline.load.verify import Verdict, render_summary
 
@@ -40,6 +43,8 @@ class ChaosConfig:
     session_timeout_ms: int = 4000
     drain_timeout_s: float = 3600.0
     keep_stack: bool = False
+    processor_kills: int = 4
+    """SIGKILLs of the `ackline process runs` beside the workers (0: run no processor)."""
 
     def command(self, seed: int) -> str:
         """The command line that reproduces a run of this configuration with ``seed``."""
@@ -49,7 +54,7 @@ class ChaosConfig:
             f"--broker-restarts {self.broker_restarts} --pg-restarts {self.pg_restarts} "
             f"--commit-faults {self.commit_faults} --group-protocol {self.group_protocol} "
             f"--batch-max-events {self.batch_max_events} --produce-rate {self.produce_rate:g} "
-            f"--runtime {self.runtime}"
+            f"--runtime {self.runtime} --processor-kills {self.processor_kills}"
         )
 
     def knobs(self) -> Knobs:
@@ -71,6 +76,10 @@ class Counts:
     erasures: int = 0
     erased_events: int = 0
     unexpected_exits: int = 0
+    processor_kills: int = 0
+    processor_armed_kills: int = 0
+    processor_exits: int = 0
+    """The processor ended by itself, not at an armed point (restarted)."""
     skipped: list[str] = field(default_factory=list)
 
 
@@ -85,6 +94,18 @@ class ChaosReport:
     offset_samples: int
     max_kafka_ahead_of_db: int
     duration_s: float
+    runs: RunsCheck | None = None
+    """The runs projection against activity (None: no processor ran)."""
+
+    @property
+    def runs_ok(self) -> bool:
+        if self.config.processor_kills <= 0:
+            return True
+        return (
+            self.runs is not None
+            and self.runs.mismatches == 0
+            and self.counts.processor_kills >= self.config.processor_kills
+        )
 
     @property
     def ok(self) -> bool:
@@ -102,6 +123,7 @@ class ChaosReport:
             and c.retention_drops >= cfg.retention_drops
             and c.erasures >= cfg.erasures
             and self.max_kafka_ahead_of_db == 0
+            and self.runs_ok
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -137,6 +159,11 @@ class ChaosReport:
             "commit_in_flight": c.commit_faults_in_commit,
             "offset_samples": self.offset_samples,
             "unexpected_exits": c.unexpected_exits,
+            "runs_mismatch": None if self.runs is None else self.runs.mismatches,
+            "runs": None if self.runs is None else self.runs.runs,
+            "processor_kills": c.processor_kills,
+            "processor_armed_kills": c.processor_armed_kills,
+            "processor_exits": c.processor_exits,
             "retention_drops": c.retention_drops,
             "erasures": c.erasures,
             "erased": v.erased,
@@ -185,11 +212,27 @@ class ChaosReport:
             f"{'max Kafka offset ahead of DB':<32}{self.max_kafka_ahead_of_db:>6}{0:>6}  "
             f"{ahead:<8}{self.offset_samples} samples"
         )
+        if cfg.processor_kills > 0:
+            lines.append(
+                f"{'runs processor SIGKILLs':<32}{c.processor_kills:>6}{cfg.processor_kills:>6}  "
+                f"{'ok' if c.processor_kills >= cfg.processor_kills else 'TOO FEW':<8}"
+                f"{c.processor_armed_kills} between effects and COMMIT"
+            )
         if c.unexpected_exits:
             lines.append(f"workers that exited by themselves (restarted): {c.unexpected_exits}")
+        if c.processor_exits:
+            lines.append(f"processor exits by itself (restarted): {c.processor_exits}")
         for note in c.skipped:
             lines.append(f"note: {note}")
         lines.append(render_summary(self.verdict))
+        if self.runs is not None:
+            r = self.runs
+            mark = "ok" if r.mismatches == 0 else "MISMATCH"
+            lines.append(
+                f"runs projection vs activity: {r.runs:,} runs, {r.mismatches} mismatches "
+                f"({r.missing} missing, {r.extra} extra, {r.different} different)  {mark}"
+                + (f"  e.g. {', '.join(r.examples)}" if r.examples else "")
+            )
         lines.append(f"reproduce: {cfg.command(self.seed)}")
         lines.append(f"chaos verdict: {'OK' if self.ok else 'FAILED'}")
         return "\n".join(lines)

@@ -12,7 +12,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["kill", "stop", "broker", "postgres", "commit", "retention", "erase"]
+FaultKind = Literal[
+    "kill", "stop", "broker", "postgres", "commit", "processor", "retention", "erase"
+]
 CommitMethod = Literal["in_commit", "before_commit"]
 
 KILL_POINTS: tuple[str, ...] = (
@@ -29,6 +31,10 @@ KILL_POINTS: tuple[str, ...] = (
 ARMED_SHARE = 0.4
 """Share of kills whose replacement worker is armed to kill itself at a point."""
 
+PROCESSOR_SALT = 0x9C0CE55
+"""Mixed into the seed for the processor's kills: adding them leaves the rest of a
+seed's schedule as it was."""
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -38,7 +44,8 @@ class Fault:
     slot: int = 0
     """Worker slot targeted (kill, stop, commit before_commit)."""
     arm: str = ""
-    """kill: ACKLINE_FAULTS of the worker started in the killed one's place ("" unarmed)."""
+    """kill, processor: ACKLINE_FAULTS of the process started in the killed one's place
+    ("" unarmed)."""
     hard: bool = False
     """broker/postgres: SIGKILL and crash recovery instead of a clean stop."""
     method: CommitMethod = "in_commit"
@@ -47,6 +54,10 @@ class Fault:
     def describe(self) -> str:
         if self.kind == "kill":
             return f"SIGKILL worker slot {self.slot}" + (
+                f", restart armed {self.arm}" if self.arm else ""
+            )
+        if self.kind == "processor":
+            return "SIGKILL the runs processor" + (
                 f", restart armed {self.arm}" if self.arm else ""
             )
         if self.kind == "stop":
@@ -70,14 +81,18 @@ def plan(
     broker_restarts: int,
     pg_restarts: int,
     commit_faults: int,
+    processor_kills: int = 0,
     retention_drops: int = 0,
     erasures: int = 0,
 ) -> list[Fault]:
     """The faults of a run, sorted by ``at`` (ties keep the kind order below).
 
     Zombies and commit faults come early (they need a batch in hand, so a backlog);
-    kills and restarts spread over most of the run; retention drops and erasures in its
-    middle (drawn last, so the other faults of a seed are those of runs without them).
+    kills and restarts spread over most of the run. Kills of the ``runs`` processor
+    (half of them restarting it armed to kill itself between its effects and its
+    COMMIT) draw from a generator of their own; retention drops and erasures in the
+    run's middle are drawn last from the seed's, so the other faults of a seed are those
+    of runs without them.
     """
     if workers < 2:
         raise ValueError("a chaos run needs at least 2 workers (a zombie needs an heir)")
@@ -109,4 +124,8 @@ def plan(
         faults.append(Fault(rng.uniform(0.3, 0.7), "retention"))
     for _ in range(erasures):
         faults.append(Fault(rng.uniform(0.2, 0.8), "erase"))
+    prng = random.Random(seed ^ PROCESSOR_SALT)
+    for i in range(processor_kills):
+        arm = f"processor_before_commit=kill@{prng.randint(1, 4)}" if i % 2 == 0 else ""
+        faults.append(Fault(prng.uniform(0.05, 0.9), "processor", arm=arm))
     return sorted(faults, key=lambda f: f.at)

@@ -2,7 +2,8 @@
 --
 -- `ackline doctor` and `ackline roles` compare a live database with the newest migration
 -- whose name says roles (sinks/admin/grants.py): this one restates 0003_roles.sql with
--- what 0008 (event_keys, partitions, retention) and 0009 (erasure) added. Every statement
+-- what 0004 (processors), 0008 (event_keys, partitions, retention) and 0009 (erasure)
+-- added. Every statement
 -- is idempotent; nothing here changes a database that ran 0003-0009.
 --
 --   ackline_migrator  NOLOGIN, owns every table, view, sequence and function (partitions
@@ -17,6 +18,9 @@
 --                     no body).
 --                     No UPDATE, DELETE or TRUNCATE of anything that holds events.
 --   ackline_reader    SELECT only, on every table and view.
+--   ackline_processor `ackline process` (0004_processors.sql): reads the feed (activity,
+--                     ingest_batches, and the erasure notices in erasures and
+--                     erased_events), writes its own cursors, status and tables.
 --   ackline_eraser    `ackline erase`: DELETE of activity rows, the body columns of
 --                     conflicts and rejects, the audit and tombstone rows. Nothing else.
 
@@ -27,6 +31,7 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_migrator')
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_ingest')
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_reader')
+       OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_processor')
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_eraser') THEN
         RESET ROLE;
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_migrator') THEN
@@ -37,6 +42,9 @@ BEGIN
         END IF;
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_reader') THEN
             CREATE ROLE ackline_reader LOGIN;
+        END IF;
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_processor') THEN
+            CREATE ROLE ackline_processor LOGIN;
         END IF;
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ackline_eraser') THEN
             CREATE ROLE ackline_eraser LOGIN;
@@ -68,6 +76,19 @@ GRANT UPDATE (incoming_body, erasure_id) ON TABLE conflicts TO ackline_eraser;
 GRANT UPDATE (raw_key, raw_value, headers, detail, erasure_id) ON TABLE rejects TO ackline_eraser;
 GRANT SELECT, INSERT ON TABLE erasures, erased_events TO ackline_eraser;
 GRANT UPDATE (events, conflicts, rejects, dead_letters) ON TABLE erasures TO ackline_eraser;
+
+-- The processor role (row-level security narrows its feed_cursors and processors rows:
+-- 0004_processors.sql).
+GRANT USAGE ON SCHEMA public TO ackline_processor;
+GRANT SELECT ON TABLE activity, ingest_batches, erasures, erased_events TO ackline_processor;
+GRANT SELECT, INSERT, UPDATE ON TABLE feed_cursors TO ackline_processor;
+GRANT SELECT, INSERT ON TABLE processors TO ackline_processor;
+GRANT UPDATE (failed_at, error, error_event_id, error_cursor, last_instance, last_seen_at)
+    ON TABLE processors TO ackline_processor;
+GRANT SELECT, INSERT, UPDATE ON TABLE runs, agent_runs TO ackline_processor;
+GRANT SELECT, INSERT ON TABLE run_facts TO ackline_processor;
+GRANT SELECT ON TABLE runs_stuck TO ackline_processor;
+GRANT EXECUTE ON FUNCTION ackline_reader_exists(text) TO ackline_processor;
 
 -- The reader role: SELECT only, on every table and view (partitions get theirs when
 -- they are made).

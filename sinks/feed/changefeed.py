@@ -100,29 +100,33 @@ WITH horizon AS (
            OR EXISTS (SELECT 1 FROM erasures AS p WHERE p.commit_xid >= h.xmin) AS pending
     FROM horizon AS h
 ), ev AS (
-    SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
-           a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
-           a.src_topic, a.src_partition, a.src_offset, NULL::bigint AS erasure_id
-    FROM txs
-    JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
-    JOIN activity AS a ON a.batch_id = b.batch_id
-    WHERE ($2::bigint IS NULL OR b.commit_xid > $1::xid8
-           OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
-              > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
-      AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
-      AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
-    UNION ALL
-    -- An erasure is a transaction of the feed of its own: one notice per erased event, at
-    -- the erased event's coordinates, whatever the filter (keys only, no content).
-    SELECT e.commit_xid, t.event_id, t.txn_id, 'ackline.erased', '', '',
-           e.erased_at, 0, NULL, t.batch_id,
-           t.src_topic, t.src_partition, t.src_offset, e.erasure_id
-    FROM txs
-    JOIN erasures AS e ON e.commit_xid = txs.commit_xid
-    JOIN erased_events AS t ON t.erasure_id = e.erasure_id
-    WHERE ($2::bigint IS NULL OR e.commit_xid > $1::xid8
-           OR (t.batch_id, t.src_partition, t.src_offset, t.src_topic COLLATE "C")
-              > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+    SELECT u.* FROM (
+        SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
+               a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
+               a.src_topic, a.src_partition, a.src_offset, NULL::bigint AS erasure_id
+        FROM txs
+        JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
+        JOIN activity AS a ON a.batch_id = b.batch_id
+        WHERE ($2::bigint IS NULL OR b.commit_xid > $1::xid8
+               OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
+                  > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+          AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
+          AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
+        UNION ALL
+        -- An erasure is a transaction of the feed of its own: one notice per erased
+        -- event, at the erased event's coordinates, whatever the filter (keys only).
+        SELECT e.commit_xid, t.event_id, t.txn_id, 'ackline.erased', '', '',
+               e.erased_at, 0, NULL, t.batch_id,
+               t.src_topic, t.src_partition, t.src_offset, e.erasure_id
+        FROM txs
+        JOIN erasures AS e ON e.commit_xid = txs.commit_xid
+        JOIN erased_events AS t ON t.erasure_id = e.erasure_id
+        WHERE ($2::bigint IS NULL OR e.commit_xid > $1::xid8
+               OR (t.batch_id, t.src_partition, t.src_offset, t.src_topic COLLATE "C")
+                  > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+    ) AS u
+    ORDER BY u.commit_xid, u.batch_id, u.src_partition, u.src_offset, u.src_topic COLLATE "C"
+    LIMIT $9::bigint
 )
 SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, ev.*
 FROM bound LEFT JOIN ev ON true
@@ -163,7 +167,8 @@ class Changefeed:
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
     ) -> FeedBatch:
         """The events after ``cursor``, at most ``max_transactions`` whole transactions
-        (cut after ``limit`` events), in feed order. One statement, one snapshot.
+        (cut after ``limit`` events, in the statement: a cut read fetches ``limit + 1``
+        rows, not the whole window), in feed order. One statement, one snapshot.
 
         Raises :class:`FeedError` if ``conn``'s transaction already holds an xid: that
         xid would hold this snapshot's horizon at itself.
@@ -180,6 +185,7 @@ class Changefeed:
             None if w is None else w.topic,
             types,
             agents,
+            None if limit is None else limit + 1,  # one more says whether the window was cut
         )
         head = rows[0]
         if head["own_xid"] is not None:

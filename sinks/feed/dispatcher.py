@@ -1,35 +1,41 @@
-"""The example changefeed reader: one agent run per request.
+"""The dispatcher: one agent run per request, a processor (docs/processors.md).
 
 For every ``agent.requested`` event the feed delivers, the dispatcher starts one agent
-run — here a row in ``agent_runs`` standing in for the real start — in the same
-transaction that advances its cursor (:meth:`ackline.sinks.feed.changefeed.Reader.next_batch`). So a
-crash, a kill or a lost connection at any point either keeps both the runs and the cursor
-or neither; a restarted dispatcher continues exactly where the last commit left off.
+run — here a row in ``agent_runs`` standing in for the real start — inside the
+processor's batch transaction, which also advances its cursor
+(:mod:`ackline.sinks.feed.processors.runner`). So a crash, a kill or a lost connection at
+any point either keeps both the runs and the cursor or neither; a restarted dispatcher
+continues exactly where the last commit left off. ``ackline process dispatcher`` runs it;
+``ackline dispatch`` is the older name for the same thing (its cursor is named by
+``--reader``).
+
+It stays in the library rather than ``examples/``: its table is part of the shipped
+schema (migration 0002) and ``ackline dispatch`` is a documented command.
 
 Two guards make "one request, one run" exact:
 
-1. the cursor: two instances of one reader cannot both commit the same batch (the
+1. the cursor: two instances of one processor cannot both commit the same batch (the
    compare-and-set on the cursor row lets one win; the other rolls back before any
    insert and reads on from the winner's cursor);
 2. the primary key: ``agent_runs.request_id``. Ingest already deduplicates replays,
    producer retries and redeliveries (they never reach ``activity`` twice), but a request
    emitted again under a *new* txn_id is a second event: its insert does nothing and only
    ``deliveries`` counts it.
+
+It has no ``reset``: forgetting which runs were started would start them again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import asyncpg
 
-from ackline.core.faults import DISARMED, Faults
-from ackline.sinks.feed.changefeed import Changefeed, Committed, Reader, follow
-from ackline.sinks.feed.types import Cursor, FeedBatch, FeedEvent, Filter
+from ackline.sinks.feed.processors.contract import ProcessorBatch
+from ackline.sinks.feed.types import FeedEvent, Filter
 
 REQUESTED: Final = "agent.requested"
 
@@ -81,31 +87,25 @@ class Outcome:
 
 
 class Dispatcher:
-    """Follows the feed under the reader name ``reader`` (shared by all its instances)."""
+    """The processor: cursor ``name`` (shared by all its instances); the instance that
+    started a run is recorded in ``agent_runs.dispatcher``."""
 
-    def __init__(
-        self,
-        reader: str,
-        instance: str,
-        *,
-        max_transactions: int = 64,
-        faults: Faults = DISARMED,
-    ) -> None:
-        feed = Changefeed(Filter.of(types=[REQUESTED]), max_transactions=max_transactions)
-        self.reader = Reader(reader, feed, faults=faults)
-        self.instance = instance
+    filter: Final = Filter.of(types=[REQUESTED])
+
+    def __init__(self, name: str = "dispatcher") -> None:
+        self.name = name
         self.started = 0
         self.already_started = 0
 
-    async def handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Outcome:
-        """Start the batch's runs inside the reader's transaction (set-based: one INSERT,
-        and one UPDATE for requests that already had a run). Nothing commits here."""
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> Outcome:
+        """Start the batch's runs inside the processor's transaction (set-based: one
+        INSERT, and one UPDATE for requests that already had a run). Nothing commits here."""
         starts = plan_starts(batch.events)
         if not starts:
             return Outcome(0, 0)
         rows = await conn.fetch(
             _START,
-            self.instance,
+            batch.instance,
             [s.request_id for s in starts],
             [s.event_id for s in starts],
             [s.agent_id for s in starts],
@@ -120,38 +120,10 @@ class Dispatcher:
             )
         return Outcome(len(inserted), len(again))
 
-    def _committed(self, done: Committed[Outcome]) -> None:
-        self.started += done.result.started
-        self.already_started += done.result.already_started
+    def committed(self, batch: ProcessorBatch, result: Outcome) -> None:
+        """After COMMIT: the counts of `ackline dispatch`'s summary (agent_runs is the truth)."""
+        self.started += result.started
+        self.already_started += result.already_started
 
-    async def run(
-        self,
-        connect: Callable[[], Awaitable[asyncpg.Connection]],
-        stop: asyncio.Event,
-        *,
-        wait: bool = True,
-        poll_interval: float = 2.0,
-    ) -> Cursor:
-        """Dispatch until ``stop`` (or until caught up when ``wait`` is False); see
-        :func:`ackline.sinks.feed.changefeed.follow` for reconnects and waiting."""
-        return await follow(
-            self.reader,
-            connect,
-            self.handle,
-            stop,
-            wait=wait,
-            poll_interval=poll_interval,
-            on_commit=self._committed,
-        )
 
-    def summary(self, cursor: Cursor) -> dict[str, Any]:
-        """Counted from confirmed commits only (``agent_runs`` is the truth)."""
-        return {
-            "reader": self.reader.name,
-            "instance": self.instance,
-            "started": self.started,
-            "already_started": self.already_started,
-            "transactions": self.reader.stats.transactions,
-            "lost_races": self.reader.stats.lost_races,
-            "cursor": cursor.encode(),
-        }
+DISPATCHER: Final = Dispatcher()

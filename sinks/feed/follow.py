@@ -60,19 +60,23 @@ async def follow(
     wait: bool = True,
     poll_interval: float = 2.0,
     limit: int | None = None,
+    batch_events: int | None = None,
     on_commit: Callable[[Committed[T]], None] | None = None,
+    on_transient: Callable[[BaseException], None] | None = None,
 ) -> Cursor:
     """Run ``handle(conn, batch)`` inside each of ``reader``'s batches until ``stop``.
 
     Returns the reader's last cursor. With ``wait`` False it returns once caught up
     (nothing readable, and nothing committed waiting behind an open transaction); with
-    ``limit`` it returns after that many events. Between reads it sleeps until a NOTIFY
+    ``limit`` it returns after that many events; ``batch_events`` caps each batch (a
+    cut inside an ingest transaction resumes there). Between reads it sleeps until a NOTIFY
     on :data:`CHANNEL`, ``stop``, or ``poll_interval`` (50 ms while batches are pending
     behind an open transaction: their readiness sends no notification). Transient
     database errors reconnect with backoff; the stored cursor decides where the next
     read starts, so a batch whose COMMIT outcome was unknown is neither lost nor
     repeated (it is then missing from ``on_commit`` and the reader's stats, which count
-    confirmed commits only). ``on_commit`` runs after each COMMIT.
+    confirmed commits only). ``on_commit`` runs after each COMMIT, ``on_transient`` on
+    each transient error before the reconnect.
     """
     wake = asyncio.Event()
     follower = _Follower(connect, wake, reader.name)
@@ -86,11 +90,13 @@ async def follow(
                     cursor = await reader.position(conn)
                     follower.fresh = False
                 wake.clear()
-                async with reader.next_batch(conn, remaining) as batch:
+                async with reader.next_batch(conn, _least(remaining, batch_events)) as batch:
                     result = await handle(conn, batch)
             except Exception as exc:
                 if not is_transient(exc, follower.current):
                     raise
+                if on_transient is not None:
+                    on_transient(exc)
                 await follower.backoff(exc, stop)
                 continue
             follower.reset_backoff()
@@ -109,6 +115,10 @@ async def follow(
     finally:
         await follower.close()
     return cursor if cursor is not None else START
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def connector(

@@ -27,6 +27,14 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    only), in one statement;
 7. COMMIT.
 
+Every wait is bounded (ackline.sinks.connection): each statement by the connection's
+statement timeout, COMMIT by its own commit timeout. A statement that times out fails
+the attempt like a lost connection (retried on a fresh one); a COMMIT that times out, or
+fails in any way that is not the server's answer, has an unknown outcome and goes to the
+reconcile (:meth:`BatchWriter._reconcile`), which first ends the old server session: a
+host that vanished never closes it, and until it ends it holds the batch's row locks and
+could still commit.
+
 Between two batches, outside any transaction, the writer's :class:`Upkeep` makes the
 partitions ahead and applies the worker's retention when they are due.
 
@@ -40,9 +48,9 @@ while the consumer thread decodes the next batch).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import random
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -145,6 +153,10 @@ FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::te
 ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 """
 
+_READ_BOUNDS = """
+SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)
+"""
+
 _BATCH_ROW = """
 WITH b AS (
     INSERT INTO ingest_batches
@@ -221,18 +233,23 @@ class BatchWriter:
     async def write(self, batch: Batch) -> WriteResult:
         """Commit ``batch`` exactly once, or raise :class:`FencedError`.
 
-        Order of effects: the transaction of the module docstring; on a transient error
-        before COMMIT the transaction is gone (PostgreSQL rolls back a lost session), so
-        the whole batch is retried on a fresh connection with backoff; when the COMMIT
-        itself fails with the connection, the outcome is unknown and is reconciled by
-        reading (never by re-sending): the offset rows are locked FOR SHARE, which waits
-        for the old session's transaction to end, and then the batch row decides — present
-        means committed (return), absent means rolled back (retry under the same epoch, or
-        raise FencedError if the epoch moved on). Cancelling this coroutine is always safe:
-        the database alone decides what was committed, and nothing outside it is changed
-        here. Cancellation terminates the connection at once (no polite ROLLBACK that could
-        wait on a dead server): the server rolls back whatever had not committed, and the
-        next write starts on a fresh connection, never sharing one with a cancelled write.
+        Order of effects: the transaction of the module docstring, every wait bounded.
+        On a transient error before COMMIT (a lost connection, or a statement past its
+        timeout: the peer may have vanished) the connection is dropped without waiting on
+        the server, so the transaction cannot commit; the whole batch is retried on a fresh
+        connection with backoff, after ending the dropped session (it may still hold the
+        offset-row locks). When the COMMIT itself fails with the connection or times out,
+        the outcome is unknown and is reconciled by reading (never by re-sending), on a
+        fresh connection: end the old session and wait until it is gone (after that nothing
+        it received can still commit); read the offset rows FOR SHARE under a lock and a
+        statement timeout; then the batch row decides: present means committed (return),
+        absent means rolled back (retry under the same epoch, or raise FencedError if the
+        epoch moved on). A crash at any step leaves the database alone deciding what was
+        committed; nothing outside it is changed here. Cancelling this coroutine is always
+        safe: cancellation drops the connection at once (no polite ROLLBACK that could wait
+        on a dead server), the server rolls back whatever had not committed, and the next
+        write starts on a fresh connection after ending the old session, never sharing one
+        with a cancelled write.
         """
         try:
             return await self._write(batch)
@@ -252,7 +269,7 @@ class BatchWriter:
                     await self._upkeep.ensure_now(conn)
                 else:
                     await self._upkeep.run_if_due(conn)
-                return await self._attempt(conn, batch)
+                result = await self._attempt(conn, batch)
             except _PartitionMissingError as exc:
                 self._retrying("partition_missing")
                 log.warning("batch %s: %s; making partitions and retrying", batch.describe(), exc)
@@ -261,14 +278,20 @@ class BatchWriter:
                 self._retrying("partition_missing")
                 log.error("batch %s waits for its partition: %s", batch.describe(), exc)
                 make_partitions = True
+                pause = delay * (0.5 + random.random())
                 await self._db.discard()
-                await asyncio.sleep(delay)
+                await self._db.pause(pause)
                 delay = min(delay * 2, 5.0)
             except _SchemaMovedError:
                 self._retrying("schema_moved")
                 continue
             except _CommitUncertainError as uncertain:
                 self._retrying("commit_uncertain")
+                log.warning(
+                    "batch %s: COMMIT outcome unknown (%r); reconciling",
+                    batch.describe(),
+                    uncertain.__cause__,
+                )
                 await self._db.discard()
                 if await self._reconcile(batch, uncertain.result.batch_id):
                     return uncertain.result
@@ -280,25 +303,29 @@ class BatchWriter:
                 if not isinstance(exc, TransientDatabaseError) and not is_transient(exc, conn):
                     raise
                 self._retrying("transient")
-                log.warning("batch %s: transient error, retrying: %s", batch.describe(), exc)
+                pause = delay * (0.5 + random.random())
+                self._db.failed(f"batch {batch.describe()}", exc, pause)
                 await self._db.discard()
-                await asyncio.sleep(delay)
+                await self._db.pause(pause)
                 delay = min(delay * 2, 5.0)
+            else:
+                self._db.succeeded()
+                return result
 
     async def _attempt(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
-        tr = conn.transaction()
-        await tr.start()
+        """BEGIN, the statements, COMMIT (bounded by the commit timeout, not the statement
+        timeout: asyncpg's Transaction object cannot bound its COMMIT apart, so the
+        transaction is plain SQL)."""
+        await conn.execute("BEGIN")
         try:
             result = await self._statements(conn, batch)
             await self._faults.ahit("before_commit")
         except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError) and not conn.is_closed():
-                with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                    await tr.rollback()
+            await self._abandon(conn, exc)
             raise
         try:
             await self._faults.ahit("during_commit")
-            await tr.commit()
+            await conn.execute("COMMIT", timeout=self._db.bounds.commit_s)
             await self._faults.ahit("commit_reply_lost")
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             if isinstance(exc, asyncpg.PostgresError) and not is_transient(exc, conn):
@@ -307,6 +334,17 @@ class BatchWriter:
         except Exception as exc:  # an injected fault stands for a lost connection
             raise _CommitUncertainError(result, exc) from exc
         return result
+
+    async def _abandon(self, conn: asyncpg.Connection, exc: BaseException) -> None:
+        """Leave the transaction after ``exc``: ROLLBACK (bounded) only when the connection
+        is sound (the server answered with an error); after a cancellation, a lost
+        connection or a timeout the caller drops the connection, never waiting on it."""
+        if isinstance(exc, asyncio.CancelledError) or conn.is_closed() or is_transient(exc, conn):
+            return
+        try:
+            await conn.execute("ROLLBACK")
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+            await self._db.discard()  # whatever state it is in, the next write starts afresh
 
     async def _statements(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
         fenced = await self._fence(conn, batch)
@@ -480,11 +518,20 @@ class BatchWriter:
     async def _reconcile(self, batch: Batch, batch_id: int) -> bool:
         """After an unknown COMMIT outcome: True if it committed, False to retry.
 
-        Raises FencedError when it did not commit and the epoch has moved on.
+        Raises FencedError when it did not commit and the epoch has moved on. Order of
+        effects, on a fresh connection (retried through outages): the old session is ended
+        and gone (ackline.sinks.connection.Database.get), so nothing can commit late; the
+        offset rows are read FOR SHARE, which waits for any other transaction on them, with
+        the server's lock and statement timeouts below the client's, so a wait that lasts
+        ends as a clean error that is retried; then the batch row is read. Read-only.
         """
+        bounds = self._db.bounds
+        lock_ms = str(max(100, int(bounds.statement_s * 1000 / 3)))
+        statement_ms = str(max(200, int(bounds.statement_s * 1000 * 2 / 3)))
 
         async def read(conn: asyncpg.Connection) -> tuple[bool, list[Claim]]:
             async with conn.transaction():
+                await conn.execute(_READ_BOUNDS, lock_ms, statement_ms)
                 rows = await locked_offsets(
                     conn, self._group, [(r.topic, r.partition) for r in batch.ranges]
                 )

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,8 +82,10 @@ class Worker:
         log_dir: Path,
         name: str = "w1",
         group: str | None = None,
+        prefix: Sequence[str] = (),
         **settings: Any,
     ) -> None:
+        """``prefix`` goes before the command (e.g. ``ip netns exec NS``)."""
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.metrics_port = _free_port()
@@ -102,7 +104,7 @@ class Worker:
         env.update({f"ACKLINE_{k.upper()}": str(v) for k, v in settings.items()})
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ackline", "run"],
+            [*prefix, sys.executable, "-m", "ackline", "run"],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

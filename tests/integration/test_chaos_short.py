@@ -3,7 +3,8 @@
 
 100,000 events with the full fault mix, 3 workers on 12 partitions, at least 10 SIGKILLs
 (some at armed injection points), a zombie that must be fenced, a broker restart, a
-PostgreSQL restart and writer backends terminated at COMMIT, on a stack of its own (a
+PostgreSQL restart and writer backends terminated at COMMIT, and the `runs` processor
+beside them killed twice (its rows recomputed from activity at the end), on a stack of its own (a
 temporary state directory, never the shared one). The seed is random and printed: a
 failure is reproduced with `ackline chaos --runtime R --seed N` and the same options.
 """
@@ -27,7 +28,14 @@ from ackline.dev import stack
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-MINIMUM = {"kills": 10, "stops": 1, "broker_restarts": 1, "pg_restarts": 1, "commit_faults": 3}
+MINIMUM = {
+    "kills": 10,
+    "stops": 1,
+    "broker_restarts": 1,
+    "pg_restarts": 1,
+    "commit_faults": 3,
+    "processor_kills": 2,
+}
 
 
 @pytest.mark.timeout(600)
@@ -77,3 +85,4 @@ def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
     assert verdict["fenced_batches"] >= 1 and verdict["max_kafka_ahead_of_db"] == 0
     for name, value in MINIMUM.items():
         assert verdict[name] >= value, output
+    assert verdict["runs_mismatch"] == 0 and verdict["runs"] > 0, output

@@ -11,6 +11,7 @@ import pytest
 from ackline.core.faults import Faults, InjectedFault, parse
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.plan import KILL_POINTS, plan
+from ackline.load.chaos.runs_check import RunsCheck
 from ackline.load.verify import Verdict
 
 SIZES = {"kills": 30, "stops": 3, "broker_restarts": 2, "pg_restarts": 2, "commit_faults": 10}
@@ -78,12 +79,12 @@ def _report(**changes: Any) -> ChaosReport:
     )  # fmt: skip
     counts = Counts(
         kills=30, stops=3, stops_fenced=3, broker_restarts=2, pg_restarts=2, commit_faults=10,
-        retention_drops=1, erasures=1,
+        processor_kills=4, retention_drops=1, erasures=1,
     )  # fmt: skip
     fields: dict[str, Any] = {
         "seed": 5, "config": ChaosConfig(), "counts": counts, "verdict": verdict,
         "fenced_batches": 3, "fenced_log_lines": 3, "offset_samples": 9,
-        "max_kafka_ahead_of_db": 0, "duration_s": 1.0,
+        "max_kafka_ahead_of_db": 0, "duration_s": 1.0, "runs": RunsCheck(40, 0, 0, 0),
     }  # fmt: skip
     fields.update(changes)
     return ChaosReport(**fields)
@@ -105,3 +106,28 @@ def test_the_verdict_line_has_every_field_and_ok_needs_every_minimum() -> None:
     assert not _report(counts=Counts(**full, commit_faults=10, erasures=1)).ok  # no drop
     assert not _report(counts=Counts(**full, commit_faults=10, retention_drops=1)).ok
     assert "chaos verdict: OK" in _report().render()
+
+
+def test_the_runs_projection_is_part_of_the_verdict() -> None:
+    line = _report().to_json()
+    assert line["runs_mismatch"] == 0 and line["processor_kills"] == 4
+    assert not _report(runs=RunsCheck(40, 0, 0, 1, ["r9"])).ok
+    assert not _report(runs=None).ok  # the processor ran, so its check must have too
+    assert "runs projection vs activity: 40 runs, 0 mismatches" in _report().render()
+    wrong = _report(runs=RunsCheck(40, 1, 0, 0, ["r1"])).render()
+    assert "1 mismatches (1 missing, 0 extra, 0 different)  MISMATCH  e.g. r1" in wrong
+    without = ChaosConfig(processor_kills=0)
+    assert _report(config=without, runs=None).ok
+    assert _report(config=without, runs=None).to_json()["runs_mismatch"] is None
+
+
+def test_processor_kills_leave_the_rest_of_a_schedule_as_it_was() -> None:
+    base = plan(7, workers=3, **SIZES)
+    more = plan(7, workers=3, **SIZES, processor_kills=6)
+    assert [f for f in more if f.kind != "processor"] == base
+    procs = [f for f in more if f.kind == "processor"]
+    assert len(procs) == 6 and sum(1 for f in procs if f.arm) == 3
+    for f in procs:
+        if f.arm:
+            ((point, armed),) = parse(f.arm).items()
+            assert point == "processor_before_commit" and armed.action == "kill"

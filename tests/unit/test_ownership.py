@@ -242,3 +242,28 @@ def test_headers_of_accepts_the_shapes_faust_hands() -> None:
     assert headers_of(None) == []
     assert headers_of([("a", b"1")]) == [("a", b"1")]
     assert headers_of({"a": b"1"}) == [("a", b"1")]
+
+
+def test_a_worker_cut_off_from_its_group_suspends_everything() -> None:
+    ledger = _ledger(p0=10, p1=20)
+    assert sorted(ledger.suspend_all(now=5.0)) == [(T, 0), (T, 1)]
+    assert ledger.owned() == {} and ledger.admit((T, 0), 10, 7) is Admit.UNOWNED
+    assert sorted(ledger.retakes_due(5.0)) == [(T, 0), (T, 1)]
+    ledger.retake(Claim(T, 0, 10, epoch=4))
+    assert ledger.owned() == {(T, 0): 4}
+
+
+def test_group_watch_suspects_a_group_handler_away_past_its_grace() -> None:
+    import json
+
+    from ackline.streams.groupwatch import GroupWatch
+
+    watch = GroupWatch(grace_s=3.0)
+    watch.on_stats(json.dumps({"cgrp": {"state": "up", "stateage": 100}}), now=10.0)
+    assert not watch.suspect(50.0)
+    watch.on_stats(json.dumps({"cgrp": {"state": "wait-coord", "stateage": 2000}}), now=11.0)
+    assert watch.not_up_since == 9.0  # backdated to the change
+    assert not watch.suspect(11.5) and watch.suspect(12.0)
+    watch.on_stats("{not json", now=12.5)  # ignored
+    watch.on_stats(json.dumps({"cgrp": {"state": "up"}}), now=13.0)
+    assert not watch.suspect(100.0)

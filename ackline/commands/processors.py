@@ -1,0 +1,374 @@
+"""`ackline process` and `ackline processors`: stream processors (docs/processors.md).
+
+``process NAME...`` runs processors (each its own cursor and connection) as the processor
+role until SIGTERM/SIGINT, or with ``--until-caught-up`` until there is nothing left to
+read; ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
+``ackline run``. ``processors list|status|pause|resume|reset|setup`` are the operator's
+and connect with the operator's DSN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ackline.commands import Subparsers
+from ackline.core.errors import AcklineError
+from ackline.settings import Settings
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from ackline.runtime.httpserver import HttpServer
+    from ackline.sinks.feed.processors.contract import Processor
+    from ackline.sinks.feed.processors.metrics import ProcessorMetrics
+    from ackline.sinks.feed.types import Cursor
+
+log = logging.getLogger("ackline.process")
+
+
+def _operator_dsn(settings: Settings) -> str:
+    """PostgreSQL only: ACKLINE_DATABASE_URL (with the TLS settings), else the local stack."""
+    if settings.database_url is not None:
+        from ackline.clients import database_dsn
+
+        return database_dsn(settings.database_url.get_secret_value(), settings)
+    from ackline.endpoints import endpoints
+
+    return endpoints(settings)[1]
+
+
+@contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+# --- `ackline process` -------------------------------------------------------------------
+
+
+def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.clients import processor_dsn
+    from ackline.sinks.feed.processors.registry import load
+
+    processors = [load(spec) for spec in args.names]
+    names = [p.name for p in processors]
+    if len(set(names)) != len(names):
+        raise AcklineError(f"a processor is named twice: {names}")
+    if args.batch_events < 1 or args.max_transactions < 1:
+        raise AcklineError("--batch-events and --max-transactions must be at least 1")
+    dsn = processor_dsn(settings, _operator_dsn(settings))
+    return asyncio.run(_process(args, settings, dsn, processors))
+
+
+async def _start_cursor(
+    args: argparse.Namespace, dsn: str, processors: list[Processor]
+) -> Cursor | None:
+    """Where new processors start (None: the start of the feed). Given for processors
+    that already have a cursor, it is an error: `processors reset` moves a cursor."""
+    import asyncpg
+
+    from ackline.sinks.errors import FeedError
+    from ackline.sinks.feed.changefeed import saved_cursor
+    from ackline.sinks.feed.processors.control import head
+    from ackline.sinks.feed.types import Cursor
+
+    if not (args.from_cursor or args.from_now):
+        return None
+    conn = await asyncpg.connect(dsn)
+    try:
+        for p in processors:
+            if await saved_cursor(conn, p.name) is not None:
+                raise FeedError(
+                    f"processor {p.name!r} already has a cursor; --from-cursor/--from-now set "
+                    f"only a new one (`ackline processors reset {p.name} --to-...` moves it)"
+                )
+        return Cursor.decode(args.from_cursor) if args.from_cursor else await head(conn)
+    finally:
+        await conn.close()
+
+
+async def _process(
+    args: argparse.Namespace, settings: Settings, dsn: str, processors: list[Processor]
+) -> int:
+    from ackline.core.faults import Faults
+    from ackline.sinks.feed.changefeed import connector
+    from ackline.sinks.feed.processors.metrics import ProcessorMetrics
+    from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, run_all
+    from ackline.sinks.feed.types import START
+
+    instance = args.instance or settings.worker_id
+    start = await _start_cursor(args, dsn, processors) or START
+    metrics = ProcessorMetrics()
+    faults = Faults(settings.faults, settings.fault_stall_seconds)
+    runners = [
+        ProcessorRunner(
+            p,
+            instance=instance,
+            metrics=metrics,
+            faults=faults,
+            max_transactions=args.max_transactions,
+            batch_events=args.batch_events,
+            poll_interval=args.poll_interval,
+            start=start,
+        )
+        for p in processors
+    ]
+    connect = connector(
+        dsn,
+        f"ackline-process:{instance}",
+        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+    )
+    server = _endpoints(metrics, [r.name for r in runners])
+    server.serve(settings)
+    stop = asyncio.Event()
+    try:
+        with _stop_on_signals(stop):
+            log.info(
+                "processors %s following the feed as instance %s",
+                ", ".join(r.name for r in runners),
+                instance,
+            )
+            reports = await run_all(
+                runners,
+                connect,
+                stop,
+                wait=not args.until_caught_up,
+                shutdown_wait_s=settings.shutdown_wait_s,
+                watch_interval=min(5.0, settings.db_check_interval_s),
+            )
+    finally:
+        server.close()
+    print(
+        json.dumps({"instance": instance, "processors": [r.to_json() for r in reports]}),
+        flush=True,
+    )
+    return 1 if any(r.outcome is Outcome.FAILED for r in reports) else 0
+
+
+def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:
+    """``/metrics`` (the processors' registry), ``/healthz``, and ``/readyz``: ready while
+    the last lag sample reached PostgreSQL and no processor is stopped at an event."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from ackline.runtime.httpserver import HttpServer, json_body, not_found
+
+    def respond(path: str) -> tuple[int, str, bytes]:
+        route = path.split("?", 1)[0]
+        if route == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
+        if route == "/healthz":
+            return 200, "application/json", json_body({"status": "alive"})
+        if route == "/readyz":
+            reasons = []
+            if _value(metrics, "ackline_processor_database_up") != 1:
+                reasons.append("PostgreSQL not reached at the last lag sample")
+            for name in names:
+                if _value(metrics, "ackline_processor_failed", name) == 1:
+                    reasons.append(f"processor {name} stopped at an event")
+            body = {"ready": not reasons, "reasons": reasons}
+            return (503 if reasons else 200), "application/json", json_body(body)
+        return not_found(route)
+
+    return HttpServer(respond)
+
+
+def _value(metrics: ProcessorMetrics, sample: str, processor: str | None = None) -> float | None:
+    labels = {} if processor is None else {"processor": processor}
+    found = metrics.registry.get_sample_value(sample, labels)
+    return None if found is None else float(found)
+
+
+# --- `ackline processors ...` --------------------------------------------------------------
+
+
+async def _with_conn(dsn: str, action: Callable[[asyncpg.Connection], Any]) -> Any:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await action(conn)
+    finally:
+        await conn.close()
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.sinks.feed.processors.registry import available
+
+    found = available()
+    if args.json:
+        print(json.dumps(found))
+    else:
+        for name, target in found.items():
+            print(f"{name:<24} {target}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.sinks.feed.processors.control import statuses
+
+    found = asyncio.run(
+        _with_conn(_operator_dsn(settings), lambda c: statuses(c, args.names or None))
+    )
+    missing = sorted(set(args.names or []) - {s.name for s in found})
+    if args.json:
+        print(json.dumps([s.to_json() for s in found]))
+    else:
+        now = time.time()
+        print(
+            f"{'processor':<20} {'state':<7} {'applied':>10} {'lag events':>11} "
+            f"{'lag s':>8} {'last commit':>12}  cursor"
+        )
+        for s in found:
+            ago = (
+                "-"
+                if s.last_commit_at is None
+                else f"{now - s.last_commit_at.timestamp():.0f}s ago"
+            )
+            print(
+                f"{s.name:<20} {s.state:<7} {s.delivered:>10,} {s.lag_events:>11,} "
+                f"{s.lag_seconds:>8.1f} {ago:>12}  {s.cursor or '-'}"
+            )
+            if s.failed_at is not None:
+                print(
+                    f"  stopped at event {s.error_event_id or '-'} (after cursor "
+                    f"{s.error_cursor or '-'}): {s.error}"
+                )
+    for name in missing:
+        print(f"ackline processors status: no processor named {name!r}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.sinks.feed.processors.control import set_paused
+
+    paused = args.action == "pause"
+    asyncio.run(_with_conn(_operator_dsn(settings), lambda c: set_paused(c, args.name, paused)))
+    print(f"processor {args.name} {'paused' if paused else 'resumed'}")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.sinks.feed.processors.control import reset
+    from ackline.sinks.feed.processors.registry import load
+    from ackline.sinks.feed.types import START, Cursor
+
+    clear = None
+    if not args.cursor_only:
+        processor = load(args.name)
+        clear = getattr(processor, "reset", None)
+        if clear is None:
+            raise AcklineError(
+                f"processor {args.name!r} has no reset(): it cannot forget its effects. "
+                "--cursor-only moves the cursor and keeps them (events are then applied again)"
+            )
+        name = processor.name
+    else:
+        name = args.name
+    to: Cursor | None = START
+    if args.to_cursor:
+        to = Cursor.decode(args.to_cursor)
+    elif args.to_now:
+        to = None
+    moved = asyncio.run(_with_conn(_operator_dsn(settings), lambda c: reset(c, name, to, clear)))
+    kept = " (its state kept)" if args.cursor_only else " and its state cleared"
+    print(f"processor {name} reset to cursor {moved.encode()}{kept}")
+    return 0
+
+
+_MAY_BE_MIGRATOR = "SELECT pg_has_role(current_user, 'ackline_migrator', 'MEMBER')"
+
+
+def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    """Run a processor's ``setup_sql`` as the operator, owned by ackline_migrator."""
+    from ackline.sinks.feed.processors.registry import load
+
+    processor = load(args.name)
+    sql = getattr(processor, "setup_sql", None)
+    if not sql:
+        print(f"processor {processor.name} has no setup_sql: nothing to do")
+        return 0
+    if not isinstance(sql, str):
+        raise AcklineError(f"processor {processor.name}: setup_sql must be SQL text")
+
+    async def go(conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            if await conn.fetchval(_MAY_BE_MIGRATOR):
+                await conn.execute("SET LOCAL ROLE ackline_migrator")
+            await conn.execute(sql)
+
+    asyncio.run(_with_conn(_operator_dsn(settings), go))
+    print(f"processor {processor.name}: setup_sql applied")
+    return 0
+
+
+def register(sub: Subparsers) -> None:
+    proc = sub.add_parser(
+        "process",
+        help="run stream processors: exactly-once effects in PostgreSQL per ingested event",
+    )
+    proc.add_argument(
+        "names",
+        nargs="+",
+        metavar="NAME",
+        help="a built-in (runs, dispatcher), an entry point of ackline.processors, "
+        "or module:attribute",
+    )
+    proc.add_argument("--until-caught-up", action="store_true", help="stop once caught up")
+    proc.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")
+    start = proc.add_mutually_exclusive_group()
+    start.add_argument("--from-cursor", help="a NEW processor starts after this cursor")
+    start.add_argument(
+        "--from-now", action="store_true", help="a NEW processor skips what is in the feed now"
+    )
+    proc.add_argument("--batch-events", type=int, default=5_000, help="events per transaction")
+    proc.add_argument(
+        "--max-transactions", type=int, default=16, help="ingest transactions per feed read"
+    )
+    proc.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
+    proc.set_defaults(handler=cmd_process)
+
+    p = sub.add_parser("processors", help="stream processors: list, status, pause, resume, reset")
+    actions = p.add_subparsers(dest="action", required=True)
+    lst = actions.add_parser("list", help="processors findable by name")
+    lst.add_argument("--json", action="store_true", help="print one JSON object")
+    lst.set_defaults(handler=cmd_list)
+    st = actions.add_parser("status", help="cursor, lag, pause and failure of each processor")
+    st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.set_defaults(handler=cmd_status)
+    for action, text in (
+        ("pause", "stop applying at the next batch boundary"),
+        ("resume", "undo pause"),
+    ):
+        a = actions.add_parser(action, help=text)
+        a.add_argument("name", help="processor name")
+        a.set_defaults(handler=cmd_pause)
+    rs = actions.add_parser(
+        "reset", help="rebuild: clear a processor's state and rewind its cursor (one transaction)"
+    )
+    rs.add_argument("name", help="processor name, entry point or module:attribute")
+    to = rs.add_mutually_exclusive_group()
+    to.add_argument("--to-cursor", help="rewind to after this cursor (default: the start)")
+    to.add_argument("--to-now", action="store_true", help="move to the feed head now")
+    rs.add_argument(
+        "--cursor-only", action="store_true", help="move the cursor only; keep the state"
+    )
+    rs.set_defaults(handler=cmd_reset)
+    su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")
+    su.add_argument("name", help="processor name, entry point or module:attribute")
+    su.set_defaults(handler=cmd_setup)

@@ -1,0 +1,308 @@
+"""The ``processors`` table: registration, pause, failure, heartbeat, lag, status, reset.
+
+A processor's cursor is its ``feed_cursors`` row (the changefeed's); this module keeps
+the rest of its state. Every function here is one or two static statements; which role
+runs them is in each docstring (the processor role may register, report and heartbeat;
+pausing, resuming and resetting are the operator's).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.types import START, Cursor, Position
+
+_REGISTER = """
+INSERT INTO processors (name)
+SELECT $1::text WHERE NOT EXISTS (SELECT 1 FROM processors WHERE name = $1::text)
+ON CONFLICT (name) DO NOTHING
+"""
+
+_REGISTERED = "SELECT paused, failed_at, error, error_event_id FROM processors WHERE name = $1"
+
+_PAUSED = "SELECT paused FROM processors WHERE name = $1"
+
+_CLEAR_FAILURE = """
+UPDATE processors
+SET failed_at = NULL, error = NULL, error_event_id = NULL, error_cursor = NULL
+WHERE name = $1 AND failed_at IS NOT NULL
+"""
+
+_FAILED = """
+UPDATE processors
+SET failed_at = now(), error = $2, error_event_id = $3, error_cursor = $4, last_instance = $5
+WHERE name = $1
+"""
+
+_HEARTBEAT = """
+UPDATE processors SET last_seen_at = now(), last_instance = $2 WHERE name = ANY($1::text[])
+"""
+
+_LAG = """
+SELECT c.reader AS name, coalesce(l.events, 0) AS events,
+       coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS seconds, p.paused
+FROM feed_cursors AS c
+JOIN processors AS p ON p.name = c.reader
+LEFT JOIN LATERAL (
+    SELECT sum(b.inserted) AS events, min(b.committed_at) AS oldest
+    FROM ingest_batches AS b
+    WHERE b.commit_xid >= c.position
+      AND (b.commit_xid > c.position OR c.within_batch IS NOT NULL)
+) AS l ON true
+WHERE c.reader = ANY($1::text[])
+"""
+
+_STATUS = """
+SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.error_cursor,
+       p.last_instance, p.last_seen_at, p.registered_at,
+       c.position::text AS position, c.within_batch, c.within_partition, c.within_offset,
+       c.within_topic, c.transactions, c.delivered, c.updated_at AS last_commit_at,
+       coalesce(l.events, 0) AS lag_events,
+       coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS lag_seconds
+FROM processors AS p
+LEFT JOIN feed_cursors AS c ON c.reader = p.name
+LEFT JOIN LATERAL (
+    SELECT sum(b.inserted) AS events, min(b.committed_at) AS oldest
+    FROM ingest_batches AS b
+    WHERE c.reader IS NOT NULL AND b.commit_xid >= c.position
+      AND (b.commit_xid > c.position OR c.within_batch IS NOT NULL)
+) AS l ON true
+WHERE $1::text[] IS NULL OR p.name = ANY($1::text[])
+ORDER BY p.name
+"""
+
+_PAUSE = """
+UPDATE processors SET paused = $2, paused_at = CASE WHEN $2 THEN now() END WHERE name = $1
+"""
+
+_HEAD = """
+SELECT coalesce(max(b.commit_xid), '0')::text AS head, pg_current_xact_id_if_assigned() AS own
+FROM ingest_batches AS b
+WHERE b.commit_xid < pg_snapshot_xmin(pg_current_snapshot())
+"""
+
+_LOCK_CURSOR = "SELECT version FROM feed_cursors WHERE reader = $1 FOR UPDATE"
+
+_REWIND = """
+UPDATE feed_cursors
+SET position = $2::xid8, within_batch = $3, within_partition = $4, within_offset = $5,
+    within_topic = $6, version = version + 1, transactions = 0, delivered = 0,
+    updated_at = now()
+WHERE reader = $1
+"""
+
+
+async def register(conn: asyncpg.Connection, name: str) -> None:
+    """Create the processor's control row unless it exists (autocommitted, idempotent).
+
+    As the processor role, row-level security refuses a name whose cursor belongs to
+    another reader: that is a FeedError here, not a hijacked cursor.
+    """
+    try:
+        await conn.execute(_REGISTER, name)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        if await conn.fetchrow(_REGISTERED, name) is not None:
+            return  # registered meanwhile by another instance
+        raise FeedError(
+            f"processor {name!r}: cannot register it ({exc}); a changefeed reader of that "
+            "name already exists and is not a processor, or this role may not write "
+            "processors (run `ackline migrate`)"
+        ) from exc
+
+
+async def is_paused(conn: asyncpg.Connection, name: str) -> bool:
+    return bool(await conn.fetchval(_PAUSED, name))
+
+
+async def clear_failure(conn: asyncpg.Connection, name: str) -> None:
+    """Inside a batch's transaction: the batch commits past where the processor stopped.
+    Touches (and locks) the row only when it holds a failure."""
+    await conn.execute(_CLEAR_FAILURE, name)
+
+
+async def record_failure(
+    conn: asyncpg.Connection,
+    name: str,
+    error: str,
+    event_id: uuid.UUID | None,
+    cursor: Cursor | None,
+    instance: str,
+) -> None:
+    """Autocommitted, after the failed batch rolled back: where the processor stopped."""
+    await conn.execute(
+        _FAILED,
+        name,
+        error[:2000],
+        event_id,
+        None if cursor is None else cursor.encode(),
+        instance,
+    )
+
+
+async def heartbeat(conn: asyncpg.Connection, names: list[str], instance: str) -> None:
+    await conn.execute(_HEARTBEAT, names, instance)
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """Ingested events after a processor's cursor (a transaction it is inside of counts
+    whole), and the age of the oldest of their batches (0 when caught up)."""
+
+    name: str
+    events: int
+    seconds: float
+    paused: bool
+
+
+async def lags(conn: asyncpg.Connection, names: list[str]) -> list[Lag]:
+    rows = await conn.fetch(_LAG, names)
+    return [
+        Lag(str(r["name"]), int(r["events"]), float(r["seconds"]), bool(r["paused"])) for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One processor as `ackline processors status` shows it."""
+
+    name: str
+    paused: bool
+    failed_at: datetime | None
+    error: str | None
+    error_event_id: uuid.UUID | None
+    error_cursor: str | None
+    last_instance: str | None
+    last_seen_at: datetime | None
+    last_commit_at: datetime | None
+    cursor: str | None
+    transactions: int
+    delivered: int
+    lag_events: int
+    lag_seconds: float
+
+    @property
+    def state(self) -> str:
+        if self.failed_at is not None:
+            return "failed"
+        if self.paused:
+            return "paused"
+        return "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        def iso(t: datetime | None) -> str | None:
+            return None if t is None else t.isoformat()
+
+        return {
+            "name": self.name,
+            "state": self.state,
+            "paused": self.paused,
+            "cursor": self.cursor,
+            "delivered": self.delivered,
+            "transactions": self.transactions,
+            "lag_events": self.lag_events,
+            "lag_seconds": round(self.lag_seconds, 3),
+            "last_commit_at": iso(self.last_commit_at),
+            "last_seen_at": iso(self.last_seen_at),
+            "last_instance": self.last_instance,
+            "failed_at": iso(self.failed_at),
+            "error": self.error,
+            "error_event_id": None if self.error_event_id is None else str(self.error_event_id),
+            "error_cursor": self.error_cursor,
+        }
+
+
+def _cursor_text(r: asyncpg.Record) -> str | None:
+    if r["position"] is None:
+        return None
+    if r["within_batch"] is None:
+        return Cursor(int(r["position"])).encode()
+    position = Position(
+        int(r["within_batch"]),
+        int(r["within_partition"]),
+        int(r["within_offset"]),
+        str(r["within_topic"]),
+    )
+    return Cursor(int(r["position"]), position).encode()
+
+
+async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> list[Status]:
+    """Read-only; any role that may read the tables (the reader role included)."""
+    rows = await conn.fetch(_STATUS, names)
+    return [
+        Status(
+            name=str(r["name"]),
+            paused=bool(r["paused"]),
+            failed_at=r["failed_at"],
+            error=r["error"],
+            error_event_id=r["error_event_id"],
+            error_cursor=r["error_cursor"],
+            last_instance=r["last_instance"],
+            last_seen_at=r["last_seen_at"],
+            last_commit_at=r["last_commit_at"],
+            cursor=_cursor_text(r),
+            transactions=int(r["transactions"] or 0),
+            delivered=int(r["delivered"] or 0),
+            lag_events=int(r["lag_events"]),
+            lag_seconds=float(r["lag_seconds"]),
+        )
+        for r in rows
+    ]
+
+
+async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> None:
+    """The operator's: pause or resume (autocommitted). Running instances read the flag
+    before each batch, so a pause takes effect at the next batch boundary."""
+    status = await conn.execute(_PAUSE, name, paused)
+    if status != "UPDATE 1":
+        raise FeedError(f"no processor named {name!r} (it registers when it first runs)")
+
+
+async def head(conn: asyncpg.Connection) -> Cursor:
+    """The cursor just past every batch readable now: a processor started here sees only
+    what commits later. One statement, read before the transaction holds an xid."""
+    r = await conn.fetchrow(_HEAD)
+    if r is None or r["own"] is not None:
+        raise FeedError("the feed head was read in a transaction that holds an xid")
+    return Cursor(int(r["head"]))
+
+
+async def reset(
+    conn: asyncpg.Connection,
+    name: str,
+    to: Cursor | None = START,
+    clear: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
+) -> Cursor:
+    """Rewind a processor to ``to`` (None: the feed head now) and clear its failure, in
+    one transaction with ``clear(conn)``, which deletes the processor's own state: the
+    operator's ``ackline processors reset``. Returns the new cursor.
+
+    Order of effects: BEGIN; read the head if asked (before any xid); lock the cursor
+    row (an instance with a batch in flight commits first; its next compare-and-set then
+    fails and it reads on from the new cursor); ``clear``; rewind; clear the failure;
+    COMMIT. A crash before COMMIT changes nothing; after it, the processor's next batch
+    starts at ``to`` with nothing of the old state left.
+    """
+    if conn.is_in_transaction():
+        raise FeedError("reset needs a connection that is not in a transaction")
+    async with conn.transaction():
+        target = await head(conn) if to is None else to
+        if await conn.fetchrow(_LOCK_CURSOR, name) is None:
+            raise FeedError(f"processor {name!r} has no cursor yet (it has never run)")
+        if clear is not None:
+            await clear(conn)
+        w = target.within
+        await conn.execute(
+            _REWIND,
+            name,
+            target.xid,
+            *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
+        )
+        await conn.execute(_CLEAR_FAILURE, name)
+    return target

@@ -1,0 +1,443 @@
+"""Run processors on the changefeed: effects and cursor in one transaction, per batch.
+
+Each processor is a named changefeed reader (:class:`ackline.sinks.feed.changefeed.Reader`,
+cursor row ``feed_cursors.reader = name``) followed by
+:func:`ackline.sinks.feed.follow.follow` on a connection of its own. Per batch, in one
+transaction (order of effects): read the ``paused`` flag (autocommitted, before BEGIN);
+BEGIN; read the cursor; read the feed (one statement, before the transaction holds an
+xid); compare-and-set the cursor to the batch's end; ``apply`` (the processor's effects,
+on the same connection); clear a recorded failure if any; fault point
+``processor_before_commit``; COMMIT.
+
+What a crash leaves, at each step: before COMMIT, nothing (effects and cursor roll back
+together; the next instance gets the same batch); during COMMIT, whatever the database
+decided (the next read of the cursor tells); after COMMIT, both. Two instances of one
+processor: the second blocks on the cursor row, finds its version moved when the first
+commits, rolls back before any effect, and reads on from the first one's cursor.
+
+A batch whose ``apply`` raises (anything but a transient database error, which
+reconnects and retries) rolls back; the runner then re-reads the same events in smaller
+batches (halving down to one event) and commits every batch that goes through, so it
+stops exactly at the first event that raises: the cursor stays just before it, the
+failure is recorded in ``processors`` (``ackline processors status``) and that processor
+stops; the others in the process go on. The next start retries from that event.
+
+Processors never touch ingest: they only read ``activity`` and ``ingest_batches``, on
+their own connections, and their transactions hold no lock an ingest writer takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from ackline.core.faults import DISARMED, Faults
+from ackline.sinks.connection import is_transient
+from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
+from ackline.sinks.feed.follow import Committed, follow
+from ackline.sinks.feed.processors import control
+from ackline.sinks.feed.processors.contract import (
+    Processor,
+    ProcessorBatch,
+    ProcessorError,
+    filter_of,
+)
+from ackline.sinks.feed.processors.metrics import ProcessorMetrics
+from ackline.sinks.feed.types import START, Cursor, FeedBatch
+
+log = logging.getLogger(__name__)
+
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+FAULT_POINT = "processor_before_commit"
+
+
+class Outcome(enum.StrEnum):
+    CAUGHT_UP = "caught_up"  # --until-caught-up: nothing left to read
+    STOPPED = "stopped"  # stop requested (SIGTERM), the batch in hand committed
+    CANCELLED = "cancelled"  # stop requested and the shutdown wait ran out: rolled back
+    PAUSED = "paused"  # --until-caught-up on a paused processor
+    FAILED = "failed"  # stopped at an event that raises (or could not start)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Where a processor stopped: the event it raised on (None: it failed outside any
+    event, e.g. a missing grant) and the cursor just before it."""
+
+    error: str
+    event_id: uuid.UUID | None
+    cursor: Cursor | None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One processor's run, counted from confirmed commits only."""
+
+    name: str
+    outcome: Outcome
+    applied: int
+    batches: int
+    lost_races: int
+    cursor: str
+    failure: Failure | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "processor": self.name,
+            "outcome": self.outcome.value,
+            "applied": self.applied,
+            "batches": self.batches,
+            "lost_races": self.lost_races,
+            "cursor": self.cursor,
+        }
+        if self.failure is not None:
+            out["error"] = self.failure.error
+            out["error_event_id"] = (
+                None if self.failure.event_id is None else str(self.failure.event_id)
+            )
+            out["error_cursor"] = (
+                None if self.failure.cursor is None else self.failure.cursor.encode()
+            )
+        return out
+
+
+class ProcessorRunner:
+    """Runs one processor (see the module docstring); also the reader :func:`follow` drives."""
+
+    def __init__(
+        self,
+        processor: Processor,
+        *,
+        instance: str,
+        metrics: ProcessorMetrics | None = None,
+        faults: Faults = DISARMED,
+        max_transactions: int = 16,
+        batch_events: int = 5_000,
+        poll_interval: float = 2.0,
+        start: Cursor = START,
+    ) -> None:
+        self.processor = processor
+        self.name = processor.name
+        self.instance = instance
+        self.metrics = metrics or ProcessorMetrics()
+        self.batch_events = batch_events
+        self.poll_interval = poll_interval
+        self._faults = faults
+        feed = Changefeed(filter_of(processor), max_transactions=max_transactions)
+        # feed_before_commit fires too (at the same place), for `ackline dispatch`'s arms.
+        self.reader = Reader(self.name, feed, start=start, faults=faults)
+        self.applied = 0
+        self.batches = 0
+        self.paused = False
+        self.cursor: Cursor = start
+        self._in_hand: ProcessorBatch | None = None
+        self._races_counted = 0
+        self.metrics.failed.labels(self.name).set(0)
+        self.metrics.paused.labels(self.name).set(0)
+
+    # --- the reader follow() drives ---------------------------------------------------
+
+    async def position(self, conn: asyncpg.Connection) -> Cursor:
+        """Register the processor (if new) and read, or create, its cursor."""
+        await control.register(conn, self.name)
+        self.cursor = await self.reader.position(conn)
+        return self.cursor
+
+    @asynccontextmanager
+    async def next_batch(
+        self, conn: asyncpg.Connection, limit: int | None = None
+    ) -> AsyncIterator[FeedBatch]:
+        """The next batch inside its transaction, or, while paused, an empty batch read
+        without opening one (follow() then waits as if caught up)."""
+        if await control.is_paused(conn, self.name):
+            if not self.paused:
+                log.info(
+                    "processor %s is paused; waiting for `ackline processors resume`", self.name
+                )
+            self.paused = True
+            self.metrics.paused.labels(self.name).set(1)
+            here = await saved_cursor(conn, self.name) or self.cursor
+            yield FeedBatch(start=here, end=here)
+            return
+        if self.paused:
+            log.info("processor %s resumed", self.name)
+            self.paused = False
+            self.metrics.paused.labels(self.name).set(0)
+        async with self.reader.next_batch(conn, limit) as batch:
+            yield batch
+
+    async def _handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Any:
+        """Inside the batch's transaction: apply, clear a recorded failure, fault point."""
+        if batch.caught_up:
+            return None
+        work = ProcessorBatch(self.name, self.instance, batch.start, batch.end, tuple(batch.events))
+        self._in_hand = work
+        result = None
+        if work.events:
+            try:
+                result = await self.processor.apply(conn, work)
+            except Exception as exc:
+                if is_transient(exc, conn):
+                    raise
+                raise ProcessorError(self.name, exc) from exc
+        await control.clear_failure(conn, self.name)
+        await self._faults.ahit(FAULT_POINT)
+        return result
+
+    def _committed(self, done: Committed[Any]) -> None:
+        """After COMMIT (or after an empty read): count, and tell the processor."""
+        races = self.reader.stats.lost_races
+        if races > self._races_counted:
+            self.metrics.lost_races.labels(self.name).inc(races - self._races_counted)
+            self._races_counted = races
+        work, self._in_hand = self._in_hand, None
+        self.cursor = done.batch.end
+        if done.batch.caught_up or work is None:
+            return
+        self.applied += len(work.events)
+        self.batches += 1
+        self.metrics.applied.labels(self.name).inc(len(work.events))
+        self.metrics.batches.labels(self.name).inc()
+        self.metrics.last_commit.labels(self.name).set(time.time())
+        self.metrics.failed.labels(self.name).set(0)
+        hook = getattr(self.processor, "committed", None)
+        if hook is not None and work.events:
+            hook(work, done.result)
+
+    def _transient(self, exc: BaseException) -> None:
+        self.metrics.errors.labels(self.name, "transient").inc()
+
+    # --- running ----------------------------------------------------------------------
+
+    async def run(self, connect: Connect, stop: asyncio.Event, *, wait: bool = True) -> Report:
+        """Apply batches until ``stop`` (or, ``wait`` False, until caught up or paused);
+        stop at the first event that raises. Never raises for a processor's failure."""
+        while True:
+            self._in_hand = None
+            try:
+                await follow(
+                    self,
+                    connect,
+                    self._handle,
+                    stop,
+                    wait=wait,
+                    poll_interval=self.poll_interval,
+                    batch_events=self.batch_events,
+                    on_commit=self._committed,
+                    on_transient=self._transient,
+                )
+            except ProcessorError as exc:
+                failed, self._in_hand = self._in_hand, None
+                self.metrics.errors.labels(self.name, "apply").inc()
+                if failed is None or not failed.events:
+                    return await self._stop(connect, Failure(exc.text, None, self.cursor))
+                log.warning(
+                    "processor %s: a batch of %d events raised (%s); retrying it in smaller "
+                    "batches to stop at the first event that raises",
+                    self.name,
+                    len(failed.events),
+                    exc.text,
+                )
+                try:
+                    located = await self._isolate(connect, failed, stop)
+                except Exception as inner:
+                    if is_transient(inner):
+                        self._transient(inner)
+                        continue
+                    return await self._stop(connect, Failure(_text(inner), None, self.cursor))
+                if located is None:
+                    continue  # every event went through on its own: carry on
+                return await self._stop(connect, located)
+            except Exception as exc:
+                # outside any event: registration, privileges, the feed itself
+                return await self._stop(connect, Failure(_text(exc), None, self.cursor))
+            if stop.is_set():
+                outcome = Outcome.STOPPED
+            elif self.paused:
+                outcome = Outcome.PAUSED
+            else:
+                outcome = Outcome.CAUGHT_UP
+            return self.report(outcome)
+
+    async def _isolate(
+        self, connect: Connect, failed: ProcessorBatch, stop: asyncio.Event
+    ) -> Failure | None:
+        """Re-read from the cursor in batches of half the failed one's size, halving on
+        every failure and committing every batch that goes through, until one event
+        alone raises (returned) or the failed batch's end is passed (None)."""
+        size = max(1, len(failed.events) // 2)
+        end = failed.end.sort_key()
+        conn = await connect()
+        try:
+            await self.position(conn)
+            while not stop.is_set():
+                try:
+                    async with self.reader.next_batch(conn, size) as batch:
+                        result = await self._handle(conn, batch)
+                except ProcessorError as exc:
+                    work = self._in_hand
+                    self._in_hand = None
+                    if work is not None and len(work.events) == 1:
+                        return Failure(exc.text, work.events[0].event_id, work.start)
+                    size = max(1, size // 2)
+                    continue
+                self._committed(Committed(batch, result))
+                if batch.caught_up or batch.end.sort_key() >= end:
+                    return None
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=5)
+
+    async def _stop(self, connect: Connect, failure: Failure) -> Report:
+        """Record where the processor stopped (best effort: the log line is the fallback)."""
+        self.metrics.errors.labels(self.name, "stopped").inc()
+        self.metrics.failed.labels(self.name).set(1)
+        where = (
+            f"at event {failure.event_id} (the first after cursor "
+            f"{failure.cursor.encode() if failure.cursor else '-'})"
+            if failure.event_id is not None
+            else "before any event"
+        )
+        log.error("processor %s stopped %s: %s", self.name, where, failure.error)
+        for attempt in range(3):
+            try:
+                conn = await connect()
+                try:
+                    await control.record_failure(
+                        conn,
+                        self.name,
+                        failure.error,
+                        failure.event_id,
+                        failure.cursor,
+                        self.instance,
+                    )
+                finally:
+                    await conn.close()
+                break
+            except Exception as exc:
+                if attempt == 2 or not is_transient(exc):
+                    log.warning("processor %s: could not record the failure: %s", self.name, exc)
+                    break
+                await asyncio.sleep(0.5 * (attempt + 1))
+        return self.report(Outcome.FAILED, failure)
+
+    def report(self, outcome: Outcome, failure: Failure | None = None) -> Report:
+        return Report(
+            self.name,
+            outcome,
+            self.applied,
+            self.batches,
+            self.reader.stats.lost_races,
+            self.cursor.encode(),
+            failure,
+        )
+
+
+def _text(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+async def watch(
+    connect: Connect,
+    names: Sequence[str],
+    metrics: ProcessorMetrics,
+    instance: str,
+    stop: asyncio.Event,
+    interval: float = 5.0,
+) -> None:
+    """Every ``interval`` s, on a connection of its own: sample each processor's lag
+    (events and seconds) into the metrics, and heartbeat ``processors.last_seen_at``.
+    Runs until ``stop`` or cancelled; a lost database is retried at the next tick."""
+    conn: asyncpg.Connection | None = None
+    was_up: bool | None = None
+    try:
+        while not stop.is_set():
+            up = True
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await connect()
+                for lag in await control.lags(conn, list(names)):
+                    metrics.lag_events.labels(lag.name).set(lag.events)
+                    metrics.lag_seconds.labels(lag.name).set(lag.seconds)
+                    metrics.paused.labels(lag.name).set(1 if lag.paused else 0)
+                await control.heartbeat(conn, list(names), instance)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+                up = False
+                if was_up is not False:
+                    log.warning("processors: lag sample failed: %s", exc)
+                if conn is not None:
+                    conn.terminate()
+                    conn = None
+            was_up = up
+            metrics.db_up.set(1 if up else 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+    finally:
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+
+
+async def run_all(
+    runners: Sequence[ProcessorRunner],
+    connect: Connect,
+    stop: asyncio.Event,
+    *,
+    wait: bool = True,
+    shutdown_wait_s: float = 30.0,
+    watch_interval: float = 5.0,
+) -> list[Report]:
+    """Run every runner on its own connection until all return; once ``stop`` is set,
+    give them ``shutdown_wait_s`` to commit the batch in hand, then cancel (a cancelled
+    batch rolls back: nothing of it is applied)."""
+    if not runners:
+        return []
+    metrics = runners[0].metrics
+    tasks = [asyncio.create_task(r.run(connect, stop, wait=wait)) for r in runners]
+    watcher_stop = asyncio.Event()
+    watcher = asyncio.create_task(
+        watch(
+            connect,
+            [r.name for r in runners],
+            metrics,
+            runners[0].instance,
+            watcher_stop,
+            watch_interval,
+        )
+    )
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        while not all(t.done() for t in tasks) and not stop.is_set():
+            await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if not all(t.done() for t in tasks):
+            _, late = await asyncio.wait(tasks, timeout=shutdown_wait_s)
+            for t in late:
+                log.warning(
+                    "processors: shutdown wait (%.0fs) ran out: cancelling", shutdown_wait_s
+                )
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+    finally:
+        stopping.cancel()
+        watcher_stop.set()
+        watcher.cancel()
+        await asyncio.gather(stopping, watcher, return_exceptions=True)
+    reports = []
+    for runner, task in zip(runners, tasks, strict=True):
+        if task.cancelled():
+            reports.append(runner.report(Outcome.CANCELLED))
+        else:
+            reports.append(task.result())
+    return reports

@@ -1,0 +1,347 @@
+"""The asyncio producer SDK: :class:`ActivityProducer`'s twin for asyncio services.
+
+Built on confluent-kafka's own asyncio producer (``confluent_kafka.aio.AIOProducer``):
+every blocking librdkafka call runs in a small thread pool this class owns, so a web
+handler or an agent loop never waits on the broker with the event loop held. Records are
+made by the same :func:`ackline.streams.producer.prepare` (one validation, one set of
+bytes for every attempt) and commit errors are judged by the same
+:func:`ackline.streams.producer.txn_action`.
+
+What AIOProducer (confluent-kafka 2.16) does not do, and how this class copes:
+
+* **No headers** (``produce(headers=...)`` raises NotImplementedError: it batches through
+  ``produce_batch``). Records go out with their key and value only; ackline reads no
+  header (the envelope carries ``type`` and ``schema_version``), so nothing is lost.
+* **Unbounded flushes**: its ``commit_transaction``/``abort_transaction``/``close`` flush
+  without a timeout. This class flushes first with the time left, so a frozen broker
+  costs at most ``timeout``, then an :class:`OutcomeUnknownError`.
+* **Fatal errors as SystemError** (a fenced instance): unwrapped with
+  :func:`ackline.streams.producer.kafka_error`.
+* **Cancellation**: a transactional call keeps running in its thread when the awaiting
+  task is cancelled. This class then refuses further transactional calls
+  (:class:`OutcomeUnknownError`): close it and resend from a new instance.
+* Delivery futures are completed from a worker thread: do not run the loop in asyncio
+  debug mode with this producer (it raises "Non-thread-safe operation").
+
+Usage::
+
+    records = [prepare(envelope)]
+    async with AsyncActivityProducer(bootstrap, "agent-activity", "svc-1") as producer:
+        deliveries = await producer.send_transaction(records)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from confluent_kafka import KafkaException, Message
+from confluent_kafka.aio import AIOProducer
+
+from ackline.schemas.envelope import Envelope
+from ackline.streams.errors import OutcomeUnknownError, ProduceError
+from ackline.streams.producer import (
+    RETRY_PAUSE_S,
+    Delivery,
+    KeyBy,
+    Outgoing,
+    kafka_error,
+    prepare,
+    settle,
+    transactional_config,
+    txn_action,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_CALL_SLICE_S = 10.0
+"""The longest single flush/commit call; the loop around it honours the overall timeout."""
+
+
+class AsyncActivityProducer:
+    """A transactional producer of activity envelopes for asyncio code.
+
+    Nothing connects until :meth:`start` (or ``async with``), which must run inside the
+    event loop that will use it. One transaction at a time per instance.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        transactional_id: str,
+        *,
+        key_by: KeyBy = "agent",
+        extra: dict[str, Any] | None = None,
+        threads: int = 2,
+    ) -> None:
+        self.topic = topic
+        self.key_by: KeyBy = key_by
+        self.transactional_id = transactional_id
+        self._conf = transactional_config(bootstrap, transactional_id, extra)
+        self._threads = threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._aio: AIOProducer | None = None
+        self._broken: ProduceError | None = None
+        """Why this instance can do no more; raised (as a new error) by every later call."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self, timeout: float = 30.0) -> None:
+        """Connect and fence older instances with the same transactional.id.
+
+        A transaction an older instance left open is finished by the broker first
+        (committed if its commit had begun, aborted otherwise), so after start() the
+        earlier attempt's outcome is settled and a resend of the same records is safe.
+        """
+        executor = concurrent.futures.ThreadPoolExecutor(
+            self._threads, thread_name_prefix=f"ackline-producer-{self.transactional_id}"
+        )
+        aio = AIOProducer(self._conf, executor=executor)
+        self._executor, self._aio = executor, aio
+        try:
+            await self._guard(aio.init_transactions(timeout))
+        except (KafkaException, SystemError) as exc:
+            await self.close()
+            raise ProduceError(f"cannot initialise transactions: {exc}") from exc
+
+    def _client(self) -> AIOProducer:
+        if self._aio is None:
+            raise ProduceError("AsyncActivityProducer.start() was not called")
+        if self._broken is not None:
+            raise type(self._broken)(
+                f"this producer instance is unusable ({self._broken}); close it and resend "
+                "the same records from a new instance"
+            )
+        return self._aio
+
+    async def _guard(self, call: Awaitable[T]) -> T:
+        """Await a transactional call; if the awaiting task is cancelled, the call goes
+        on in its thread, so this instance's transaction state is unknown from then on."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            self._broken = OutcomeUnknownError("a transactional call was cancelled while it ran")
+            raise
+
+    async def send_transaction(
+        self, records: Sequence[Outgoing], *, timeout: float = 60.0, rounds: int = 3
+    ) -> list[Delivery]:
+        """Send ``records`` in one transaction and commit it; the deliveries, in order.
+
+        Order of effects: begin; produce every record; flush; commit. A commit that fails
+        retriably is called again until ``timeout`` (never a resend). One that requires an
+        abort is aborted and the same records go out in a new transaction, up to
+        ``rounds`` times. Raises :class:`OutcomeUnknownError` when the commit could not be
+        confirmed (close this instance, start a new one with the same transactional.id,
+        resend the same records: ackline drops the copies), :class:`ProducerFencedError`
+        when a newer instance took over, :class:`ProduceError` when nothing was committed
+        (a record the broker refuses for good). A crash before the commit marker leaves
+        nothing visible to ackline.
+        """
+        loop = asyncio.get_running_loop()
+        for attempt in range(1, rounds + 1):
+            await self._begin()
+            futures = [await self._produce(record) for record in records]
+            try:
+                await self._commit(loop.time() + timeout)
+            except _AbortRequired as exc:
+                await self.abort(timeout)
+                failed = await _refused(futures)
+                if failed or attempt == rounds:
+                    raise ProduceError(
+                        f"transaction aborted, nothing committed: {failed or exc}"
+                    ) from None
+                log.warning("transaction aborted (%s); sending the same records again", exc)
+                continue
+            return await _deliveries(futures)
+        raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def transaction(self, timeout: float = 60.0) -> AsyncIterator[None]:
+        """Begin; run the block (its :meth:`send` calls); flush and commit.
+
+        An exception in the block aborts instead. Commit errors raise as in
+        :meth:`send_transaction`; an abortable one is aborted and raised as
+        :class:`ProduceError` (the block is not run again).
+        """
+        await self._begin()
+        try:
+            yield
+        except BaseException:
+            if self._broken is None:
+                await self.abort(timeout)
+            raise
+        try:
+            await self._commit(asyncio.get_running_loop().time() + timeout)
+        except _AbortRequired as exc:
+            await self.abort(timeout)
+            raise ProduceError(f"transaction aborted: {exc}") from None
+
+    async def send(self, item: Envelope | Outgoing) -> asyncio.Future[Message]:
+        """Queue one envelope (prepared here) or prepared record in the open transaction.
+
+        Returns its delivery future, resolved once the record is flushed (the commit
+        flushes). Prepare records yourself when a retry may need them again.
+        """
+        record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
+        return await self._produce(record)
+
+    async def flush(self, timeout: float) -> int:
+        """Hand buffered records to the broker; how many are still undelivered."""
+        try:
+            left: int = await self._client().flush(timeout)
+        except (KafkaException, SystemError) as exc:
+            raise self._settled(exc, "flush") from exc
+        return left
+
+    async def abort(self, timeout: float = 60.0) -> None:
+        """Abort the open transaction: none of its records become visible."""
+        aio = self._client()
+        try:
+            await self._guard(self._bounded_flush(aio, asyncio.get_running_loop().time() + timeout))
+            await self._guard(aio.abort_transaction(timeout))
+        except (KafkaException, SystemError) as exc:
+            raise self._settled(exc, "abort_transaction") from exc
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Deliver what is buffered (up to ``timeout``), drop the rest, release the threads.
+
+        Never raises for a fenced or broken instance: there is nothing left to save.
+        """
+        aio, executor = self._aio, self._executor
+        self._aio = self._executor = None
+        try:
+            if aio is not None:
+                try:
+                    if await aio.flush(timeout):
+                        await aio.purge()
+                except (KafkaException, SystemError) as exc:
+                    log.info("closing a producer that cannot deliver: %s", exc)
+                    await aio.purge()
+                try:
+                    await aio.close()  # stops its timer task; flushes again, now empty
+                except (KafkaException, SystemError) as exc:
+                    log.info("closing a producer that cannot deliver: %s", exc)
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- internals ----------------------------------------------------------------------
+
+    async def _begin(self) -> None:
+        aio = self._client()
+        try:
+            await self._guard(aio.begin_transaction())
+        except (KafkaException, SystemError) as exc:
+            raise self._settled(exc, "begin_transaction") from exc
+
+    async def _produce(self, record: Outgoing) -> asyncio.Future[Message]:
+        aio = self._client()
+        try:
+            future: asyncio.Future[Message] = await aio.produce(
+                self.topic, value=record.value, key=record.key
+            )
+        except (KafkaException, SystemError) as exc:
+            raise self._settled(exc, "produce") from exc
+        return future
+
+    async def _bounded_flush(self, aio: AIOProducer, deadline: float) -> None:
+        """Flush until nothing is left; OutcomeUnknownError when ``deadline`` passes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left_s = deadline - loop.time()
+            if left_s <= 0:
+                raise OutcomeUnknownError("records not delivered in time, outcome unknown")
+            if await aio.flush(min(left_s, _CALL_SLICE_S)) == 0:
+                return
+
+    async def _commit(self, deadline: float) -> None:
+        """Flush (bounded), then commit_transaction, again while it fails retriably.
+
+        AIOProducer.commit_transaction flushes without a timeout first; flushing here
+        with the time left keeps a frozen broker from holding the caller past
+        ``deadline``.
+        """
+        aio = self._client()
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._guard(self._bounded_flush(aio, deadline))
+                left_s = deadline - loop.time()
+                if left_s <= 0:
+                    raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+                await self._guard(aio.commit_transaction(min(left_s, _CALL_SLICE_S)))
+                return
+            except (KafkaException, SystemError) as exc:
+                err = kafka_error(exc)
+                if err is None:
+                    raise
+                action = txn_action(err)
+                if action == "retry":
+                    log.warning("commit_transaction retriable error, retrying: %s", err)
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
+                if action == "abort":
+                    raise _AbortRequired(err.str()) from exc
+                self._broken = settle(err, "commit_transaction")
+                raise self._broken from exc
+            except OutcomeUnknownError as exc:
+                self._broken = exc
+                raise
+
+    def _settled(self, exc: BaseException, what: str) -> ProduceError:
+        err = kafka_error(exc)
+        if err is None:
+            return ProduceError(f"{what} failed: {exc!r}")
+        settled = settle(err, what)
+        if txn_action(err) in ("fenced", "fatal"):
+            self._broken = settled
+        return settled
+
+
+class _AbortRequired(Exception):
+    """A commit failed with an error that requires abort_transaction."""
+
+
+async def _refused(futures: Sequence[asyncio.Future[Message]]) -> str:
+    """After an abort: the first record the broker refused, if any (consumes every future)."""
+    done = [f for f in futures if f.done()]
+    for f in futures:
+        if not f.done():
+            f.cancel()
+    errors = [f.exception() for f in done if not f.cancelled() and f.exception() is not None]
+    if not errors:
+        return ""
+    err = kafka_error(errors[0]) if errors[0] is not None else None
+    first = f"{err.name()}: {err.str()}" if err is not None else repr(errors[0])
+    return f"{len(errors)} record(s) refused, first: {first}"
+
+
+async def _deliveries(futures: Sequence[asyncio.Future[Message]]) -> list[Delivery]:
+    """The committed records' coordinates (the commit flushed: every future is done)."""
+    if not all(f.done() for f in futures):
+        await asyncio.wait(futures, timeout=_CALL_SLICE_S)
+    out = []
+    for f in futures:
+        if not f.done() or f.cancelled() or f.exception() is not None:
+            raise OutcomeUnknownError("committed, but a delivery report is missing")
+        msg = f.result()
+        out.append(Delivery(msg.partition() or 0, msg.offset() or 0))
+    return out

@@ -1,0 +1,166 @@
+"""Helpers of the producer tests: what a worker made of a topic, and what the topic holds."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError
+
+import ackline
+from ackline.schemas import new_envelope
+from ackline.schemas.envelope import Envelope
+from ackline.streams.producer import Delivery
+from tests.integration.harness import Worker, db, wait_until
+
+ROOT = Path(ackline.__file__).resolve().parent.parent
+SCHEMA = ROOT / "schemas" / "json" / "envelope.v1.schema.json"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """The database after a worker ran: rows and what every batch counted."""
+
+    event_ids: frozenset[uuid.UUID]
+    rows: int
+    inserted: int
+    duplicates: int
+    conflicts: int
+    rejects: int
+
+
+def ingested(dsn: str) -> Ingested:
+    ids = db(dsn, "SELECT event_id FROM activity")
+    sums = db(
+        dsn,
+        "SELECT coalesce(sum(inserted), 0) AS ins,"
+        " coalesce(sum(duplicates_ledger + duplicates_pk), 0) AS dup,"
+        " coalesce(sum(conflicts_ledger + conflicts_pk), 0) AS con,"
+        " coalesce(sum(rejects), 0) AS rej FROM ingest_batches",
+    )[0]
+    return Ingested(
+        frozenset(r["event_id"] for r in ids),
+        len(ids),
+        int(sums["ins"]),
+        int(sums["dup"]),
+        int(sums["con"]),
+        int(sums["rej"]),
+    )
+
+
+def last_offsets(deliveries: Iterable[Delivery]) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for d in deliveries:
+        last[d.partition] = max(d.offset, last.get(d.partition, -1))
+    return last
+
+
+def wait_past(
+    dsn: str, worker: Worker, topic: str, last: Mapping[int, int], timeout: float = 120
+) -> None:
+    """Wait until the worker's offsets in PostgreSQL are past ``last`` (partition -> offset)."""
+
+    def done() -> bool:
+        worker.ensure_alive()
+        rows = db(
+            dsn, "SELECT partition, next_offset FROM consumer_offsets WHERE topic = $1", topic
+        )
+        have = {int(r["partition"]): r["next_offset"] for r in rows}
+        return all((have.get(p) or 0) > off for p, off in last.items())
+
+    wait_until(done, timeout, f"the worker to commit past {dict(last)}")
+
+
+def committed_values(bootstrap: str, topic: str, partitions: int = 3) -> list[bytes]:
+    """Every record value of ``topic`` a read_committed consumer sees, to the end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    at_end: set[int] = set()
+
+    def more() -> bool:
+        for msg in consumer.consume(500, timeout=0.5):
+            err = msg.error()
+            if err is None:
+                values.append(msg.value() or b"")
+            elif err.code() == KafkaError._PARTITION_EOF:
+                at_end.add(msg.partition() or 0)
+        return len(at_end) >= partitions
+
+    try:
+        wait_until(more, 60, f"the end of every partition of {topic}", interval=0)
+    finally:
+        consumer.close()
+    return values
+
+
+def json_schema_validator() -> Any:
+    """A standard (Draft 2020-12) validator of the exported schema, formats checked."""
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def unit_of_work(request: str, agent: str, steps: int) -> list[Envelope]:
+    """One request served by one agent run: requested, started, steps, a tool call, finished.
+
+    ``txn_id``s follow docs/producing.md: ``req:<request>``, ``start:<request>`` (one
+    request, one agent), ``<run>:<seq>`` for each later event.
+    """
+    run = f"run-{request}"
+    events = [
+        new_envelope(
+            "agent.requested",
+            f"req:{request}",
+            agent,
+            request,
+            {"prompt": "summarise", "requested_by": "user-1", "priority": 3, "tools": ["search"]},
+        ),
+        new_envelope(
+            "agent.started", f"start:{request}", agent, request, {"run_id": run, "model": "m"}
+        ),
+    ]
+    for i in range(steps):
+        events.append(
+            new_envelope(
+                "agent.step",
+                f"{run}:{len(events)}",
+                agent,
+                request,
+                {"run_id": run, "step": i, "thought": f"step {i} \u00e9\u00e8 \u2603"},
+            )
+        )
+    events.append(
+        new_envelope(
+            "tool.called",
+            f"{run}:{len(events)}",
+            agent,
+            request,
+            {"run_id": run, "call_id": "c1", "tool": "search", "arguments": {"q": "x", "n": 1.5}},
+        )
+    )
+    events.append(
+        new_envelope(
+            "agent.finished",
+            f"{run}:{len(events)}",
+            agent,
+            request,
+            {"run_id": run, "steps": steps, "tokens_in": 10, "tokens_out": 20, "summary": "ok"},
+        )
+    )
+    return events

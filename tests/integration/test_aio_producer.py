@@ -1,0 +1,161 @@
+"""The asyncio producer SDK against the real broker, ingested by a real worker.
+
+Two faults a producing service meets: a commit whose outcome it cannot know (the broker
+is frozen with SIGSTOP while the commit is in flight), after which a new instance resends
+the same records; and a zombie instance fenced by a newer one with the same
+transactional.id. In both, ackline must end with every event exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from ackline.dev import stack
+from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.errors import OutcomeUnknownError, ProducerFencedError
+from ackline.streams.producer import Delivery, Outgoing, prepare
+from tests.integration.harness import Services, Worker
+from tests.integration.producing import (
+    committed_values,
+    ingested,
+    last_offsets,
+    unit_of_work,
+    wait_past,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def records() -> list[Outgoing]:
+    """Two requests' worth of events, prepared once: every attempt sends these bytes."""
+    envs = unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-a", 3)
+    envs += unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-b", 2)
+    return [prepare(e) for e in envs]
+
+
+@contextmanager
+def frozen_broker(services: Services) -> Iterator[None]:
+    """The broker SIGSTOPped for the block, SIGCONTed after it whatever happens."""
+    pid = stack.status(services.state_dir)["kafka"]["pid"]
+    assert pid, "this test freezes the local stack's broker: it needs its pid"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+class Heartbeat:
+    """Counts ticks of a 20 ms sleep loop: it only ticks while the event loop is free."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            self.ticks += 1
+
+    def __enter__(self) -> Heartbeat:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def test_a_resend_after_an_uncertain_commit_is_ingested_once(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    sent = records()
+    txn_id = f"svc-{uuid.uuid4().hex[:8]}"
+
+    async def produce() -> tuple[int, list[Delivery]]:
+        first = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await first.start()
+        with (
+            ExitStack() as thaw,
+            pytest.raises(OutcomeUnknownError) as unknown,
+            Heartbeat() as beat,
+        ):
+            async with first.transaction(timeout=2.0):
+                for record in sent:
+                    await first.send(record)
+                assert await first.flush(30) == 0  # in the open transaction, not committed
+                thaw.enter_context(frozen_broker(services))  # until the commit gave up
+        assert not isinstance(unknown.value, ProducerFencedError)
+        with pytest.raises(OutcomeUnknownError):  # the instance knows it is unusable
+            await first.send(sent[0])
+        await first.close()
+        # What docs/producing.md says to do: a new instance, the same records.
+        async with AsyncActivityProducer(services.bootstrap, topic, txn_id) as second:
+            return beat.ticks, await second.send_transaction(sent)
+
+    ticks, deliveries = asyncio.run(produce())
+    assert ticks >= 3, "the event loop was held while the broker was frozen"
+
+    copies = committed_values(services.bootstrap, topic)
+    originals = {r.value for r in sent}
+    assert set(copies) == originals
+    # The commit request was already in the frozen broker's socket: it committed when the
+    # broker woke up, so the resend made a second copy of every record. Unknown to the
+    # service, harmless to ackline: each copy must be a counted duplicate.
+    assert len(copies) == 2 * len(sent)
+
+    worker = Worker(services, dsn, topic, tmp_path)
+    wait_past(dsn, worker, topic, last_offsets(deliveries))
+    got = ingested(dsn)
+    assert got.event_ids == {r.event_id for r in sent}
+    assert (got.inserted, got.duplicates, got.conflicts, got.rejects) == (
+        len(sent),
+        len(sent),
+        0,
+        0,
+    )
+    assert worker.stop() == 0
+
+
+def test_a_fenced_zombie_cannot_commit_and_its_successor_resends(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    sent = records()
+    txn_id = f"svc-{uuid.uuid4().hex[:8]}"
+
+    async def produce() -> list[Delivery]:
+        zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await zombie.start()
+        successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        try:
+            with pytest.raises(ProducerFencedError):
+                async with zombie.transaction(timeout=30):
+                    for record in sent:
+                        await zombie.send(record)
+                    assert await zombie.flush(30) == 0  # delivered, inside its transaction
+                    await successor.start()  # same transactional.id: fences the zombie
+            with pytest.raises(ProducerFencedError):
+                await zombie.send_transaction(sent)
+            return await successor.send_transaction(sent)
+        finally:
+            await zombie.close()
+            await successor.close()
+
+    deliveries = asyncio.run(produce())
+    copies = committed_values(services.bootstrap, topic)
+    assert sorted(copies) == sorted(r.value for r in sent)  # the zombie's were aborted
+
+    worker = Worker(services, dsn, topic, tmp_path)
+    wait_past(dsn, worker, topic, last_offsets(deliveries))
+    got = ingested(dsn)
+    assert got.event_ids == {r.event_id for r in sent}
+    assert (got.inserted, got.duplicates, got.conflicts, got.rejects) == (len(sent), 0, 0, 0)
+    assert worker.stop() == 0

@@ -1,0 +1,331 @@
+"""A PostgreSQL host that vanishes under a running worker (issue 11 item 4, issue 18).
+
+The operator's report: "with the connection frozen for 45 s and no reset either way, the
+worker was still stuck 3 minutes after the database came back". A proxy cannot show it (its
+kernel ACKs everything and it forwards closes), so the worker runs in a network namespace
+and reaches a PostgreSQL in another one over a veth pair (ackline.dev.netns); setting the
+link down makes the server vanish: no FIN, no RST, no ICMP, both sockets stay open.
+
+The database "comes back" without the old connection, as it does after a failover or a
+restart, or when a server sheds a client that stopped acknowledging: the test server runs
+with ``tcp_user_timeout = 2s``, so it drops a connection whose reply goes unacknowledged.
+After that nobody will ever answer the old connection. A worker that waits for the reply
+without a bound waits forever; one that bounds every wait gives up, reconnects when the
+link is back, reconciles and carries on, exactly once.
+
+The moments are made exact with two gates, advisory locks the test holds: a statement
+trigger on ``activity`` stops the batch's COPY on the server, a deferred trigger on
+``ingest_batches`` stops its COMMIT. The worker's request has arrived and it waits for the
+reply; the link goes down; the gate opens, so the server finishes (the COMMIT commits) and
+its reply is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ackline.core.faults import Faults
+from ackline.dev.netns import Forwarder, NetnsPostgres, VanishingLink, submit_in_namespace
+from ackline.sinks.admin.migrate import migrate
+from ackline.sinks.connection import Database
+from ackline.sinks.errors import WaitStoppedError
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter
+from tests.integration.harness import Services, Worker, db, wait_until
+from tests.integration.test_writer import GROUP, TOPIC, batch, row
+from tests.integration.windows import produce_worker_mix, verify_ok, wait_drained
+
+COPY_GATE, COMMIT_GATE = 4241, 4242
+BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
+FREEZE_S = 8.0  # longer than the worker's statement and commit timeouts
+
+_GATES = """
+CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_lock_shared(TG_ARGV[0]::bigint);
+    PERFORM pg_advisory_unlock_shared(TG_ARGV[0]::bigint);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER copy_gate AFTER INSERT ON activity
+    FOR EACH STATEMENT EXECUTE FUNCTION test_gate('4241');
+CREATE CONSTRAINT TRIGGER commit_gate AFTER INSERT ON ingest_batches
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_gate('4242');
+"""
+
+
+@dataclass
+class Net:
+    link: VanishingLink
+    pg: NetnsPostgres
+    services: Services
+
+
+@pytest.fixture(scope="module")
+def net(services: Services) -> Iterator[Net]:
+    """The two namespaces, a PostgreSQL in the server one, Kafka relayed into the client
+    one; all removed afterwards, also on failure."""
+    host, _, port = services.bootstrap.partition(",")[0].rpartition(":")
+    assert host == "127.0.0.1", services.bootstrap
+    with VanishingLink("vanish") as link:
+        pg = NetnsPostgres(
+            services.state_dir / "netns-pg", link, settings={"tcp_user_timeout": "2000"}
+        )
+        try:
+            pg.start()
+            kafka = ("127.0.0.1", int(port))
+            with Forwarder(kafka, kafka, listen_ns=link.client_ns):
+                yield Net(link, pg, services)
+        finally:
+            pg.stop("immediate")
+
+
+@pytest.fixture
+def netdb(net: Net) -> Iterator[str]:
+    """A fresh migrated database on the namespaced server, with the two gates."""
+    name = f"v_{int(time.time() * 1000) % 10**10}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(net.pg.socket_dsn())
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        conn = await asyncpg.connect(net.pg.socket_dsn(name))
+        try:
+            await migrate(conn)
+            await conn.execute(_GATES)
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    yield name
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(net.pg.socket_dsn())
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+class Gates:
+    """The test's session holding the gates (over the unix socket: it never vanishes)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(dsn))
+
+    def close_gate(self, gate: int) -> None:
+        self.loop.run_until_complete(self.conn.execute("SELECT pg_advisory_lock($1)", gate))
+
+    def open_gate(self, gate: int) -> None:
+        self.loop.run_until_complete(self.conn.execute("SELECT pg_advisory_unlock($1)", gate))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
+
+
+def waiting_at(dsn: str, gate: int, worker: str) -> list[dict[str, Any]]:
+    """The worker's writer backends that wait on ``gate``."""
+    rows = db(
+        dsn,
+        "SELECT a.pid, left(a.query, 40) AS query FROM pg_stat_activity a "
+        "JOIN pg_locks l ON l.pid = a.pid AND NOT l.granted AND l.locktype = 'advisory' "
+        "WHERE a.application_name = $1 AND l.objid = $2",
+        f"ackline:{worker}",
+        gate,
+    )
+    return [dict(r) for r in rows]
+
+
+def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
+    net: Net, netdb: str, topic: str, tmp_path: Path
+) -> None:
+    """The link vanishes twice for FREEZE_S: while the batch's COPY waits for its reply,
+    then while its COMMIT does (the COMMIT commits, the reply is lost). The worker gives
+    up on each wait on its own, reconnects once the link is back, re-sends what did not
+    commit and reconciles what did: every event exactly once."""
+    observer = net.pg.socket_dsn(netdb)
+    manifest = produce_worker_mix(net.services, topic, tmp_path, events=3_000, seed=1111)
+    gates = Gates(observer)
+    try:
+        gates.close_gate(COPY_GATE)
+        gates.close_gate(COMMIT_GATE)
+        w = Worker(
+            net.services,
+            net.pg.dsn(netdb),
+            topic,
+            tmp_path,
+            prefix=net.link.exec_prefix(net.link.client_ns),
+            **BOUNDS,
+        )
+        group = f"g-{topic}"
+
+        # 1. a batch in flight: its COPY arrived, the server holds the reply; vanish.
+        wait_until(lambda: waiting_at(observer, COPY_GATE, w.name), 90, "COPY at the gate")
+        net.link.vanish()
+        gates.open_gate(COPY_GATE)  # the server finishes the COPY; the reply is lost
+        time.sleep(FREEZE_S)
+        net.link.restore()
+        restored = time.monotonic()
+
+        # 2. after the database came back, the batch again, now held at COMMIT; vanish.
+        wait_until(
+            lambda: waiting_at(observer, COMMIT_GATE, w.name),
+            60,
+            "the worker, after the database came back, to write the batch again (at COMMIT)",
+        )
+        print(f"back at work {time.monotonic() - restored:.1f}s after the link returned")
+        net.link.vanish()
+        gates.open_gate(COMMIT_GATE)  # the COMMIT commits on the server; the reply is lost
+        time.sleep(FREEZE_S)
+        net.link.restore()
+        restored = time.monotonic()
+        committed = db(observer, "SELECT count(*) AS n FROM ingest_batches")[0]["n"]
+        wait_until(
+            lambda: db(observer, "SELECT count(*) AS n FROM ingest_batches")[0]["n"] > committed,
+            60,
+            "the worker, after the database came back, to commit its next batch",
+        )
+        print(f"committing again {time.monotonic() - restored:.1f}s after the link returned")
+
+        wait_drained(observer, manifest, group, [w], timeout=120)
+        verify_ok(observer, manifest, group)
+        log = w.log()
+        assert "reconciled by reading" in log, log[-4000:]  # the lost COMMIT had committed
+        assert w.stop() == 0, log[-4000:]
+    finally:
+        gates.close()
+
+
+def _ingest_dsn(net: Net, name: str) -> str:
+    """The worker's role over the link (the server trusts the link's addresses)."""
+    return f"postgresql://ackline_ingest@{net.link.server_ip}:{net.pg.port}/{name}"
+
+
+def _claim(dsn: str) -> int:
+    async def go() -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return (await claim(conn, GROUP, "w", [(TOPIC, 0)]))[0].epoch
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def test_commit_lost_in_a_vanished_link_ends_the_old_session_then_reconciles(
+    net: Net, netdb: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer (in this process, in the client namespace) sends COMMIT into a link
+    that just vanished. Its commit timeout fires while the server still holds the old
+    session, idle in its transaction with the batch's row locks: the server never saw
+    anything end. When the link is back, the reconcile ends that session first, then
+    reads that the batch did not commit, and writes it again: exactly once."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks")
+    observer = net.pg.socket_dsn(netdb)
+    epoch = _claim(observer)
+    # A long statement timeout (so the server's keepalives leave the old session alone for
+    # ~20 s), a short commit timeout: the case of a COMMIT lost while the server lives on.
+    database = Database(
+        _ingest_dsn(net, netdb),
+        connect_timeout=1,
+        statement_timeout=30,
+        commit_timeout=2,
+        application_name="victim",
+    )
+    writer = BatchWriter(database, GROUP, "w", Faults("before_commit=stall", stall_seconds=1.0))
+
+    async def write() -> int:
+        try:
+            return (await writer.write(batch(0, [row(1), row(2), row(3)], epoch))).inserted
+        finally:
+            await database.close()
+
+    def victim(state: str) -> list[int]:
+        rows = db(
+            observer,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'victim' AND state = $1",
+            state,
+        )
+        return [int(r["pid"]) for r in rows]
+
+    done = submit_in_namespace(net.link.client_ns, lambda: asyncio.run(write()))
+    try:
+        wait_until(lambda: bool(victim("idle in transaction")), 30, "the batch before COMMIT")
+        old = victim("idle in transaction")
+        net.link.vanish()  # the writer is in its 1 s stall; then it sends COMMIT
+        wait_until(lambda: writer.retries["commit_uncertain"] == 1, 30, "the commit timeout")
+        assert victim("idle in transaction") == old  # the server holds on to it
+    finally:
+        net.link.restore()
+    assert done.result(timeout=60) == 3
+    assert f"ended the dropped session (pid {old[0]})" in caplog.text
+    assert "did not commit; retrying" in caplog.text
+    count = (
+        "SELECT (SELECT count(*) FROM ingest_batches) AS b, (SELECT count(*) FROM activity) AS a"
+    )
+    assert dict(db(observer, count)[0]) == {"b": 1, "a": 3}
+    assert not victim("idle in transaction")
+
+
+@pytest.mark.parametrize("how", ["refused", "vanished"])
+def test_retrying_logs_error_after_the_bound_and_stops_on_request(
+    net: Net, netdb: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL refuses connections (a closed port), or its host vanished (a connect
+    that never gets an answer): retrying logs WARNING, then ERROR once the outage is older
+    than its bound, tells readiness when it began, and gives up as soon as a stop is
+    requested, even in the middle of an attempt (the connect timeout here is long)."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.connection")
+    if how == "refused":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            dsn = f"postgresql://ackline_ingest@127.0.0.1:{probe.getsockname()[1]}/{netdb}"
+        ns = None
+    else:
+        dsn, ns = _ingest_dsn(net, netdb), net.link.client_ns
+    downs: list[float | None] = []
+    database = Database(dsn, connect_timeout=60, down_error_after=1.0, on_down=downs.append)
+    stop_at = time.monotonic() + 2.5
+
+    async def select_one(conn: asyncpg.Connection) -> int:
+        return int(await conn.fetchval("SELECT 1"))
+
+    async def run() -> float:
+        try:
+            await database.retrying(
+                "probe", select_one, stopping=lambda: time.monotonic() > stop_at
+            )
+        except WaitStoppedError:
+            return time.monotonic() - stop_at
+        raise AssertionError("retrying returned without a database")
+
+    if how == "vanished":
+        net.link.vanish()
+    try:
+        late = submit_in_namespace(ns, lambda: asyncio.run(run())).result(timeout=120)
+    finally:
+        net.link.restore()
+    print(f"{how}: stopped {late:.2f}s after the stop request")
+    assert late < 10  # not the 60 s connect timeout: the attempt itself was cut short
+    levels = [r.levelname for r in caplog.records if r.name == "ackline.sinks.connection"]
+    if how == "refused":  # fails fast: warnings, then the error past the 1 s bound
+        assert "WARNING" in levels and levels.count("ERROR") == 1, levels
+        assert "ACKLINE_DB_DOWN_ERROR_AFTER_S" in caplog.text
+        assert len(downs) == 1 and downs[0] is not None  # readiness told once, when it began
+    else:  # the one attempt never failed: it was still connecting when stopped
+        assert levels == [] and downs == [], levels

@@ -1,0 +1,78 @@
+"""Processors for the tests (`ackline process tests.support.processors:JOURNAL`).
+
+``journal`` appends one row per event it is handed, with no key: it is NOT idempotent,
+so any event applied twice (or lost) shows in its table. ``picky`` is a journal that
+raises on an event whose step ``thought`` is "poison", until the environment says the
+bug is fixed (``PICKY_FIXED=1``). Their table is made by :data:`SETUP_SQL` (applied by
+the test as the operator, or by ``ackline processors setup``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import asyncpg
+
+from ackline.sinks.feed.processors.contract import ProcessorBatch
+
+SETUP_SQL = """
+CREATE TABLE IF NOT EXISTS journal (
+    processor text NOT NULL,
+    event_id  uuid NOT NULL,
+    instance  text NOT NULL,
+    feed_xid  xid8 NOT NULL
+);
+GRANT SELECT, INSERT ON journal TO ackline_processor;
+GRANT SELECT ON journal TO ackline_reader;
+"""
+
+_APPEND = """
+INSERT INTO journal (processor, event_id, instance, feed_xid)
+SELECT $1, unnest($2::uuid[]), $3, unnest($4::xid8[])
+"""
+
+
+class Journal:
+    name = "journal"
+    setup_sql = SETUP_SQL
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        await conn.execute(
+            _APPEND,
+            self.name,
+            [e.event_id for e in batch.events],
+            batch.instance,
+            [e.commit_xid for e in batch.events],
+        )
+        return len(batch.events)
+
+    async def reset(self, conn: asyncpg.Connection) -> None:
+        await conn.execute("DELETE FROM journal WHERE processor = $1", self.name)
+
+
+class PoisonError(Exception):
+    """What picky raises on a poison step."""
+
+
+class Picky(Journal):
+    name = "picky"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        fixed = os.environ.get("PICKY_FIXED") == "1"
+        for e in batch.events:
+            if not fixed and e.payload.get("thought") == "poison":
+                raise PoisonError(f"cannot digest step {e.payload.get('step')} of {e.request_id}")
+        return await super().apply(conn, batch)
+
+
+JOURNAL = Journal()
+PICKY = Picky()
+
+
+class Ops(Journal):
+    """Named like a tail reader's cursor: it must not be able to take that cursor over."""
+
+    name = "ops"
+
+
+OPS = Ops()
