@@ -314,9 +314,13 @@ def _curve(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cores": os.cpu_count(),
     }
+    pg_base = lines[0]["pg_cpu_us_per_event"]
     for ln in lines[1:]:
         millions = ln["stored_before"] // 1_000_000
         summary[f"ratio_at_{millions}m"] = round(ln["events_per_s"] / base, 3) if base else 0.0
+        summary[f"pg_cpu_per_event_ratio_at_{millions}m"] = (
+            round(ln["pg_cpu_us_per_event"] / pg_base, 3) if pg_base else 0.0
+        )
     return [*lines, summary]
 
 
@@ -353,6 +357,9 @@ def _drain_level(
         "seconds": round(samples[-1][0] - started, 1),
         "cpu_worker_s": round(measured.cpu_s, 1),
         "cpu_pg_s": round(pg1 - pg0, 1),
+        # CPU per event moves less than the rate when other work shares the machine
+        "pg_cpu_us_per_event": round(1e6 * (pg1 - pg0) / drain, 1),
+        "worker_cpu_us_per_event": round(1e6 * measured.cpu_s / drain, 1),
         "peak_rss_mb": round(max(peak, measured.peak_rss_mb), 1),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
     }
