@@ -32,7 +32,8 @@ test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Prove the guarantees under chaos: 1M events, 3 workers, 12 partitions, >= 30 SIGKILLs,
-## 3 zombies, 2 broker and 2 PostgreSQL restarts, 10 COMMITs cut; on its own stack
+## 3 zombies, 2 broker and 2 PostgreSQL restarts, 10 COMMITs cut, a retention drop of the
+## partition being written and an erasure (docs/retention.md); on its own stack
 ## (.ackline/chaos). SEED=n reproduces a run; CHAOS_ARGS passes more options.
 SEED ?=
 CHAOS_ARGS ?=
@@ -74,6 +75,9 @@ bench: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python -m ackline.load.bench
 
-## One worker drains a 10M-event backlog while its RSS is sampled (~1 h): load/bench/backlog.json
+## One worker drains a 10M-event backlog while its RSS is sampled (~1 h): load/bench/backlog.json;
+## then its ingest rate with 0, 10M and 30M events stored (~1.5 h, ~20 GB of disk):
+## load/bench/backlog_curve.json. BACKLOG_ARGS="--part curve" runs the curve only.
+BACKLOG_ARGS ?=
 bench-backlog: install
-	$(BIN)/python -m ackline.load.bench.backlog
+	$(BIN)/python -m ackline.load.bench.backlog $(BACKLOG_ARGS)

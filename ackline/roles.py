@@ -22,8 +22,9 @@ MIGRATOR: Final = "ackline_migrator"
 INGEST: Final = "ackline_ingest"
 READER: Final = "ackline_reader"
 PROCESSOR: Final = "ackline_processor"  # `ackline process` (schemas/sql/0004_processors.sql)
-ROLES: Final = (MIGRATOR, INGEST, READER, PROCESSOR)
-LOGIN_ROLES: Final = (INGEST, READER, PROCESSOR)
+ERASER: Final = "ackline_eraser"  # `ackline erase` (schemas/sql/0009_erasure.sql)
+ROLES: Final = (MIGRATOR, INGEST, READER, PROCESSOR, ERASER)
+LOGIN_ROLES: Final = (INGEST, READER, PROCESSOR, ERASER)
 SCRAM_ITERATIONS: Final = 4096  # PostgreSQL's default scram_iterations
 
 

@@ -22,6 +22,7 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -42,6 +43,7 @@ from pydantic_settings import (
 )
 
 from ackline.core.errors import SettingsError
+from ackline.sinks.admin.durations import format_duration, parse_duration
 
 ENV_PREFIX = "ACKLINE_"
 CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"
@@ -202,6 +204,25 @@ class Settings(BaseSettings):
         le=86_400,
         description="how long to hold a partition at a payload version newer than this worker "
         "knows before rejecting it (0: reject at once)",
+    )
+
+    # Time partitions and retention of activity (docs/retention.md).
+    partition_interval: Literal["day", "week"] = Field(
+        default="day",
+        description="span of each activity partition the workers make ahead: a UTC day or an "
+        "ISO week (a change applies to partitions made after it)",
+    )
+    partitions_ahead: int = Field(
+        default=2,
+        ge=1,
+        le=52,
+        description="how many intervals after today the workers keep partitions made for",
+    )
+    retention: str = Field(
+        default="",
+        description="drop activity partitions ingested longer ago than this (90d, 12w); "
+        "workers apply it hourly, never below the operator's `ackline retention apply` "
+        "policy, and not at all without one. Empty: keep everything",
     )
 
     # Operations.
@@ -367,6 +388,20 @@ class Settings(BaseSettings):
         if not value or len(value) > 249 or not set(value) <= allowed:
             raise ValueError("must be 1-249 characters of [a-zA-Z0-9._-]")
         return value
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str) -> str:
+        if not value.strip():
+            return ""
+        keep = parse_duration(value)
+        if keep < timedelta(days=1):
+            raise ValueError("must be at least a day (1d): partitions are days or weeks")
+        return format_duration(keep)
+
+    def retention_keep(self) -> timedelta | None:
+        """The retention period, or None when retention is off."""
+        return parse_duration(self.retention) if self.retention else None
 
     @field_validator("database_url", "database_ingest_url", "database_processor_url")
     @classmethod

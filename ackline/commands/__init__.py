@@ -18,4 +18,6 @@ Subparsers = Any  # argparse's _SubParsersAction is private
 MODULES = (
     *("core", "dev", "feed", "config", "inspect", "doctor", "roles", "capture", "chaos"),
     "processors",
+    "retention",
+    "erase",
 )

@@ -27,6 +27,7 @@ from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
 from ackline.settings import Settings, dsn_address
+from ackline.sinks.admin.partitions import Upkeep
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.classify import Layer
 from ackline.sinks.ingest.writer import BatchWriter
@@ -34,7 +35,7 @@ from ackline.streams.deadletter import DeadLetterProducer
 
 log = logging.getLogger(__name__)
 
-RETRY_CAUSES = ("commit_uncertain", "race", "transient")
+RETRY_CAUSES = ("commit_uncertain", "race", "transient", "partition_missing", "schema_moved")
 """The causes BatchWriter counts its retries by (ackline.sinks.ingest.writer; a unit test
 keeps the two in step)."""
 
@@ -150,6 +151,9 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         settings.worker_id,
         faults,
         on_retry=lambda cause: metrics.retries.labels(cause).inc(),
+        upkeep=Upkeep(
+            settings.partition_interval, settings.partitions_ahead, settings.retention_keep()
+        ),
     )
     return Ingest(
         settings=settings,

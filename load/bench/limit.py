@@ -2,8 +2,8 @@
 
 ``python -m ackline.load.bench.limit DSN CAPTURE [--connections N]`` decodes the capture's
 events with the same decoder as the worker (untimed), then, N chunks at a time, binary-COPYs
-the rows into ``txn_ledger`` and ``activity`` of a freshly migrated database (same columns,
-same indexes) with ``asyncpg.copy_records_to_table``: each chunk one transaction on its own
+the rows into ``txn_ledger``, ``event_keys`` and ``activity`` of a freshly migrated database
+(same columns, same indexes, today's partition) with ``asyncpg.copy_records_to_table``: each chunk one transaction on its own
 connection, the N transactions at once. Only the COPYs and COMMITs are timed (wall time of
 each round of N) and counted as CPU. Prints one JSON line with the results.
 
@@ -20,6 +20,7 @@ import json
 import resource
 import time
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,8 +30,10 @@ from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.ingest.rows import (
     ACTIVITY_COLUMNS,
+    EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
     activity_record,
+    event_key_record,
     ledger_record,
 )
 
@@ -63,20 +66,26 @@ def rounds(records: Iterator[CapturedRecord], chunk: int, width: int) -> Iterato
         yield group
 
 
-def _rows(chunk: list[CapturedRecord], topic: str, batch: int) -> tuple[list[Any], list[Any]]:
-    ledger, activity = [], []
+def _rows(
+    chunk: list[CapturedRecord], topic: str, batch: int, day: date
+) -> tuple[list[Any], list[Any], list[Any]]:
+    ledger, keys, activity = [], [], []
     for rec in chunk:
         row = decode(rec.value)
         if not isinstance(row, Row):
             continue
         ledger.append(ledger_record(row, topic, rec.partition, rec.offset, batch))
-        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch))
-    return ledger, activity
+        keys.append(event_key_record(row, batch))
+        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch, day))
+    return ledger, keys, activity
 
 
-async def _copy(conn: asyncpg.Connection, ledger: list[Any], activity: list[Any]) -> None:
+async def _copy(
+    conn: asyncpg.Connection, ledger: list[Any], keys: list[Any], activity: list[Any]
+) -> None:
     async with conn.transaction():
         await conn.copy_records_to_table("txn_ledger", columns=LEDGER_COLUMNS, records=ledger)
+        await conn.copy_records_to_table("event_keys", columns=EVENT_KEY_COLUMNS, records=keys)
         await conn.copy_records_to_table("activity", columns=ACTIVITY_COLUMNS, records=activity)
 
 
@@ -85,6 +94,7 @@ async def run(dsn: str, path: Path, connections: int = 1) -> dict[str, Any]:
     timed = cpu = decode_s = 0.0
     rows = batch = 0
     try:
+        day = await conns[0].fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
         with CaptureReader(path) as reader:
             topic = reader.header.topic
             for group in rounds(iter(reader), CHUNK, connections):
@@ -92,18 +102,18 @@ async def run(dsn: str, path: Path, connections: int = 1) -> dict[str, Any]:
                 decoded = []
                 for chunk in group:
                     batch += 1
-                    decoded.append(_rows(chunk, topic, batch))
+                    decoded.append(_rows(chunk, topic, batch, day))
                 decode_s += time.perf_counter() - t0
                 c0, t0 = _cpu(), time.perf_counter()
                 await asyncio.gather(
                     *(
-                        _copy(conn, led, act)
-                        for conn, (led, act) in zip(conns, decoded, strict=False)
+                        _copy(conn, led, keys, act)
+                        for conn, (led, keys, act) in zip(conns, decoded, strict=False)
                     )
                 )
                 timed += time.perf_counter() - t0
                 cpu += _cpu() - c0
-                rows += sum(len(act) for _, act in decoded)
+                rows += sum(len(act) for _, _, act in decoded)
     finally:
         for conn in conns:
             await conn.close()

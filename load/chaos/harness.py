@@ -12,11 +12,15 @@ started and stopped here, never the shared one (it restarts the broker and Postg
    zombies (a worker stalled with a batch in hand is SIGSTOPped past its session
    timeout until others own its partitions, then SIGCONTed: its batch must be fenced);
    broker and PostgreSQL restarts; terminations of a writer's backend while its COMMIT
-   is in flight (held by a synchronous standby that never answers) or stalled before it.
-   All along, Kafka's committed offsets are sampled against the DB offsets.
-3. Drain, verify against the manifest (:mod:`ackline.load.verify`), print a table and, as the
-   last line, one JSON object. ``ok`` means: verify exact, every minimum count met, every
-   zombie fenced, and Kafka never ahead of the DB.
+   is in flight (held by a synchronous standby that never answers) or stalled before it;
+   a retention drop of the partition the workers are writing (their next COPY finds it
+   missing: they make it again and retry) and an erasure of the agent with the most
+   stored events (docs/retention.md). All along, Kafka's committed offsets are sampled
+   against the DB offsets.
+3. Drain, verify against the manifest (:mod:`ackline.load.verify`: the winners whose rows
+   the retention drop or the erasure took are counted apart, their keys still in place),
+   print a table and, as the last line, one JSON object. ``ok`` means: verify exact,
+   every minimum count met, every zombie fenced, and Kafka never ahead of the DB.
 
 Beside the workers, `ackline process runs` (the ``runs`` projection, a stream processor)
 follows the changefeed; it is SIGKILLed on the schedule too, half the time restarted
@@ -37,8 +41,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, Any, TextIO, TypeVar
 
 import asyncpg
 
@@ -51,6 +57,39 @@ from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
 from ackline.load.manifest import read_manifest
 from ackline.load.verify import expected_outcome, is_drained, verify
+
+T = TypeVar("T")
+
+PROCESSOR_READER = "runs"
+"""The changefeed reader name of `ackline process runs` (its cursor row)."""
+
+# The chaos run's own table: rows retention or erasure took that the runs processor had
+# read (the runs check recomputes from activity and these).
+_RETIRED_TABLE = "CREATE TABLE chaos_retired (LIKE activity)"
+_HOLD = "LOCK TABLE activity IN ACCESS EXCLUSIVE MODE"
+_TOMORROW = """
+SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
+"""
+_BUSIEST_AGENT = "SELECT agent_id FROM activity GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1"
+_READ_BY_PROCESSOR = """
+FROM activity AS a
+JOIN ingest_batches AS b ON b.batch_id = a.batch_id
+JOIN feed_cursors AS c ON c.reader = $1
+WHERE (b.commit_xid < c.position
+       OR (b.commit_xid = c.position
+           AND (c.within_batch IS NULL
+                OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
+                   <= (c.within_batch, c.within_partition, c.within_offset,
+                       c.within_topic COLLATE "C"))))
+"""
+_RETIRE_BEFORE = (
+    "INSERT INTO chaos_retired SELECT a.* "
+    + _READ_BY_PROCESSOR
+    + " AND a.ingested_on < ($2::timestamptz AT TIME ZONE 'UTC')::date"
+)
+_RETIRE_AGENT = (
+    "INSERT INTO chaos_retired SELECT a.* " + _READ_BY_PROCESSOR + " AND a.agent_id = $2"
+)
 
 IN_COMMIT = "state = 'active' AND query ILIKE 'COMMIT%' AND wait_event = 'SyncRep'"
 IDLE_IN_TRANSACTION = "state = 'idle in transaction'"
@@ -146,6 +185,8 @@ class _Run:
             pg_restarts=self.cfg.pg_restarts,
             commit_faults=self.cfg.commit_faults,
             processor_kills=self.cfg.processor_kills,
+            retention_drops=self.cfg.retention_drops,
+            erasures=self.cfg.erasures,
         )
         for n, fault in enumerate(faults, 1):
             self._wait_progress(fault.at)
@@ -191,6 +232,7 @@ class _Run:
             conn = await asyncpg.connect(self.dsn)
             try:
                 await migrate(conn)
+                await conn.execute(_RETIRED_TABLE)
             finally:
                 await conn.close()
 
@@ -411,11 +453,88 @@ class _Run:
             self._broker(fault)
         elif fault.kind == "processor":
             self._kill_processor(fault)
+        elif fault.kind == "retention":
+            self._retention()
+        elif fault.kind == "erase":
+            self._erase()
         else:
             from ackline.dev import stack
 
             stack.restart_postgres(self.state_dir, hard=fault.hard)
             self.counts.pg_restarts += 1
+
+    def _retention(self) -> None:
+        """Drop, by retention, every partition ingested before tomorrow (by the database's
+        clock): today's, which the workers are writing. Forced (the runs processor is
+        always a little behind) and without touching the retention policy. In the same
+        transaction, under a lock that holds ingest and readers for a moment, the rows
+        the processor had already read are kept aside in ``chaos_retired`` for the runs
+        check (those it had not read it never sees)."""
+        from ackline.sinks.admin.partitions import apply_retention
+
+        async def drop(conn: asyncpg.Connection) -> list[str]:
+            async with conn.transaction():
+                await conn.execute(_HOLD)
+                tomorrow = await conn.fetchval(_TOMORROW)
+                await conn.execute(_RETIRE_BEFORE, PROCESSOR_READER, tomorrow)
+                dropped = await apply_retention(
+                    conn, timedelta(0), now=tomorrow, force=True, set_policy=False
+                )
+            return [d.name for d in dropped if d.dropped]
+
+        names = self._with_retries("the retention drop", drop)
+        if names:
+            self.counts.retention_drops += 1
+            self.say(f"retention dropped {', '.join(names)}")
+        else:
+            self.counts.skipped.append("the retention drop found no partition to drop")
+
+    def _erase(self) -> None:
+        """Erase the agent with the most stored events (its later events are ingested
+        after the erasure; replays of the erased ones are duplicates or body-less
+        conflicts). The rows the runs processor had read are kept aside first, as for
+        the retention drop."""
+        from ackline.sinks.admin.erase import erase
+
+        async def run(conn: asyncpg.Connection) -> tuple[str, int]:
+            async with conn.transaction():
+                await conn.execute(_HOLD)
+                agent = await conn.fetchval(_BUSIEST_AGENT)
+                if agent is None:
+                    return "", 0
+                await conn.execute(_RETIRE_AGENT, PROCESSOR_READER, str(agent))
+                done = await erase(conn, "agent", str(agent), reason="chaos")
+            return str(agent), done.events
+
+        agent, events = self._with_retries("the erasure", run)
+        if agent:
+            self.counts.erasures += 1
+            self.counts.erased_events += events
+            self.say(f"erased agent {agent}: {events} events")
+        else:
+            self.counts.skipped.append("the erasure found no stored event")
+
+    def _with_retries(self, what: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run ``work`` on a fresh connection as the superuser, again after a failure
+        (a PostgreSQL restart, a lock that timed out) for up to two minutes."""
+        from ackline.core.errors import AcklineError
+
+        async def once() -> T:
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+            try:
+                return await work(conn)
+            finally:
+                await conn.close()
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return asyncio.run(once())
+            except (AcklineError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"{what} failed: {exc}") from exc
+                self.say(f"{what} failed, retrying: {exc}")
+                wait_for(lambda: False, 2.0, self._tick)
 
     def _kill(self, fault: Fault) -> None:
         pool = self._pool()
@@ -600,7 +719,7 @@ class _Run:
             self.counts.skipped.append(
                 f"the final runs catch-up exited {done.returncode} (see {log_path})"
             )
-        check = asyncio.run(check_runs_at(self.dsn))
+        check = asyncio.run(check_runs_at(self.dsn, retired=True))
         self.say(f"runs projection: {check.runs:,} runs, {check.mismatches} mismatches")
         return check
 

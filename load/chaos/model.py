@@ -28,6 +28,10 @@ class ChaosConfig:
     broker_restarts: int = 2
     pg_restarts: int = 2
     commit_faults: int = 10
+    retention_drops: int = 1
+    """Retention drops of the partition being written (docs/retention.md)."""
+    erasures: int = 1
+    """Erasures of an agent's activity while it is being ingested."""
     seed: int | None = None
     group_protocol: str = "classic"
     runtime: str = "confluent"  # `ackline run --runtime` (docs/faust.md)
@@ -68,6 +72,9 @@ class Counts:
     pg_restarts: int = 0
     commit_faults: int = 0
     commit_faults_in_commit: int = 0
+    retention_drops: int = 0
+    erasures: int = 0
+    erased_events: int = 0
     unexpected_exits: int = 0
     processor_kills: int = 0
     processor_armed_kills: int = 0
@@ -113,6 +120,8 @@ class ChaosReport:
             and c.broker_restarts >= cfg.broker_restarts
             and c.pg_restarts >= cfg.pg_restarts
             and c.commit_faults >= cfg.commit_faults
+            and c.retention_drops >= cfg.retention_drops
+            and c.erasures >= cfg.erasures
             and self.max_kafka_ahead_of_db == 0
             and self.runs_ok
         )
@@ -155,6 +164,10 @@ class ChaosReport:
             "processor_kills": c.processor_kills,
             "processor_armed_kills": c.processor_armed_kills,
             "processor_exits": c.processor_exits,
+            "retention_drops": c.retention_drops,
+            "erasures": c.erasures,
+            "erased": v.erased,
+            "dropped_by_retention": v.dropped_by_retention,
         }
 
     def render(self) -> str:
@@ -170,6 +183,18 @@ class ChaosReport:
                 c.commit_faults,
                 cfg.commit_faults,
                 f"{c.commit_faults_in_commit} with COMMIT in flight",
+            ),
+            (
+                "retention drops (live partition)",
+                c.retention_drops,
+                cfg.retention_drops,
+                f"{self.verdict.dropped_by_retention} ingested events went with them",
+            ),
+            (
+                "erasures (agent, live)",
+                c.erasures,
+                cfg.erasures,
+                f"{c.erased_events} events erased, {self.verdict.erased} of them winners",
             ),
         ]
         lines = [

@@ -12,7 +12,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["kill", "stop", "broker", "postgres", "commit", "processor"]
+FaultKind = Literal[
+    "kill", "stop", "broker", "postgres", "commit", "processor", "retention", "erase"
+]
 CommitMethod = Literal["in_commit", "before_commit"]
 
 KILL_POINTS: tuple[str, ...] = (
@@ -63,6 +65,10 @@ class Fault:
         if self.kind in ("broker", "postgres"):
             name = "Kafka broker" if self.kind == "broker" else "PostgreSQL"
             return f"restart the {name} ({'SIGKILL' if self.hard else 'clean stop'})"
+        if self.kind == "retention":
+            return "retention: detach and drop today's partition while workers write into it"
+        if self.kind == "erase":
+            return "erase the agent with the most stored events while workers ingest"
         return f"terminate a writer backend ({self.method.replace('_', ' ')})"
 
 
@@ -76,13 +82,17 @@ def plan(
     pg_restarts: int,
     commit_faults: int,
     processor_kills: int = 0,
+    retention_drops: int = 0,
+    erasures: int = 0,
 ) -> list[Fault]:
     """The faults of a run, sorted by ``at`` (ties keep the kind order below).
 
     Zombies and commit faults come early (they need a batch in hand, so a backlog);
     kills and restarts spread over most of the run. Kills of the ``runs`` processor
     (half of them restarting it armed to kill itself between its effects and its
-    COMMIT) draw from a generator of their own.
+    COMMIT) draw from a generator of their own; retention drops and erasures in the
+    run's middle are drawn last from the seed's, so the other faults of a seed are those
+    of runs without them.
     """
     if workers < 2:
         raise ValueError("a chaos run needs at least 2 workers (a zombie needs an heir)")
@@ -110,6 +120,10 @@ def plan(
         faults.append(Fault(rng.uniform(0.2, 0.85), "broker", hard=i % 2 == 1))
     for i in range(pg_restarts):
         faults.append(Fault(rng.uniform(0.08, 0.85), "postgres", hard=i % 2 == 1))
+    for _ in range(retention_drops):
+        faults.append(Fault(rng.uniform(0.3, 0.7), "retention"))
+    for _ in range(erasures):
+        faults.append(Fault(rng.uniform(0.2, 0.8), "erase"))
     prng = random.Random(seed ^ PROCESSOR_SALT)
     for i in range(processor_kills):
         arm = f"processor_before_commit=kill@{prng.randint(1, 4)}" if i % 2 == 0 else ""

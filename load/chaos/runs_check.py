@@ -6,6 +6,10 @@ from the processor's code: it checks the projection's fold and its exactly-once
 application together. A run is *missing* (in activity, not in runs), *extra* (the
 reverse) or *different* (any column differs); ``mismatches`` is their sum and must be 0
 once the processor has caught up.
+
+A chaos run that drops or erases activity rows copies, just before, the ones the
+processor had already read into ``chaos_retired`` (the rows it had not read it will never
+see): :func:`check_runs` with ``retired`` recomputes from both tables.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Final
 
 import asyncpg
 
-_TRUTH: Final = """
+_HEAD: Final = """
 WITH truth AS (
     SELECT a.request_id,
            min(a.agent_id COLLATE "C") AS agent_id,
@@ -41,7 +45,8 @@ WITH truth AS (
                FILTER (WHERE a.type = 'agent.finished') AS tokens_out,
            min(a.payload->>'error_kind' COLLATE "C")
                FILTER (WHERE a.type = 'agent.failed') AS error_kind
-    FROM activity AS a
+"""
+_TAIL: Final = """
     GROUP BY a.request_id
 ), compared AS (
     SELECT coalesce(t.request_id, r.request_id) AS request_id,
@@ -64,6 +69,10 @@ SELECT count(*) FILTER (WHERE NOT extra) AS runs,
        (array_agg(request_id ORDER BY request_id) FILTER (WHERE differs))[1:5] AS examples
 FROM compared
 """
+_TRUTH: Final = _HEAD + "    FROM activity AS a\n" + _TAIL
+_TRUTH_RETIRED: Final = (
+    _HEAD + "    FROM (SELECT * FROM activity UNION ALL SELECT * FROM chaos_retired) AS a\n" + _TAIL
+)
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,10 @@ class RunsCheck:
         }
 
 
-async def check_runs(conn: asyncpg.Connection) -> RunsCheck:
-    """Compare ``runs`` with its recomputation from ``activity`` (read-only, one statement)."""
-    r = await conn.fetchrow(_TRUTH)
+async def check_runs(conn: asyncpg.Connection, retired: bool = False) -> RunsCheck:
+    """Compare ``runs`` with its recomputation from ``activity`` (and ``chaos_retired``
+    with ``retired``); read-only, one statement."""
+    r = await conn.fetchrow(_TRUTH_RETIRED if retired else _TRUTH)
     assert r is not None
     return RunsCheck(
         runs=int(r["runs"]),
@@ -102,9 +112,9 @@ async def check_runs(conn: asyncpg.Connection) -> RunsCheck:
     )
 
 
-async def check_runs_at(dsn: str) -> RunsCheck:
+async def check_runs_at(dsn: str, retired: bool = False) -> RunsCheck:
     conn = await asyncpg.connect(dsn)
     try:
-        return await check_runs(conn)
+        return await check_runs(conn, retired)
     finally:
         await conn.close()

@@ -164,7 +164,8 @@ async def get_conflict(conn: asyncpg.Connection, group_id: str, conflict_id: int
     stored = await conn.fetchrow(_STORED, row["stored_event_id"])
     return ConflictDetail(
         row=_conflict(row),
-        incoming_body=json.loads(row["incoming_body"]),
+        # NULL once erased (sinks/admin/erase.py): the keys and hashes stay
+        incoming_body=None if row["incoming_body"] is None else json.loads(row["incoming_body"]),
         stored=None if stored is None else _stored(stored),
     )
 

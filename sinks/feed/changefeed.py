@@ -13,6 +13,11 @@ The contract, in the database's terms:
   — a reader cannot skip, whatever order the writers commit in;
 * the read runs before the reader's transaction holds an xid of its own (checked: an own
   xid would pin ``xmin`` to itself and stall every reader behind this transaction);
+* an erasure (``erasures``, :mod:`ackline.sinks.admin.erase`) is a transaction of the
+  feed too, ordered by its own ``commit_xid``: it delivers one ``ackline.erased`` notice
+  (``FeedEvent.erasure_id`` set, keys only) per event it erased, to every reader whatever
+  its filter. A reader that had not yet read the erased events finds them missing from
+  their batch and meets the notice later; none ever reads erased content;
 * a named reader's cursor row (``feed_cursors``) is advanced by compare-and-set on its
   version, in the same transaction as the reader's side effects: both commit or neither,
   so a reader that keeps its side effects in PostgreSQL never sees a row twice. Two
@@ -70,31 +75,57 @@ WITH horizon AS (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
            pg_current_xact_id_if_assigned() AS own_xid
 ), txs AS (
-    SELECT DISTINCT b.commit_xid
-    FROM ingest_batches AS b, horizon AS h
-    WHERE b.commit_xid < h.xmin AND b.commit_xid >= $1::xid8
-      AND (b.commit_xid > $1::xid8 OR $2::bigint IS NOT NULL)
-    ORDER BY b.commit_xid
+    SELECT x.commit_xid FROM (
+        (SELECT DISTINCT b.commit_xid
+         FROM ingest_batches AS b, horizon AS h
+         WHERE b.commit_xid < h.xmin AND b.commit_xid >= $1::xid8
+           AND (b.commit_xid > $1::xid8 OR $2::bigint IS NOT NULL)
+         ORDER BY b.commit_xid
+         LIMIT $3)
+        UNION
+        (SELECT DISTINCT e.commit_xid
+         FROM erasures AS e, horizon AS h
+         WHERE e.commit_xid < h.xmin AND e.commit_xid >= $1::xid8
+           AND (e.commit_xid > $1::xid8 OR $2::bigint IS NOT NULL)
+         ORDER BY e.commit_xid
+         LIMIT $3)
+    ) AS x
+    ORDER BY x.commit_xid
     LIMIT $3
 ), bound AS (
     SELECT (SELECT max(commit_xid) FROM txs) AS upper,
            (SELECT count(*) FROM txs) AS txs,
            h.own_xid,
-           EXISTS (SELECT 1 FROM ingest_batches AS p WHERE p.commit_xid >= h.xmin) AS pending
+           EXISTS (SELECT 1 FROM ingest_batches AS p WHERE p.commit_xid >= h.xmin)
+           OR EXISTS (SELECT 1 FROM erasures AS p WHERE p.commit_xid >= h.xmin) AS pending
     FROM horizon AS h
 ), ev AS (
-    SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
-           a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
-           a.src_topic, a.src_partition, a.src_offset
-    FROM txs
-    JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
-    JOIN activity AS a ON a.batch_id = b.batch_id
-    WHERE ($2::bigint IS NULL OR b.commit_xid > $1::xid8
-           OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
-              > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
-      AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
-      AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
-    ORDER BY b.commit_xid, a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C"
+    SELECT u.* FROM (
+        SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
+               a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
+               a.src_topic, a.src_partition, a.src_offset, NULL::bigint AS erasure_id
+        FROM txs
+        JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
+        JOIN activity AS a ON a.batch_id = b.batch_id
+        WHERE ($2::bigint IS NULL OR b.commit_xid > $1::xid8
+               OR (a.batch_id, a.src_partition, a.src_offset, a.src_topic COLLATE "C")
+                  > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+          AND ($7::text[] IS NULL OR a.type = ANY($7::text[]))
+          AND ($8::text[] IS NULL OR a.agent_id = ANY($8::text[]))
+        UNION ALL
+        -- An erasure is a transaction of the feed of its own: one notice per erased
+        -- event, at the erased event's coordinates, whatever the filter (keys only).
+        SELECT e.commit_xid, t.event_id, t.txn_id, 'ackline.erased', '', '',
+               e.erased_at, 0, NULL, t.batch_id,
+               t.src_topic, t.src_partition, t.src_offset, e.erasure_id
+        FROM txs
+        JOIN erasures AS e ON e.commit_xid = txs.commit_xid
+        JOIN erased_events AS t ON t.erasure_id = e.erasure_id
+        WHERE ($2::bigint IS NULL OR e.commit_xid > $1::xid8
+               OR (t.batch_id, t.src_partition, t.src_offset, t.src_topic COLLATE "C")
+                  > ($2::bigint, $4::int, $5::bigint, $6::text COLLATE "C"))
+    ) AS u
+    ORDER BY u.commit_xid, u.batch_id, u.src_partition, u.src_offset, u.src_topic COLLATE "C"
     LIMIT $9::bigint
 )
 SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, ev.*
@@ -183,12 +214,13 @@ def _event(r: asyncpg.Record) -> FeedEvent:
         request_id=r["request_id"],
         occurred_at=r["occurred_at"],
         schema_version=int(r["schema_version"]),
-        payload=json.loads(r["payload"]),
+        payload={} if r["payload"] is None else json.loads(r["payload"]),
         batch_id=int(r["batch_id"]),
         commit_xid=int(r["commit_xid"]),
         topic=r["src_topic"],
         partition=int(r["src_partition"]),
         offset=int(r["src_offset"]),
+        erasure_id=None if r["erasure_id"] is None else int(r["erasure_id"]),
     )
 
 

@@ -96,7 +96,8 @@ START: Final = Cursor(0)
 @dataclass(frozen=True, slots=True)
 class Filter:
     """Which events a reader wants; None means any. Filtering never moves the cursor
-    differently: events it drops are consumed (passed over) like the others."""
+    differently: events it drops are consumed (passed over) like the others. Erasure
+    notices (:data:`ERASED`) pass every filter."""
 
     types: frozenset[str] | None = None
     agents: frozenset[str] | None = None
@@ -126,9 +127,17 @@ class Filter:
 ALL: Final = Filter()
 
 
+ERASED: Final = "ackline.erased"
+"""The type of an erasure notice: the event ``event_id`` was erased (its content is gone);
+``erasure_id`` names the audit row. Delivered whatever the reader's filter."""
+
+
 @dataclass(frozen=True, slots=True)
 class FeedEvent:
-    """One activity row as the feed delivers it, with the cursor just after it."""
+    """One activity row as the feed delivers it, with the cursor just after it, or an
+    erasure notice (:data:`ERASED`: ``erasure_id`` set, ``agent_id``, ``request_id`` and
+    ``payload`` empty, ``occurred_at`` the erasure's time, the position the erased
+    event's)."""
 
     event_id: uuid.UUID
     txn_id: str
@@ -143,6 +152,11 @@ class FeedEvent:
     topic: str
     partition: int
     offset: int
+    erasure_id: int | None = None
+
+    @property
+    def erased(self) -> bool:
+        return self.erasure_id is not None
 
     @property
     def position(self) -> Position:
@@ -207,6 +221,7 @@ def event_json(event: FeedEvent) -> dict[str, Any]:
         "payload": event.payload,
         "batch_id": event.batch_id,
         "cursor": event.cursor.encode(),
+        **({} if event.erasure_id is None else {"erasure_id": event.erasure_id}),
     }
 
 

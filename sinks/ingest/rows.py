@@ -1,11 +1,15 @@
-"""The column lists and record tuples of the two tables a new event is COPYed into.
+"""The column lists and record tuples of the three tables a new event is COPYed into.
 
 Pure mapping, shared by the writer and by the bench's COPY limit (which must write the very
-same rows to be a fair ceiling).
+same rows to be a fair ceiling): ``txn_ledger`` (layer 1 of dedup), ``event_keys`` (layer
+2) and ``activity`` (partitioned by ``ingested_on``, the UTC day of the batch's
+transaction). Before migration 0008 there is no ``event_keys`` and ``activity`` has no
+``ingested_on`` to write (:data:`UNPARTITIONED_ACTIVITY_COLUMNS`).
 """
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any, Final
 
 from ackline.schemas.decode import Row
@@ -19,6 +23,8 @@ LEDGER_COLUMNS: Final = (
     "src_offset",
     "batch_id",
 )
+
+EVENT_KEY_COLUMNS: Final = ("event_id", "body_hash", "batch_id")
 
 ACTIVITY_COLUMNS: Final = (
     "event_id",
@@ -34,7 +40,11 @@ ACTIVITY_COLUMNS: Final = (
     "src_partition",
     "src_offset",
     "batch_id",
+    "ingested_on",
 )
+
+UNPARTITIONED_ACTIVITY_COLUMNS: Final = ACTIVITY_COLUMNS[:-1]
+"""The columns of ``activity`` before migration 0008 (ingested_on is then a default)."""
 
 
 def ledger_record(
@@ -44,10 +54,16 @@ def ledger_record(
     return (row.txn_id, row.event_id, row.body_hash, topic, partition, offset, batch_id)
 
 
+def event_key_record(row: Row, batch_id: int) -> tuple[Any, ...]:
+    """The ``event_keys`` record of ``row``, in EVENT_KEY_COLUMNS order."""
+    return (row.event_id, row.body_hash, batch_id)
+
+
 def activity_record(
-    row: Row, topic: str, partition: int, offset: int, batch_id: int
+    row: Row, topic: str, partition: int, offset: int, batch_id: int, ingested_on: date
 ) -> tuple[Any, ...]:
-    """The ``activity`` record of ``row``, in ACTIVITY_COLUMNS order."""
+    """The ``activity`` record of ``row``, in ACTIVITY_COLUMNS order (drop the last field
+    for UNPARTITIONED_ACTIVITY_COLUMNS)."""
     return (
         row.event_id,
         row.txn_id,
@@ -62,4 +78,5 @@ def activity_record(
         partition,
         offset,
         batch_id,
+        ingested_on,
     )

@@ -3,18 +3,25 @@
 Statement order inside the transaction (docs/design.md, "One batch, one transaction"):
 
 1. fence: compare-and-set every offset row the batch advances, on its owner epoch, and
-   take a batch id, in one statement;
-2. read the stored hashes of the batch's keys (ledger by txn_id and activity by
-   event_id, one statement);
+   take a batch id, in one statement (which also says whether the schema is partitioned
+   and which UTC day this transaction's rows belong to);
+2. read the stored hashes of the batch's keys (the ledger by txn_id and the key table
+   ``event_keys`` by event_id, one statement; before migration 0008, activity by
+   event_id);
 3. classify in memory (:func:`ackline.sinks.ingest.classify.classify`): insert, duplicate
    or conflict;
-4. binary COPY of the new events straight into the ledger, then into activity. Their keys
-   were read in step 2 and are unique within the batch, so the only way a COPY meets an
-   existing key is a concurrent writer that committed (or still holds) it after step 2:
-   the unique index raises UniqueViolationError (after waiting for that writer), the
-   transaction rolls back and the batch is retried, re-reading the keys - the race of
-   crash window 14 of docs/design.md. Nothing is ever overwritten or silently skipped;
-5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...);
+4. binary COPY of the new events straight into the ledger, then ``event_keys``, then
+   activity (into the partition of the day of step 1). Their keys were read in step 2
+   and are unique within the batch, so the only way a COPY meets an existing key is a
+   concurrent writer that committed (or still holds) it after step 2: the unique index
+   raises UniqueViolationError (after waiting for that writer), the transaction rolls
+   back and the batch is retried, re-reading the keys - the race of crash window 14 of
+   docs/design.md. Nothing is ever overwritten or silently skipped. A day whose
+   partition is missing (docs/retention.md) rolls the batch back; the writer makes the
+   partitions (:class:`ackline.sinks.admin.partitions.Upkeep`) and retries it;
+5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...) (a conflict with an
+   erased event keeps its keys and hashes but not its incoming body: a replay must not
+   bring erased content back);
 6. the batch row, whose ``commit_xid`` defaults to this transaction's xid8 (the
    changefeed's order), and ``pg_notify('ackline_batches', batch_id)`` (sent on COMMIT
    only), in one statement;
@@ -27,6 +34,9 @@ fails in any way that is not the server's answer, has an unknown outcome and goe
 reconcile (:meth:`BatchWriter._reconcile`), which first ends the old server session: a
 host that vanished never closes it, and until it ends it holds the batch's row locks and
 could still commit.
+
+Between two batches, outside any transaction, the writer's :class:`Upkeep` makes the
+partitions ahead and applies the worker's retention when they are due.
 
 Performance (docs/performance.md, "Where the time went"): COPY straight into the tables replaced
 a COPY into a temporary staging table followed by INSERT … SELECT … ON CONFLICT DO
@@ -45,10 +55,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date
 
 import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.sinks.admin.partitions import PartitionError, Upkeep
 from ackline.sinks.connection import Database, is_transient
 from ackline.sinks.errors import FencedError, RaceLostError, TransientDatabaseError
 from ackline.sinks.ingest.batch import Batch
@@ -56,8 +68,11 @@ from ackline.sinks.ingest.classify import Classified, classify
 from ackline.sinks.ingest.offsets import Claim, locked_offsets
 from ackline.sinks.ingest.rows import (
     ACTIVITY_COLUMNS,
+    EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
+    UNPARTITIONED_ACTIVITY_COLUMNS,
     activity_record,
+    event_key_record,
     ledger_record,
 )
 
@@ -74,19 +89,45 @@ WITH fenced AS (
       AND (o.next_offset IS NULL OR o.next_offset <= u.first_offset)
     RETURNING o.topic, o.partition
 ), batch AS (
-    SELECT nextval('ingest_batch_id_seq') AS batch_id
+    SELECT nextval('ingest_batch_id_seq') AS batch_id,
+           to_regclass('public.event_keys') IS NOT NULL AS keyed,
+           (now() AT TIME ZONE 'UTC')::date AS ingested_on
 )
-SELECT batch.batch_id, fenced.topic, fenced.partition
+SELECT batch.batch_id, batch.keyed, batch.ingested_on, fenced.topic, fenced.partition
 FROM batch LEFT JOIN fenced ON true
 """
 
 _STORED_KEYS = """
 SELECT true AS ledger, txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])
 UNION ALL
+SELECT false, NULL, body_hash, event_id FROM event_keys WHERE event_id = ANY($2::uuid[])
+"""
+
+# Before migration 0008 (a worker of this version may run while it is applied): layer 2
+# is activity's own primary key.
+_STORED_KEYS_UNPARTITIONED = """
+SELECT true AS ledger, txn_id, body_hash, event_id FROM txn_ledger WHERE txn_id = ANY($1::text[])
+UNION ALL
 SELECT false, NULL, body_hash, event_id FROM activity WHERE event_id = ANY($2::uuid[])
 """
 
 _CONFLICTS = """
+INSERT INTO conflicts
+    (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
+     group_id, src_topic, src_partition, src_offset, batch_id, erasure_id)
+SELECT u.layer, u.event_id, u.txn_id, u.stored_event_id, u.stored_hash, u.incoming_hash,
+       CASE WHEN e.erasure_id IS NULL THEN u.incoming_body::jsonb END,
+       $1, u.topic, u.partition, u.src_offset, $2, e.erasure_id
+FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::bytea[],
+            $9::text[], $10::text[], $11::int[], $12::bigint[])
+    AS u(layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash,
+         incoming_body, topic, partition, src_offset)
+LEFT JOIN erased_events AS e ON e.event_id = u.stored_event_id
+ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
+"""
+
+# Before migration 0008: no erasures, so no erased event to withhold a body for.
+_CONFLICTS_UNPARTITIONED = """
 INSERT INTO conflicts
     (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
      group_id, src_topic, src_partition, src_offset, batch_id)
@@ -140,6 +181,24 @@ class WriteResult:
     rejects: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fenced:
+    """What the fence statement returned besides winning: the batch id, whether the
+    schema has event_keys (migration 0008), and the UTC day of this transaction."""
+
+    batch_id: int
+    keyed: bool
+    ingested_on: date
+
+
+class _PartitionMissingError(Exception):
+    """A COPY found no partition for this transaction's day: make it, retry the batch."""
+
+
+class _SchemaMovedError(Exception):
+    """Migration 0008 committed under a batch that began before it: retry the batch."""
+
+
 class _CommitUncertainError(Exception):
     def __init__(self, result: WriteResult, cause: BaseException) -> None:
         super().__init__(str(cause))
@@ -156,12 +215,14 @@ class BatchWriter:
         worker: str,
         faults: Faults = DISARMED,
         on_retry: Callable[[str], None] | None = None,
+        upkeep: Upkeep | None = None,
     ) -> None:
         self._db = db
         self._group = group_id
         self._worker = worker
         self._faults = faults
         self._on_retry = on_retry
+        self._upkeep = upkeep if upkeep is not None else Upkeep()
         self.retries: Counter[str] = Counter()
 
     def _retrying(self, cause: str) -> None:
@@ -198,11 +259,32 @@ class BatchWriter:
 
     async def _write(self, batch: Batch) -> WriteResult:
         delay = 0.05
+        make_partitions = False
         while True:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await self._db.get()
+                if make_partitions:
+                    make_partitions = False
+                    await self._upkeep.ensure_now(conn)
+                else:
+                    await self._upkeep.run_if_due(conn)
                 result = await self._attempt(conn, batch)
+            except _PartitionMissingError as exc:
+                self._retrying("partition_missing")
+                log.warning("batch %s: %s; making partitions and retrying", batch.describe(), exc)
+                make_partitions = True
+            except PartitionError as exc:
+                self._retrying("partition_missing")
+                log.error("batch %s waits for its partition: %s", batch.describe(), exc)
+                make_partitions = True
+                pause = delay * (0.5 + random.random())
+                await self._db.discard()
+                await self._db.pause(pause)
+                delay = min(delay * 2, 5.0)
+            except _SchemaMovedError:
+                self._retrying("schema_moved")
+                continue
             except _CommitUncertainError as uncertain:
                 self._retrying("commit_uncertain")
                 log.warning(
@@ -265,12 +347,13 @@ class BatchWriter:
             await self._db.discard()  # whatever state it is in, the next write starts afresh
 
     async def _statements(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
-        batch_id = await self._fence(conn, batch)
-        verdict = await self._classify(conn, batch)
+        fenced = await self._fence(conn, batch)
+        batch_id = fenced.batch_id
+        verdict = await self._classify(conn, batch, fenced.keyed)
         if verdict.inserts:
-            await self._copy_inserts(conn, batch_id, verdict)
+            await self._copy_inserts(conn, fenced, verdict)
         if verdict.conflicts:
-            await self._insert_conflicts(conn, batch_id, verdict)
+            await self._insert_conflicts(conn, batch_id, verdict, fenced.keyed)
         if batch.rejects:
             await self._insert_rejects(conn, batch_id, batch)
         result = WriteResult(
@@ -301,8 +384,9 @@ class BatchWriter:
         )
         return result
 
-    async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> int:
-        """The fence (first statement of the transaction); returns the new batch id."""
+    async def _fence(self, conn: asyncpg.Connection, batch: Batch) -> _Fenced:
+        """The fence (first statement of the transaction): the new batch id, the schema's
+        generation and the day of this transaction's rows."""
         ranges = batch.ranges
         rows = await conn.fetch(
             _FENCE,
@@ -317,39 +401,72 @@ class BatchWriter:
         if len(won) != len(ranges):
             lost = [(r.topic, r.partition) for r in ranges if (r.topic, r.partition) not in won]
             raise FencedError(lost)
-        return int(rows[0]["batch_id"])
+        head = rows[0]
+        return _Fenced(int(head["batch_id"]), bool(head["keyed"]), head["ingested_on"])
 
     async def _copy_inserts(
-        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified
+        self, conn: asyncpg.Connection, fenced: _Fenced, verdict: Classified
     ) -> None:
-        """Binary COPY of the new events into txn_ledger, then activity (same transaction).
+        """Binary COPY of the new events into txn_ledger, event_keys, then activity (same
+        transaction; before migration 0008: txn_ledger, then activity).
 
         A key that exists (committed by a concurrent writer after the keys were read)
         fails the COPY with UniqueViolationError: raised as RaceLostError, the caller
-        rolls back and retries the batch, which re-reads the keys.
+        rolls back and retries the batch, which re-reads the keys. A missing partition
+        (CheckViolationError "no partition of relation") and a batch that began before
+        migration 0008 and met the partitioned table (its rows carry no ingested_on,
+        which has no default there) roll back and are retried too.
         """
+        batch_id, day = fenced.batch_id, fenced.ingested_on
         ledger = []
+        keys = []
         activity = []
         for i in verdict.inserts:
             row, coord = i.row, i.coord
             ledger.append(ledger_record(row, coord.topic, coord.partition, coord.offset, batch_id))
+            keys.append(event_key_record(row, batch_id))
             activity.append(
-                activity_record(row, coord.topic, coord.partition, coord.offset, batch_id)
+                activity_record(row, coord.topic, coord.partition, coord.offset, batch_id, day)
             )
         try:
             await conn.copy_records_to_table("txn_ledger", columns=LEDGER_COLUMNS, records=ledger)
             await self._faults.ahit("mid_copy")
-            await conn.copy_records_to_table("activity", columns=ACTIVITY_COLUMNS, records=activity)
+            if fenced.keyed:
+                await conn.copy_records_to_table(
+                    "event_keys", columns=EVENT_KEY_COLUMNS, records=keys
+                )
+                await conn.copy_records_to_table(
+                    "activity", columns=ACTIVITY_COLUMNS, records=activity
+                )
+            else:
+                await conn.copy_records_to_table(
+                    "activity",
+                    columns=UNPARTITIONED_ACTIVITY_COLUMNS,
+                    records=[a[:-1] for a in activity],
+                )
         except asyncpg.UniqueViolationError as exc:
             raise RaceLostError(f"a key of this batch was taken by another writer: {exc}") from exc
+        except (asyncpg.CheckViolationError, asyncpg.NotNullViolationError) as exc:
+            text = str(exc)
+            if not fenced.keyed and ("no partition" in text or "ingested_on" in text):
+                # Begun before migration 0008, met the partitioned table: its ingested_on
+                # (no default) is NULL, so no partition takes the row.
+                raise _SchemaMovedError() from exc
+            if not fenced.keyed or "no partition" not in text:
+                raise
+            raise _PartitionMissingError(f"no partition of activity for {day}") from exc
 
-    async def _classify(self, conn: asyncpg.Connection, batch: Batch) -> Classified:
+    async def _classify(self, conn: asyncpg.Connection, batch: Batch, keyed: bool) -> Classified:
         txn_ids = list({i.row.txn_id for i in batch.events})
         event_ids = list({i.row.event_id for i in batch.events})
         ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
         activity: dict[uuid.UUID, bytes] = {}
         if txn_ids:
-            for r in await conn.fetch(_STORED_KEYS, txn_ids, event_ids):
+            if keyed:
+                rows = await conn.fetch(_STORED_KEYS, txn_ids, event_ids)
+            else:
+                rows = await conn.fetch(_STORED_KEYS_UNPARTITIONED, txn_ids, event_ids)
+            for r in rows:
                 if r["ledger"]:
                     ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
                 else:
@@ -357,11 +474,10 @@ class BatchWriter:
         return classify(batch.events, ledger, activity)
 
     async def _insert_conflicts(
-        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified
+        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified, keyed: bool
     ) -> None:
         cs = verdict.conflicts
-        await conn.execute(
-            _CONFLICTS,
+        args = (
             self._group,
             batch_id,
             [c.layer for c in cs],
@@ -375,6 +491,10 @@ class BatchWriter:
             [c.incoming.coord.partition for c in cs],
             [c.incoming.coord.offset for c in cs],
         )
+        if keyed:
+            await conn.execute(_CONFLICTS, *args)
+        else:
+            await conn.execute(_CONFLICTS_UNPARTITIONED, *args)
 
     async def _insert_rejects(self, conn: asyncpg.Connection, batch_id: int, batch: Batch) -> None:
         rs = batch.rejects

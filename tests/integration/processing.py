@@ -25,7 +25,7 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,10 @@ _COLUMNS = (
     "src_partition",
     "src_offset",
     "batch_id",
+    "ingested_on",  # the partition key (docs/retention.md): the day of the transaction
 )
 _HASH = bytes(32)
+_TODAY = "SELECT (now() AT TIME ZONE 'UTC')::date"
 _BATCH = """
 INSERT INTO ingest_batches (batch_id, group_id, worker, ranges, events, inserted,
     duplicates_ledger, duplicates_pk, conflicts_ledger, conflicts_pk, rejects)
@@ -178,7 +180,7 @@ def synthetic_runs(
     return [e for _, e in keyed]
 
 
-def _record(e: Ev, partition: int, offset: int, batch_id: int) -> tuple[Any, ...]:
+def _record(e: Ev, partition: int, offset: int, batch_id: int, day: date) -> tuple[Any, ...]:
     payload = json.dumps(e.payload, separators=(",", ":"))
     return (
         e.event_id,
@@ -194,6 +196,7 @@ def _record(e: Ev, partition: int, offset: int, batch_id: int) -> tuple[Any, ...
         partition,
         offset,
         batch_id,
+        day,
     )
 
 
@@ -206,11 +209,12 @@ async def copy_ingest(conn: asyncpg.Connection, events: Sequence[Ev], chunk: int
         part = events[at : at + chunk]
         async with conn.transaction():
             batch_id = int(await conn.fetchval("SELECT nextval('ingest_batch_id_seq')"))
+            day = await conn.fetchval(_TODAY)
             records = []
             for e in part:
                 p = zlib.crc32(e.agent_id.encode()) % 4  # an agent stays on one partition
                 offsets[p] = offsets.get(p, -1) + 1
-                records.append(_record(e, p, offsets[p], batch_id))
+                records.append(_record(e, p, offsets[p], batch_id, day))
             await conn.copy_records_to_table("activity", records=records, columns=_COLUMNS)
             await conn.execute(_BATCH, batch_id, len(part))
             await conn.execute("SELECT pg_notify('ackline_batches', $1)", str(batch_id))

@@ -1,7 +1,8 @@
-"""Least privilege, proven on the real server: the roles of ``0003_roles.sql``.
+"""Least privilege, proven on the real server: the roles of ``0010_roles.sql``.
 
-The ingest role appends and cannot rewrite or empty event data; the reader reads and
-cannot write anything; every table is covered by the grants (the rule every later
+The ingest role appends and cannot rewrite, empty, erase or drop event data; the reader
+reads and cannot write anything; the eraser deletes activity rows and nothing else of
+them; every table (partitions included) is covered by the grants (the rule every later
 migration follows); and a whole worker run as the ingest role still ingests exactly once.
 """
 
@@ -19,20 +20,41 @@ import pytest
 
 from ackline.load.produce import Knobs, produce
 from ackline.load.verify import drained, verify
-from ackline.roles import INGEST, MIGRATOR, READER, scram_sha256_verifier, set_password, with_user
+from ackline.roles import (
+    ERASER,
+    INGEST,
+    MIGRATOR,
+    READER,
+    scram_sha256_verifier,
+    set_password,
+    with_user,
+)
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 
-# Exactly what the ingest role may do, table by table (0003_roles.sql). Anything not
-# listed, on any table, must be denied.
+# Exactly what the ingest role may do, table by table (0010_roles.sql). Anything not
+# listed, on any table (the partitions of activity included), must be denied.
 INGEST_ALLOWED: dict[str, set[str]] = {
     "activity": {"SELECT", "INSERT"},
     "txn_ledger": {"SELECT", "INSERT"},
+    "event_keys": {"SELECT", "INSERT"},
     "conflicts": {"INSERT"},
     "rejects": {"INSERT"},
     "ingest_batches": {"SELECT", "INSERT"},
     "consumer_offsets": {"SELECT", "INSERT", "UPDATE"},
+    "retention_policy": {"SELECT"},
+    "erased_events": {"SELECT"},  # a conflict with an erased event keeps no body
+}
+
+# The same for the eraser (table-level; its UPDATEs are on named columns only).
+ERASER_ALLOWED: dict[str, set[str]] = {
+    "activity": {"SELECT", "DELETE"},
+    "event_keys": {"SELECT"},
+    "conflicts": {"SELECT"},
+    "rejects": {"SELECT"},
+    "erasures": {"SELECT", "INSERT"},
+    "erased_events": {"SELECT", "INSERT"},
 }
 
 _RELATIONS = """
@@ -65,10 +87,12 @@ def denied(dsn: str, role: str, sql: str, *args: Any) -> None:
 
 
 def _seed_activity(dsn: str) -> uuid.UUID:
-    """One activity row and its ledger row, written by the ingest role itself."""
+    """One activity row with its ledger and key rows, written by the ingest role itself
+    (into today's partition, which the ingest role may make)."""
     event_id = uuid.uuid4()
 
     async def go(conn: asyncpg.Connection) -> None:
+        await conn.execute("SELECT count(*) FROM ackline_ensure_partitions('day', 1)")
         async with conn.transaction():
             await conn.execute(
                 "INSERT INTO txn_ledger (txn_id, event_id, body_hash, src_topic, src_partition,"
@@ -77,10 +101,15 @@ def _seed_activity(dsn: str) -> uuid.UUID:
                 b"\x01" * 32,
             )
             await conn.execute(
+                "INSERT INTO event_keys (event_id, body_hash, batch_id) VALUES ($1, $2, 1)",
+                event_id,
+                b"\x01" * 32,
+            )
+            await conn.execute(
                 "INSERT INTO activity (event_id, txn_id, type, agent_id, request_id, occurred_at,"
                 " schema_version, payload, body_hash, src_topic, src_partition, src_offset,"
-                " batch_id) VALUES ($1, 't-1', 'agent.step', 'a', 'r', now(), 1, '{}', $2,"
-                " 'topic', 0, 0, 1)",
+                " batch_id, ingested_on) VALUES ($1, 't-1', 'agent.step', 'a', 'r', now(), 1,"
+                " '{}', $2, 'topic', 0, 0, 1, (now() AT TIME ZONE 'UTC')::date)",
                 event_id,
                 b"\x01" * 32,
             )
@@ -97,11 +126,19 @@ def test_ingest_role_appends_but_cannot_rewrite_or_empty(dsn: str) -> None:
     denied(dsn, INGEST, "DELETE FROM activity WHERE event_id = $1", event_id)
     denied(dsn, INGEST, "UPDATE txn_ledger SET body_hash = $1", b"\x02" * 32)
     denied(dsn, INGEST, "DELETE FROM txn_ledger")
+    denied(dsn, INGEST, "DELETE FROM event_keys")
     for table in (*INGEST_ALLOWED, "feed_cursors", "agent_runs", "schema_migrations"):
         denied(dsn, INGEST, f"TRUNCATE {table}")
+    partition = str(db(dsn, "SELECT name FROM activity_partitions LIMIT 1")[0]["name"])
+    denied(dsn, INGEST, f"DELETE FROM {partition}")  # not through a partition either
+    denied(dsn, INGEST, f"ALTER TABLE activity DETACH PARTITION {partition}")
+    denied(dsn, INGEST, f"DROP TABLE {partition}")
+    denied(dsn, INGEST, "SELECT * FROM ackline_drop_partitions_before(now() + '9 days', true)")
     denied(dsn, INGEST, "DELETE FROM consumer_offsets")
     denied(dsn, INGEST, "DELETE FROM rejects")
     denied(dsn, INGEST, "SELECT raw_value FROM rejects")  # only the ON CONFLICT columns
+    denied(dsn, INGEST, "UPDATE conflicts SET incoming_body = NULL")
+    denied(dsn, INGEST, "INSERT INTO erasures (selector, value) VALUES ('agent', 'a')")
     denied(dsn, INGEST, "DELETE FROM schema_migrations")
     denied(dsn, INGEST, "CREATE TABLE sneaky (x int)")
     denied(dsn, INGEST, "ALTER TABLE activity DROP CONSTRAINT activity_pkey")
@@ -148,9 +185,10 @@ def _first_column(dsn: str, table: str) -> str:
 
 def test_grants_cover_every_relation(dsn: str) -> None:
     """The rule of 0003_roles.sql's header, checked on whatever the migrations built:
-    ackline_migrator owns everything, the reader can SELECT every table and view, and the
-    ingest role holds exactly its list (a later migration that forgets a grant, or hands
-    the worker more than it needs, fails here)."""
+    ackline_migrator owns everything (the partitions the functions make too), the reader
+    can SELECT every table and view, and the ingest and eraser roles hold exactly their
+    lists (a later migration that forgets a grant, or hands a role more than it needs,
+    fails here)."""
     relations = db(dsn, _RELATIONS)
     assert relations
     for r in relations:
@@ -161,7 +199,7 @@ def test_grants_cover_every_relation(dsn: str) -> None:
         "SELECT r.role, t.name, p.priv FROM unnest($1::text[]) AS r(role), "
         "unnest($2::text[]) AS t(name), unnest($3::text[]) AS p(priv) "
         "WHERE has_table_privilege(r.role, t.name, p.priv)",
-        [INGEST, READER],
+        [INGEST, READER, ERASER],
         tables,
         list(TABLE_PRIVILEGES),
     )
@@ -174,6 +212,8 @@ def test_grants_cover_every_relation(dsn: str) -> None:
         )
         want = INGEST_ALLOWED.get(table, set())
         assert got.get((INGEST, table), set()) == want, f"ingest on {table}"
+        want = ERASER_ALLOWED.get(table, set())
+        assert got.get((ERASER, table), set()) == want, f"eraser on {table}"
     sequences = [str(r["name"]) for r in relations if r["kind"] in ("S", b"S")]
     usable = {
         str(r["name"])

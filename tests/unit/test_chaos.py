@@ -42,6 +42,15 @@ def test_armed_kills_are_valid_fault_specs() -> None:
         assert point in KILL_POINTS and armed.action == "kill"
 
 
+def test_retention_drops_and_erasures_are_drawn_after_the_rest() -> None:
+    with_them = plan(7, workers=3, **SIZES, retention_drops=1, erasures=2)
+    kinds = Counter(f.kind for f in with_them)
+    assert (kinds["retention"], kinds["erase"]) == (1, 2)
+    assert [f for f in with_them if f.kind not in ("retention", "erase")] == plan(
+        7, workers=3, **SIZES
+    )
+
+
 def test_a_zombie_needs_an_heir() -> None:
     with pytest.raises(ValueError, match="at least 2 workers"):
         plan(1, workers=1, **SIZES)
@@ -70,7 +79,7 @@ def _report(**changes: Any) -> ChaosReport:
     )  # fmt: skip
     counts = Counts(
         kills=30, stops=3, stops_fenced=3, broker_restarts=2, pg_restarts=2, commit_faults=10,
-        processor_kills=4,
+        processor_kills=4, retention_drops=1, erasures=1,
     )  # fmt: skip
     fields: dict[str, Any] = {
         "seed": 5, "config": ChaosConfig(), "counts": counts, "verdict": verdict,
@@ -93,6 +102,9 @@ def test_the_verdict_line_has_every_field_and_ok_needs_every_minimum() -> None:
     assert not _report(max_kafka_ahead_of_db=1).ok
     assert not _report(fenced_batches=2).ok
     assert not _report(counts=Counts(kills=29, stops=3, stops_fenced=3)).ok
+    full = {"kills": 30, "stops": 3, "stops_fenced": 3, "broker_restarts": 2, "pg_restarts": 2}
+    assert not _report(counts=Counts(**full, commit_faults=10, erasures=1)).ok  # no drop
+    assert not _report(counts=Counts(**full, commit_faults=10, retention_drops=1)).ok
     assert "chaos verdict: OK" in _report().render()
 
 

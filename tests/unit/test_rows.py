@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 
 from ackline.load.generate import generate
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.ingest.rows import (
     ACTIVITY_COLUMNS,
+    EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
+    UNPARTITIONED_ACTIVITY_COLUMNS,
     activity_record,
+    event_key_record,
     ledger_record,
 )
 
-INIT = Path(__file__).resolve().parents[2] / "schemas" / "sql" / "0001_init.sql"
+SQL = Path(__file__).resolve().parents[2] / "schemas" / "sql"
 
 
-def _table_columns(table: str) -> set[str]:
-    body = re.search(rf"CREATE TABLE {table} \((.*?)\n\);", INIT.read_text(), re.S)
+def _table_columns(table: str, file: str = "0001_init.sql") -> set[str]:
+    text = (SQL / file).read_text()
+    body = re.search(rf"CREATE TABLE {table} \((.*?)\n\)[^;]*;", text, re.S)
     assert body is not None, table
-    return {line.split()[0] for line in body.group(1).strip().splitlines() if line.strip()}
+    lines = [line.strip() for line in body.group(1).strip().splitlines()]
+    return {line.split()[0] for line in lines if line and not line.startswith(("--", "CONSTRAINT"))}
 
 
 def _row() -> Row:
@@ -33,7 +39,11 @@ def _row() -> Row:
 def test_records_follow_their_columns() -> None:
     row = _row()
     ledger = dict(zip(LEDGER_COLUMNS, ledger_record(row, "t", 3, 42, 7), strict=True))
-    activity = dict(zip(ACTIVITY_COLUMNS, activity_record(row, "t", 3, 42, 7), strict=True))
+    day = date(2026, 1, 2)
+    activity = dict(zip(ACTIVITY_COLUMNS, activity_record(row, "t", 3, 42, 7, day), strict=True))
+    keys = dict(zip(EVENT_KEY_COLUMNS, event_key_record(row, 7), strict=True))
+    assert keys == {"event_id": row.event_id, "body_hash": row.body_hash, "batch_id": 7}
+    assert activity["ingested_on"] == day
     for rec in (ledger, activity):
         assert (rec["txn_id"], rec["event_id"], rec["body_hash"]) == (
             row.txn_id,
@@ -48,4 +58,9 @@ def test_records_follow_their_columns() -> None:
 
 def test_columns_exist_in_the_schema() -> None:
     assert set(LEDGER_COLUMNS) <= _table_columns("txn_ledger")
-    assert set(ACTIVITY_COLUMNS) <= _table_columns("activity")
+    assert set(UNPARTITIONED_ACTIVITY_COLUMNS) <= _table_columns("activity")
+    partitioned = _table_columns("activity", "0008_activity_partitioned.sql")
+    assert set(ACTIVITY_COLUMNS) == partitioned - {"ingested_at"}  # ingested_at: now()
+    assert set(EVENT_KEY_COLUMNS) == _table_columns(
+        "event_keys_backfill", "0007_event_keys_backfill.sql"
+    )

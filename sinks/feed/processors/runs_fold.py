@@ -199,9 +199,16 @@ def merge(a: RunState, b: RunState) -> RunState:
 def fold(
     events: Iterable[FeedEvent], into: Mapping[str, RunState] | None = None
 ) -> dict[str, RunState]:
-    """Every run's state after ``events`` (joined onto ``into``), keyed by request_id."""
+    """Every run's state after ``events`` (joined onto ``into``), keyed by request_id.
+
+    Erasure notices (``event.erased``: keys only, no request) are not events of a run and
+    are passed over; the rows they name are gone from ``activity``, and a rebuild
+    (`ackline processors reset`) leaves their content out of ``runs`` (docs/retention.md).
+    """
     states: dict[str, RunState] = dict(into or {})
     for event in events:
+        if event.erased:
+            continue
         new = state_of(event)
         old = states.get(event.request_id)
         states[event.request_id] = new if old is None else merge(old, new)

@@ -1,0 +1,31 @@
+"""Durations as operators write them: ``90d``, ``12w``, ``36h``. Pure; no I/O, no asyncpg
+(the settings model imports it)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Final
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "": 86_400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90d``, ``12w``, ``36h``, ``30m``, ``45s``; a bare number is days.
+
+    Raises ValueError naming the accepted forms.
+    """
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration like 90d, 12w or 36h")
+    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+
+
+def format_duration(value: timedelta) -> str:
+    """The shortest of :func:`parse_duration`'s forms that is exact."""
+    seconds = int(value.total_seconds())
+    for unit in ("w", "d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s"

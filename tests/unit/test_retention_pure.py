@@ -1,0 +1,106 @@
+"""The pure parts of partitions, retention and erasure (the server side is in
+tests/integration/test_retention.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ackline.core.errors import SettingsError
+from ackline.settings import load_settings
+from ackline.sinks.admin.durations import format_duration, parse_duration
+from ackline.sinks.admin.erase import ErasureError, check_value
+from ackline.sinks.feed.types import ERASED, FeedEvent, event_json
+
+
+@pytest.fixture(autouse=True)
+def _no_ackline_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("ACKLINE_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("90d", timedelta(days=90)),
+        ("90", timedelta(days=90)),
+        (" 12w ", timedelta(weeks=12)),
+        ("36h", timedelta(hours=36)),
+        ("30m", timedelta(minutes=30)),
+        ("45s", timedelta(seconds=45)),
+        ("0", timedelta(0)),
+    ],
+)
+def test_durations_parse(text: str, value: timedelta) -> None:
+    assert parse_duration(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "d", "-1d", "1.5d", "90 days", "1y"])
+def test_bad_durations_say_the_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="like 90d, 12w or 36h"):
+        parse_duration(text)
+
+
+def test_durations_print_in_the_largest_exact_unit() -> None:
+    assert [
+        format_duration(d)
+        for d in (timedelta(days=14), timedelta(days=90), timedelta(hours=36), timedelta(0))
+    ] == ["2w", "90d", "36h", "0s"]
+
+
+def test_the_retention_setting_is_normalized_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().retention_keep() is None  # off by default
+    monkeypatch.setenv("ACKLINE_RETENTION", "180")
+    settings = load_settings()
+    assert (settings.retention, settings.retention_keep()) == ("180d", timedelta(days=180))
+    for bad, why in (("12h", "at least a day"), ("soon", "not a duration")):
+        monkeypatch.setenv("ACKLINE_RETENTION", bad)
+        with pytest.raises(SettingsError, match=why) as err:
+            load_settings()
+        assert err.value.setting == "ACKLINE_RETENTION"
+    monkeypatch.setenv("ACKLINE_PARTITION_INTERVAL", "month")
+    monkeypatch.delenv("ACKLINE_RETENTION")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert err.value.setting == "ACKLINE_PARTITION_INTERVAL"
+
+
+def test_an_erasure_names_what_it_erases() -> None:
+    event = uuid.uuid4()
+    assert check_value("event", str(event).upper()) == str(event)
+    assert check_value("agent", "agent-7") == "agent-7"
+    with pytest.raises(ErasureError, match="a UUID"):
+        check_value("event", "not-a-uuid")
+    with pytest.raises(ErasureError, match="empty"):
+        check_value("request", "  ")
+    with pytest.raises(ErasureError, match="erase by one of"):
+        check_value("tenant", "x")
+
+
+def test_an_erasure_notice_carries_keys_only() -> None:
+    notice = FeedEvent(
+        event_id=uuid.uuid4(),
+        txn_id="run-1:3",
+        type=ERASED,
+        agent_id="",
+        request_id="",
+        occurred_at=datetime(2026, 11, 30, tzinfo=UTC),
+        schema_version=0,
+        payload={},
+        batch_id=7,
+        commit_xid=900,
+        topic="t",
+        partition=1,
+        offset=42,
+        erasure_id=3,
+    )
+    line = event_json(notice)
+    assert notice.erased and line["type"] == "ackline.erased" and line["erasure_id"] == 3
+    assert line["payload"] == {} and line["agent_id"] == ""
+    plain = dataclasses.replace(notice, type="agent.step", erasure_id=None)
+    assert not plain.erased and "erasure_id" not in event_json(plain)
