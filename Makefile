@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit integration lint up down status clean chaos bench bench-backlog
+.PHONY: install demo test unit integration lint up down status clean chaos chaos-infra bench bench-backlog
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ SEED ?=
 CHAOS_ARGS ?=
 chaos: install
 	$(BIN)/ackline chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+## The same proof under infrastructure faults (docs/faults.md): 1M events, 3 workers, each behind
+## its own fault proxies; black holes, resets and latency on their links, a 3-broker cluster
+## (leader SIGKILLs, a rolling restart), PostgreSQL failovers (sync, then async losing commits),
+## a full disk; on its own stack (.ackline/chaos-infra). Needs root (tmpfs) and Go (Toxiproxy).
+chaos-infra: install
+	$(BIN)/ackline chaos --faults network,cluster,failover,disk $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
