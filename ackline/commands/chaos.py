@@ -30,7 +30,7 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
         runtime=args.runtime,
         state_dir=Path(args.state_dir) if args.state_dir else settings.state_dir / "chaos",
         batch_max_events=args.batch_max_events,
-        produce_rate=args.produce_rate,
+        produce_rate=args.produce_rate or 0.0,
         keep_stack=args.keep,
         processor_kills=args.processor_kills,
     )
@@ -72,7 +72,7 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
         group_protocol=args.group_protocol,
         state_dir=Path(args.state_dir) if args.state_dir else settings.state_dir / "chaos-infra",
         batch_max_events=args.batch_max_events,
-        produce_rate=args.produce_rate,
+        produce_rate=1500.0 if args.produce_rate is None else args.produce_rate,
         minimums=minimums,
         keep_stack=args.keep,
     )
@@ -104,7 +104,10 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--batch-max-events", type=int, default=1000)
     p.add_argument(
-        "--produce-rate", type=float, default=0.0, help="events/s cap of the producer (0: none)"
+        "--produce-rate",
+        type=float,
+        default=None,
+        help="events/s cap of the producer (0: none; default 0, with --faults 1500)",
     )
     p.add_argument(
         "--processor-kills",

@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # the stack is imported when a run starts (ackline.dev is hea
     from ackline.dev.infra import Infra
 
 GHOST = "ackline_chaos_ghost"
+RECONCILED_LINE = "had committed; reconciled by reading"
+RETRIED_LINE = "did not commit; retrying"
 DOWN_SINCE = "ackline_database_down_since_timestamp_seconds"
 _DISPATCH_CHECK = """
 SELECT (SELECT count(DISTINCT request_id) FROM activity WHERE type = 'agent.requested')
@@ -160,6 +162,7 @@ class _InfraRun(_Run):
     def _prepare_infra(self) -> None:
         from ackline.sinks.admin.migrate import migrate
         from ackline.streams.admin import ensure_topic
+        from ackline.streams.errors import TopicError
 
         self.admin.retry(f'CREATE DATABASE "{self.database}"')
 
@@ -175,7 +178,16 @@ class _InfraRun(_Run):
         asyncio.run(apply())
         config = {"max.message.bytes": str(2 * 1_048_576), "min.insync.replicas": "2"}
         for topic in (self.name, f"{self.name}.dlq"):
-            ensure_topic(self.bootstrap, topic, self.cfg.partitions, config, replication_factor=3)
+            for attempt in range(15):  # a new topic reaches every broker's metadata late
+                try:
+                    ensure_topic(
+                        self.bootstrap, topic, self.cfg.partitions, config, replication_factor=3
+                    )
+                    break
+                except TopicError:
+                    if attempt == 14:
+                        raise
+                    time.sleep(2.0)
         self.say(
             f"topic {self.name} and its dead-letter topic ({self.cfg.partitions} partitions, "
             f"RF 3, min.insync.replicas 2), database {self.database} (activity on a tmpfs)"
@@ -620,6 +632,9 @@ class _InfraRun(_Run):
     def _finish_infra(self) -> InfraReport:
         dispatch = self._finish_dispatch()
         base = self._finish()
+        logs = [i.log() for i in self._pool().incarnations]
+        self.ic.commits_reconciled = sum(t.count(RECONCILED_LINE) for t in logs)
+        self.ic.commits_retried = sum(t.count(RETRIED_LINE) for t in logs)
         runs = base.runs
         watch = self.fwatch
         return InfraReport(

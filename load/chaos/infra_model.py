@@ -39,7 +39,9 @@ class InfraConfig:
     group_protocol: str = "classic"
     state_dir: Path = Path(".ackline/chaos-infra")
     batch_max_events: int = 1000
-    produce_rate: float = 0.0
+    produce_rate: float = 1500.0
+    """Production is held to this many events per second, so the backlog outlasts the
+    faults (a failover, a roll or a black hole takes tens of seconds each)."""
     minimums: Minimums = field(default_factory=Minimums)
     session_timeout_ms: int = 6000
     statement_timeout_s: float = 8.0
@@ -119,6 +121,10 @@ class InfraCounts:
     disk_full_episodes: int = 0
     disk_full_alerted: int = 0
     disk_full_drained: int = 0
+    commits_reconciled: int = 0
+    """Unknown COMMIT outcomes the workers found committed by reading (log lines)."""
+    commits_retried: int = 0
+    """Unknown COMMIT outcomes found rolled back, and written again (log lines)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -217,6 +223,8 @@ class InfraReport:
                 "sync_lost_commits": c.sync_lost_commits,
                 "rebuilds": c.rebuilds,
                 "disk_full_alerted": c.disk_full_alerted,
+                "commits_reconciled": c.commits_reconciled,
+                "commits_retried": c.commits_retried,
                 "dispatch_mismatch": None if self.dispatch is None else self.dispatch.mismatches,
             }
         )
@@ -258,6 +266,10 @@ class InfraReport:
             f"{'ok' if self.base.max_kafka_ahead_of_db == 0 else 'KAFKA AHEAD':<8}"
             f"{self.base.offset_samples} samples; {self.kafka_ahead_after_failover} ahead "
             "after an async failover (offsets the old primary had)"
+        )
+        lines.append(
+            f"unknown COMMIT outcomes: {c.commits_reconciled} found committed by reading, "
+            f"{c.commits_retried} found rolled back and written again"
         )
         for note in [*self.base.counts.skipped, *c.notes]:
             lines.append(f"note: {note}")
