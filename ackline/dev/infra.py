@@ -302,9 +302,9 @@ def _stop_services(state_dir: Path, layout: InfraLayout) -> list[str]:
         _proc.send(pid, signal.SIGTERM)
         if not _proc.wait_gone([pid], 5.0):
             _proc.send(pid, signal.SIGKILL)
-    for node in infra.cluster.nodes:
+    for node in infra.cluster.nodes:  # a throwaway cluster: no controlled shutdown
         try:
-            node.stop()
+            node.kill()
         except DevStackError as exc:
             problems.append(str(exc))
     for pg in infra.pair.nodes:
