@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit integration lint up down status clean chaos chaos-infra bench bench-backlog
+.PHONY: install demo test unit integration lint up down status clean chaos chaos-infra chaos-side-by-side bench bench-backlog
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ chaos: install
 ## a full disk; on its own stack (.ackline/chaos-infra). Needs root (tmpfs) and Go (Toxiproxy).
 chaos-infra: install
 	$(BIN)/ackline chaos --faults network,cluster,failover,disk $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+## The asynchronous failover, side by side with Kafka Connect + Debezium JDBC sink (docs/faults.md):
+## same data at the same rate, one failover losing commits; what each lost or duplicated.
+## SBS_EVENTS=... to size (default 200,000); its own stack (.ackline/chaos-side-by-side).
+SBS_EVENTS ?= 200000
+chaos-side-by-side: install
+	$(BIN)/python -m ackline.load.chaos.sidebyside $(SBS_EVENTS) $(SEED)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

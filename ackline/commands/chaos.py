@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 
 from ackline.commands import Subparsers
@@ -76,10 +77,16 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
         minimums=minimums,
         keep_stack=args.keep,
     )
+    # A SIGTERM unwinds the run, so that its stack (mounts, servers) is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     report = run_infra_chaos(cfg)
     print(report.render(), flush=True)
     print(json.dumps(report.to_json()), flush=True)
     return 0 if report.ok else 1
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def register(sub: Subparsers) -> None:
