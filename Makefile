@@ -3,17 +3,25 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit integration lint up down status clean chaos chaos-infra chaos-side-by-side bench bench-backlog
+.PHONY: install constraints demo test unit integration lint up down status clean chaos chaos-infra chaos-side-by-side bench bench-backlog decode-diff
 
-$(STAMP): pyproject.toml
+# Every package is pinned by constraints.txt, which the Dockerfile uses too.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,faust]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,faust]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
+
+## Re-pin constraints.txt to what .venv holds now (after changing pyproject.toml's dependencies:
+## install without the old pins first, e.g. `.venv/bin/pip install -U -e '.[dev,faust]'`).
+constraints:
+	@{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --disable-pip-version-check \
+	  | grep -v -i -e '^-e' -e '^#' -e '^ackline'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 ## The main job end to end: stack up, migrate, produce 100k mixed events, ingest, verify, stack down.
 demo: install
@@ -44,6 +52,13 @@ chaos-infra: install
 SBS_EVENTS ?= 200000
 chaos-side-by-side: install
 	$(BIN)/python -m ackline.load.chaos.sidebyside $(SBS_EVENTS) $(SEED)
+
+## The decoder's differential test in full: its fast path against the reference decoder
+## over ~1.1M generated and hostile inputs (~15 min; `make test` runs a sample).
+## DIFF_ARGS passes options (--scale, --seed, --out FILE).
+DIFF_ARGS ?=
+decode-diff: install
+	$(BIN)/python -m tests.support.decode_diff $(DIFF_ARGS)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

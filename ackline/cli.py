@@ -1,58 +1,162 @@
-"""The `ackline` command line. Thin: parse, load settings, call one handler, exit."""
+"""The `ackline` command line. Thin: parse, load settings, call one handler, exit.
+
+Global options (``-v``, ``--config``, ``--log-format``, ``--topic``, ``--group-id``) are
+accepted before or after the subcommand. An expected failure is one line on stderr
+naming the problem and the fix (``ackline.commands.guard``) and a non-zero status,
+never a traceback; SIGTERM stops a command as Ctrl-C does (cleanup runs, status 143).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 from ackline.commands import MODULES, Handler
+from ackline.commands.guard import Terminated, explain
 from ackline.core.errors import AcklineError
-from ackline.core.logs import configure_logging
+from ackline.core.logs import KAFKA_LOGGER, configure_logging
 from ackline.settings import load_settings
 
+SERVICES = frozenset({"run"})
+"""Commands that run until stopped: librdkafka's (de-duplicated) lines are part of their log."""
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ackline", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every subcommand accepts too. Under a subcommand their defaults are
+    SUPPRESS, so a value given before the subcommand is not reset by its parser."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging", **default)
     p.add_argument(
         "--config",
         metavar="PATH",
         help="TOML settings file (else ACKLINE_CONFIG_FILE); environment variables win over it",
+        **default,
     )
     p.add_argument(
         "--log-format",
         choices=("auto", "json", "text"),
         help="override ACKLINE_LOG_FORMAT (auto: text on a terminal, else JSON lines)",
+        **default,
     )
-    p.add_argument("--topic", help="override ACKLINE_TOPIC")
-    p.add_argument("--group-id", help="override ACKLINE_GROUP_ID")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--topic", dest="global_topic", help="override ACKLINE_TOPIC", **default)
+    p.add_argument("--group-id", help="override ACKLINE_GROUP_ID", **default)
+
+
+def _subparsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every parser below ``p``, at any depth."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                yield child
+                yield from _subparsers(child)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ackline", description=__doc__.split("\n\n")[0])
+    _global_options(p, suppress=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in MODULES:
         importlib.import_module(f"ackline.commands.{name}").register(sub)
+    for child in _subparsers(p):
+        _global_options(child, suppress=True)
     return p
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread, so ``finally`` blocks and context
+    managers clean up (partial files removed, producers closed). Commands that run an
+    asyncio loop install their own handlers for the loop's lifetime."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # once: a second SIGTERM must not cut the cleanup the first one started
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader left (`| head`): send what is still buffered nowhere, so the
+    interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _fail(line: str) -> int:
+    print(f"ackline: error: {line}", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
-        "topic": args.topic,
+        "topic": args.global_topic,
         "group_id": args.group_id,
         "config_file": args.config,
         "log_format": args.log_format,
     }
     try:
-        settings = load_settings(**overrides)
-        configure_logging(settings.log_format, verbose=args.verbose, stream=sys.stderr)
-        handler: Handler = args.handler
-        return handler(args, settings)
+        with _terminate_as_interrupt():
+            settings = load_settings(**overrides)
+            configure_logging(settings.log_format, verbose=args.verbose, stream=sys.stderr)
+            if args.command not in SERVICES and not args.verbose:
+                # a one-shot command ends with its own error line; librdkafka's retries
+                # on the way there are noise (-v shows them)
+                logging.getLogger(KAFKA_LOGGER).setLevel(logging.CRITICAL)
+            handler: Handler = args.handler
+            status = handler(args, settings)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+            return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
     except AcklineError as exc:
-        print(f"ackline: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:
+        # a service stopped before its runtime took over the signal (start-up): a clean
+        # stop, as the runtime's own handling gives
+        return 0 if args.command in SERVICES else EXIT_TERMINATED
+    except Exception as exc:
+        if _while_stopping(exc):
+            # cleanup after a stop request failed on what the stop interrupted (a client
+            # cut mid-call): the stop is the news, not the cleanup's failure
+            return 0 if args.command in SERVICES else EXIT_TERMINATED
+        line = explain(exc)
+        if line is None:
+            raise
+        return _fail(line)
+
+
+def _while_stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling a stop request (SIGTERM, Ctrl-C)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Terminated | KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        shown = None if cause.__suppress_context__ else cause.__context__
+        cause = cause.__cause__ or shown
+    return False
 
 
 if __name__ == "__main__":

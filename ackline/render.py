@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,3 +63,32 @@ def show_bytes(value: bytes | None, raw: bool = False, limit: int = 4096) -> str
 def short_hex(value: bytes, keep: int = 12) -> str:
     """The first ``keep`` hex digits of a hash, enough to tell rows apart in a table."""
     return value.hex()[:keep]
+
+
+def body_diff(stored: Any, incoming: Any, path: str = "") -> list[str]:
+    """What changed between two JSON values, one line per changed leaf, by dotted path
+    (``payload.thought: 'plan' -> 'replan'``; ``(absent)`` for a missing key). Pure."""
+    if isinstance(stored, dict) and isinstance(incoming, dict):
+        out: list[str] = []
+        for key in sorted(stored.keys() | incoming.keys()):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in incoming:
+                out.append(f"{sub}: {_short(stored[key])} -> (absent)")
+            elif key not in stored:
+                out.append(f"{sub}: (absent) -> {_short(incoming[key])}")
+            else:
+                out.extend(body_diff(stored[key], incoming[key], sub))
+        return out
+    if isinstance(stored, list) and isinstance(incoming, list) and len(stored) == len(incoming):
+        out = []
+        for i, (a, b) in enumerate(zip(stored, incoming, strict=True)):
+            out.extend(body_diff(a, b, f"{path}[{i}]"))
+        return out
+    if stored == incoming and type(stored) is type(incoming):
+        return []
+    return [f"{path or '(body)'}: {_short(stored)} -> {_short(incoming)}"]
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = safe_text(json.dumps(value, sort_keys=True, ensure_ascii=False))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -8,6 +8,10 @@ start with a :class:`~ackline.core.errors.SettingsError` that names it, and so d
 ``ACKLINE_*`` variable that names no setting (a typo must not be silently ignored).
 Secrets are :class:`~pydantic.SecretStr` and never logged; :meth:`Settings.redacted`
 is the only printable view.
+
+Why this module is longer than the house's ~500 lines: every setting is one field with
+its bounds and a description (docs/operating.md's table is generated from them), and the
+model must stay one class; the loading rules around it are short.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     Field,
@@ -41,6 +46,7 @@ from ackline.core.errors import SettingsError
 ENV_PREFIX = "ACKLINE_"
 CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"
 REDACTED = "**********"
+DEFAULT_METRICS_PORT = 9400
 Source = Literal["cli", "env", "file", "default"]
 
 # The TOML file of the settings being built now (set only inside load_settings).
@@ -152,8 +158,16 @@ class Settings(BaseSettings):
         default=200,
         ge=1,
         le=60_000,
-        description="a batch is written when its first record has waited this long (or at "
-        "batch_max_events)",
+        description="faust runtime: a take is written when its first record has waited this "
+        "long (or at batch_max_events); the default runtime uses batch_linger_ms",
+    )
+    batch_linger_ms: int = Field(
+        default=0,
+        ge=0,
+        le=60_000,
+        description="default runtime: how long a batch may wait for more records while the "
+        "writer is free; 0 writes it as soon as the writer is free (group commit: batches "
+        "grow only while a write is in flight)",
     )
     batch_max_bytes: int = Field(
         default=32 * 1_048_576,
@@ -171,7 +185,7 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(
         default=32,
         ge=2,
-        le=512,
+        le=255,  # schemas.decode.MAX_SUPPORTED_DEPTH: pydantic-core serialises 257 levels
         description="deeper JSON is rejected as too_deep",
     )
 
@@ -190,15 +204,19 @@ class Settings(BaseSettings):
 
     # Operations.
     metrics_port: int = Field(
-        default=0,
+        default=DEFAULT_METRICS_PORT,
         ge=0,
         le=65_535,
-        description="port of /metrics, /healthz and /readyz (0: off)",
+        description="port of /metrics, /healthz and /readyz of `ackline run` (0: off); the "
+        "default port taken by another process falls back to a free one (the start-up line "
+        "says which), a port set explicitly that cannot be bound stops the worker",
     )
     retry_max_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="not read today: database retries back off up to 5 s, fixed in code",
+        description="how long PostgreSQL may stay unreachable before it is an error: `tail` "
+        "without --follow and `dispatch --once` give up with one line, followers log one "
+        "ERROR and keep retrying",
     )
     revoke_wait_s: float = Field(
         default=20.0,
@@ -208,7 +226,8 @@ class Settings(BaseSettings):
     shutdown_wait_s: float = Field(
         default=30.0,
         gt=0,
-        description="how long SIGTERM waits for the batch in flight before cancelling it",
+        description="how long SIGTERM waits for the batch in flight (or a changefeed read) "
+        "before cancelling it",
     )
     db_idle_in_transaction_timeout_ms: int = Field(
         default=15_000,
@@ -357,15 +376,50 @@ class Settings(BaseSettings):
         return value
 
     def redacted(self) -> dict[str, Any]:
-        """The effective settings with secrets shown as '**********'."""
-        return {
-            name: (REDACTED if isinstance(value, SecretStr) else value)
-            for name, value in self.model_dump().items()
-        }
+        """The effective settings, secrets redacted: a DSN keeps everything but its
+        password (where it points is what an operator checks); other secrets are
+        '**********'."""
+        out: dict[str, Any] = {}
+        for name, value in self.model_dump().items():
+            if isinstance(value, SecretStr):
+                secret = value.get_secret_value()
+                out[name] = redact_dsn(secret) if name in _DSN_FIELDS else REDACTED
+            else:
+                out[name] = value
+        return out
 
     def sources(self) -> dict[str, Source]:
         """Where each setting came from (cli, env, file, default), as load_settings saw it."""
         return {name: self._sources.get(name, "default") for name in type(self).model_fields}
+
+
+_DSN_FIELDS = frozenset({"database_url", "database_ingest_url"})
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password (in the authority or as ``?password=``) replaced by
+    '**********'; user, hosts, database and options kept. Pure."""
+    parts = urlsplit(dsn)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":" + REDACTED
+    query = [
+        (k, REDACTED if k == "password" else v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    netloc = f"{userinfo}@{hosts}" if at else hosts
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+
+
+def dsn_address(dsn: str) -> str:
+    """Where a ``postgresql://`` URL points, for messages: ``host:port/database`` (no
+    user, no password). Pure."""
+    parts = urlsplit(dsn)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        hosts = dict(parse_qsl(parts.query)).get("host", "localhost")
+    database = parts.path.lstrip("/")
+    return f"{hosts}/{database}" if database else hosts
 
 
 def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
@@ -427,6 +481,8 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     _reject_unknown_variables(env)
     config_file = clean.get("config_file") or _env_value(env, CONFIG_FILE_VAR)
     file_values = read_config_file(Path(config_file)) if config_file else {}
+    if config_file:
+        _reject_unknown_keys(Path(config_file), file_values)
     sources = setting_sources(clean, env, file_values)
     token = _TOML_FILE.set(Path(config_file) if config_file else None)
     try:
@@ -439,6 +495,9 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         field = str(first["loc"][0]) if first["loc"] else "?"
         where = {"cli": "command line", "env": "environment", "file": str(config_file)}
         origin = where.get(sources.get(field, "default"))
+        if sources.get(field) == "file" and config_file:
+            line = key_line(Path(config_file), field)
+            origin = f"{config_file}{f' line {line}' if line else ''}, key {field}"
         problem = "unknown setting" if first["type"] == "extra_forbidden" else first["msg"]
         raise SettingsError(
             ENV_PREFIX + field.upper(), f"{problem} (from {origin})" if origin else problem
@@ -461,6 +520,47 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(CONFIG_FILE_VAR, f"{path} is not valid TOML: {exc}") from exc
     return data
+
+
+def _reject_unknown_keys(path: Path, values: Mapping[str, Any]) -> None:
+    """A key of the file that names no setting stops the program, naming the file, the
+    line, the key and the closest valid key (a typo must not pass as a default)."""
+    known = sorted(Settings.model_fields)
+    for key, value in values.items():
+        if key in Settings.model_fields:
+            continue
+        line = key_line(path, key)
+        where = f"{path} line {line}" if line else str(path)
+        if isinstance(value, dict):
+            raise SettingsError(
+                CONFIG_FILE_VAR,
+                f"{where}: [{key}] is a table; settings are flat `name = value` keys "
+                "at the top of the file",
+            )
+        close = difflib.get_close_matches(key.lower(), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SettingsError(CONFIG_FILE_VAR, f"{where}: unknown key {key!r}{hint}")
+
+
+def key_line(path: Path, key: str) -> int | None:
+    """The 1-based line of ``path`` where top-level ``key`` is set (or a table of that
+    name opens); None when it cannot be found. Reads the text, which TOML parsing does
+    not give positions for."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    forms = {key, f'"{key}"', f"'{key}'"}
+    for number, raw in enumerate(lines, 1):
+        text = raw.strip()
+        if text.startswith("["):
+            if text.strip("[] ") in forms:
+                return number
+            continue
+        name, eq, _ = text.partition("=")
+        if eq and name.strip() in forms:
+            return number
+    return None
 
 
 def setting_sources(

@@ -1,15 +1,24 @@
 """`ackline status`: per partition, where PostgreSQL and Kafka say the group is.
 
 The DB next offset is the truth (where the partition resumes); Kafka's committed offset
-is advisory and may trail it by the auto-commit interval. ``lag`` is the high
-watermark minus the DB next offset (minus the log start when nothing is committed
-yet); under read_committed it is an upper bound, since transaction markers and
-aborted records take offsets too.
+is advisory and may trail it by the auto-commit interval. ``lag`` is computed as the
+worker's ``ackline_partition_lag`` is: the last stable offset (a read_committed
+consumer's high watermark) minus the DB next offset (the log start when nothing is
+committed yet), and 0 when everything in between is transaction markers or aborted
+records — which no consumer is ever given (the caller finds those partitions by
+reading, :func:`ackline.streams.kafkainfo.scan_ranges`). With committed records in
+between it counts the markers among them too, as /metrics does.
+
+``owner`` is the worker id that last claimed the partition in PostgreSQL; it is *live*
+when a member of the consumer group has that client id (ackline sets ``client.id`` to
+the worker id in both runtimes). ``assigned`` is the member Kafka assigned the
+partition to now; an owner that is not live, or an assignment nobody consumes, is
+how a dead or stuck worker shows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -18,7 +27,7 @@ import asyncpg
 
 from ackline.render import table
 from ackline.sinks.ingest.offsets import read_offsets
-from ackline.streams.kafkainfo import PartitionOffsets
+from ackline.streams.kafkainfo import GroupMember, PartitionOffsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +41,10 @@ class PartitionStatus:
     epoch: int | None
     owner: str | None
     updated_at: datetime | None
+    owner_live: bool | None = None
+    """Whether ``owner`` is a member of the group now (None: no owner, or not known)."""
+    assigned: str | None = None
+    """The client id of the group member Kafka assigned this partition to now."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -48,17 +61,53 @@ class OffsetRow:
     updated_at: datetime | None
 
 
-def merge(db: Sequence[OffsetRow], kafka: Sequence[PartitionOffsets]) -> list[PartitionStatus]:
-    """One status per partition known to either side, in partition order. Pure."""
+def unread_starts(
+    db: Sequence[OffsetRow], kafka: Sequence[PartitionOffsets]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """(starts, ends) of the ranges between each partition's resume point and its high
+    watermark, for the partitions where that range is not empty. Pure."""
+    by_db = {r.partition: r for r in db}
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for log in kafka:
+        row = by_db.get(log.partition)
+        done = row.next_offset if row is not None and row.next_offset is not None else log.low
+        start = max(done, log.low)
+        if log.high > start:
+            starts[log.partition] = start
+            ends[log.partition] = log.high
+    return starts, ends
+
+
+def merge(
+    db: Sequence[OffsetRow],
+    kafka: Sequence[PartitionOffsets],
+    *,
+    settled: Collection[int] = (),
+    members: Sequence[GroupMember] | None = None,
+    topic: str | None = None,
+) -> list[PartitionStatus]:
+    """One status per partition known to either side, in partition order. Pure.
+
+    ``settled``: partitions whose unread range holds no committed record (lag 0).
+    ``members``: the group's live members (None: not known, liveness left unset); their
+    assignments count for ``topic`` only (None: every topic).
+    """
     by_db = {r.partition: r for r in db}
     by_kafka = {k.partition: k for k in kafka}
+    live = None if members is None else {m.client_id for m in members}
+    assignee = {
+        p: m.client_id for m in members or () for t, p in m.partitions if topic in (None, t)
+    }
     out = []
     for p in sorted(by_db.keys() | by_kafka.keys()):
         row, log = by_db.get(p), by_kafka.get(p)
         db_next = row.next_offset if row else None
         lag = None
         if log is not None:
-            lag = max(log.high - (db_next if db_next is not None else log.low), 0)
+            done = db_next if db_next is not None else log.low
+            lag = 0 if p in settled else max(log.high - done, 0)
+        owner = row.owner if row else None
         out.append(
             PartitionStatus(
                 partition=p,
@@ -68,8 +117,10 @@ def merge(db: Sequence[OffsetRow], kafka: Sequence[PartitionOffsets]) -> list[Pa
                 high=log.high if log else None,
                 lag=lag,
                 epoch=row.epoch if row else None,
-                owner=row.owner if row else None,
+                owner=owner,
                 updated_at=row.updated_at if row else None,
+                owner_live=None if live is None or owner is None else owner in live,
+                assigned=assignee.get(p),
             )
         )
     return out
@@ -89,13 +140,33 @@ async def db_offsets(conn: asyncpg.Connection, group_id: str, topic: str) -> lis
     ]
 
 
+def _owner(r: PartitionStatus) -> str | None:
+    if r.owner is None or r.owner_live is None:
+        return r.owner
+    return r.owner if r.owner_live else f"{r.owner} (not in group)"
+
+
 def render(topic: str, group_id: str, rows: Sequence[PartitionStatus]) -> str:
-    headers = ("partition", "db next", "kafka committed", "high", "lag", "epoch", "owner")
+    headers = (
+        "partition", "db next", "kafka committed", "high", "lag", "epoch", "owner", "assigned",
+    )  # fmt: skip
     body = [
-        (r.partition, r.db_next, r.kafka_committed, r.high, r.lag, r.epoch, r.owner) for r in rows
+        (r.partition, r.db_next, r.kafka_committed, r.high, r.lag, r.epoch, _owner(r), r.assigned)
+        for r in rows
     ]
     total = sum(r.lag or 0 for r in rows)
-    return f"topic {topic}, group {group_id}, total lag {total}\n" + table(headers, body)
+    lines = [f"topic {topic}, group {group_id}, total lag {total}", table(headers, body)]
+    dead = sorted({r.owner for r in rows if r.owner and r.owner_live is False})
+    if dead:
+        lines.append(
+            f"not in the group now: {', '.join(dead)} (a stopped or crashed worker; its "
+            "partitions move to a live member at the next rebalance)"
+        )
+    if any(r.assigned is not None for r in rows):
+        idle = [r.partition for r in rows if r.assigned is None]
+        if idle:
+            lines.append(f"assigned to no member now: partitions {idle}")
+    return "\n".join(lines)
 
 
 def to_json(topic: str, group_id: str, rows: Sequence[PartitionStatus]) -> dict[str, Any]:

@@ -33,6 +33,10 @@ aborted: a prefix of the chunk is sent in a transaction that is aborted, then th
 chunk (the same bytes) goes out in the next, committed, transaction. So every record of
 an aborted transaction has a committed copy right after it, and the committed records
 alone are exactly the plan; no variant ever depends on an aborted-only original.
+
+Why this module is longer than the house's ~500 lines: the plan is one seeded walk —
+runs, their events, and every fault drawn against them in one order (moving a draw
+changes every plan after it); the text it fills events with lives in load/text.py.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from ackline.schemas.decode import (
     DEFAULT_LIMITS,
     DUPLICATE_KEY,
     EMPTY,
+    INEXACT_NUMBER,
     INVALID_JSON,
     NON_FINITE_NUMBER,
     NOT_UTF8,
@@ -90,6 +95,7 @@ POISON_KINDS: Final[dict[str, str]] = {
     "invalid_json": INVALID_JSON,
     "duplicate_key": DUPLICATE_KEY,
     "non_finite_number": NON_FINITE_NUMBER,
+    "inexact_number": INEXACT_NUMBER,
     "too_deep": TOO_DEEP,
     "unknown_type": UNKNOWN_TYPE,
     "unsupported_version": UNSUPPORTED_VERSION,
@@ -656,6 +662,27 @@ def _non_finite(rng: random.Random, obj: dict[str, Any], env: Envelope, knobs: K
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+_INEXACT_LITERALS: Final = (
+    "0.10000000000000001",  # C's %.17g of 0.1: not the shortest text of that double
+    "12345678901234567890.5",  # a decimal amount no double holds (reads as ...567e+19)
+    "1e-400",  # underflow: reads as 0.0
+)
+
+
+def _inexact(rng: random.Random, obj: dict[str, Any], env: Envelope, knobs: Knobs) -> bytes:
+    """A producer that prints floats with ``%.17g`` or sends decimals a double cannot hold."""
+    obj["type"], obj["schema_version"] = "tool.called", 1
+    obj["payload"] = {
+        "run_id": obj["payload"].get("run_id", "run-unknown"),
+        "call_id": f"call_{rng.getrandbits(48):012x}",
+        "tool": "billing.charge",
+        "arguments": {"currency": "EUR", "amount": 0},
+    }
+    literal = rng.choice(_INEXACT_LITERALS)
+    text = json.dumps(obj, separators=(",", ":"))
+    return text.replace('"amount":0}', f'"amount":{literal}}}', 1).encode()
+
+
 def _too_deep(rng: random.Random, obj: dict[str, Any], env: Envelope, knobs: Knobs) -> bytes:
     obj["type"], obj["schema_version"] = "tool.called", 1
     node: Any = {"field": "status", "eq": "open"}
@@ -706,6 +733,7 @@ _POISON_BUILDERS: Final[
     "invalid_json": _invalid_json,
     "duplicate_key": _duplicate_key,
     "non_finite_number": _non_finite,
+    "inexact_number": _inexact,
     "too_deep": _too_deep,
     "unknown_type": _unknown_type,
     "unsupported_version": _unsupported_version,

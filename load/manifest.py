@@ -229,7 +229,11 @@ class ManifestWriter:
 
 
 def iter_manifest(path: Path) -> tuple[ManifestHeader, Iterator[ManifestRecord]]:
-    """The header, and an iterator over the records that checks the trailer at the end."""
+    """The header, and an iterator over the records that checks the trailer at the end.
+
+    A file that cannot be read as a manifest (a directory, not gzip when named ``.gz``,
+    cut short, not UTF-8) raises LoadError naming it, when opened or while iterated.
+    """
     path = Path(path)
     if not path.exists():
         partial = path.with_name(path.name + ".partial")
@@ -237,17 +241,22 @@ def iter_manifest(path: Path) -> tuple[ManifestHeader, Iterator[ManifestRecord]]
         if partial.exists():
             hint = f" (an incomplete {partial.name} exists: produce did not finish)"
         raise LoadError(f"manifest {path} not found{hint}")
-    handle = _open(path, "r")
+    if path.is_dir():
+        raise LoadError(f"manifest {path} is a directory: give the manifest file")
     try:
-        first = handle.readline()
-        header = ManifestHeader.from_dict(_parse(first, path, 1))
+        handle = _open(path, "r")
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    try:
+        header = _header(handle, path)
     except BaseException:
         handle.close()
         raise
 
     def records() -> Iterator[ManifestRecord]:
         with handle:
-            for count, line in enumerate(handle):
+            count = 0
+            while line := _readline(handle, path):
                 data = _parse(line, path, count + 2)
                 if data.get("end") is True:
                     if data.get("records") != count:
@@ -256,10 +265,48 @@ def iter_manifest(path: Path) -> tuple[ManifestHeader, Iterator[ManifestRecord]]
                             f"found {count}"
                         )
                     return
-                yield ManifestRecord.from_dict(data)
+                try:
+                    record = ManifestRecord.from_dict(data)
+                except LoadError as exc:
+                    raise LoadError(f"manifest {path} line {count + 2}: {exc}") from exc
+                yield record
+                count += 1
             raise LoadError(f"manifest {path} is truncated (no trailer line)")
 
     return header, records()
+
+
+def _header(handle: IO[str], path: Path) -> ManifestHeader:
+    first = _readline(handle, path)
+    if not first:
+        raise LoadError(f"manifest {path} is empty")
+    try:
+        return ManifestHeader.from_dict(_parse(first, path, 1))
+    except LoadError as exc:
+        if str(path) in str(exc):
+            raise
+        raise LoadError(f"manifest {path}: {exc}") from exc
+
+
+def _readline(handle: IO[str], path: Path) -> str:
+    try:
+        return handle.readline()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: BaseException) -> LoadError:
+    if isinstance(exc, EOFError):
+        why = "it is cut short (compressed data ends early)"
+    elif isinstance(exc, gzip.BadGzipFile):
+        why = "it is not gzip data, though its name ends with .gz"
+    elif isinstance(exc, UnicodeDecodeError):
+        why = "it is not UTF-8 text"
+    elif isinstance(exc, OSError) and exc.errno is not None:
+        why = os.strerror(exc.errno).lower()
+    else:
+        why = str(exc)
+    return LoadError(f"cannot read manifest {path}: {why} (give the file produce wrote)")
 
 
 def _parse(line: str, path: Path, number: int) -> dict[str, Any]:

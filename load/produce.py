@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs, Send, generate
 from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
+from ackline.load.paths import check_target
 from ackline.streams.admin import ensure_topic
 from ackline.streams.errors import StreamError
 from ackline.streams.producer import ActivityProducer
@@ -157,6 +158,7 @@ def produce(
     out: TextIO | None = sys.stderr,
     client_conf: dict[str, Any] | None = None,
     pace: Callable[[int], None] | None = None,
+    overwrite: bool = True,
 ) -> ProduceSummary:
     """Produce ``events`` originals plus their faults to ``topic``; write the manifest.
 
@@ -164,8 +166,11 @@ def produce(
     runs against one database never share ids; pass it (with ``seed``) to reproduce a
     run's bytes exactly. The summary is printed to ``out`` (None: silent). ``pace`` is
     called after each transaction with the originals sent so far (it may sleep: the
-    chaos harness spreads production over its run that way).
+    chaos harness spreads production over its run that way). The manifest path is
+    checked before anything is sent (TargetError): it must be writable, and an existing
+    manifest is replaced only with ``overwrite``.
     """
+    check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
     knobs = knobs or Knobs()
     run_id = run_id or uuid.uuid4().hex[:12]
     namespace = run_id if namespace is None else namespace

@@ -15,14 +15,16 @@ are COPYed into temporary tables and compared with a handful of queries.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -62,6 +64,12 @@ class Expected:
     """(partition, offset) -> decode reason of every committed poison record."""
     max_offsets: dict[int, int] = field(default_factory=dict)
     """partition -> the largest offset of a committed record."""
+    duplicate_at: set[tuple[int, int]] = field(default_factory=set)
+    """(partition, offset) of every committed record to be dropped as a duplicate."""
+    coords: set[tuple[int, int]] = field(default_factory=set)
+    """(partition, offset) of every record of the manifest the broker placed (aborted too)."""
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """partition -> (first, last) offset of the manifest's records on it (aborted too)."""
     event_ids: set[str] = field(default_factory=set)
     """Every event_id of the run (committed or not)."""
     txn_ids: set[str] = field(default_factory=set)
@@ -96,6 +104,10 @@ def expected_outcome(records: Iterable[ManifestRecord]) -> Expected:
     committed: list[ManifestRecord] = []
     for rec in records:
         out.produced += 1
+        if rec.offset >= 0 and rec.partition >= 0:
+            out.coords.add((rec.partition, rec.offset))
+            first, last = out.spans.get(rec.partition, (rec.offset, rec.offset))
+            out.spans[rec.partition] = (min(first, rec.offset), max(last, rec.offset))
         if rec.event_id is not None:
             out.event_ids.add(rec.event_id)
         if rec.txn_id is not None:
@@ -131,6 +143,7 @@ def expected_outcome(records: Iterable[ManifestRecord]) -> Expected:
             out.inconsistent += rec.kind != "original"
         elif stored == rec.body_hash:
             out.duplicates[layer] += 1
+            out.duplicate_at.add(where)
             out.inconsistent += rec.kind not in _DUPLICATE_KINDS
         else:
             out.conflicts[where] = layer
@@ -174,6 +187,17 @@ class Verdict:
     drained: bool
     plan_inconsistent: int = 0
     """Manifest records whose declared kind disagrees with the replay (informational)."""
+    beyond_rows: int = 0
+    """Activity rows of the topic at no coordinate of this manifest (other runs; not
+    counted against it, reported)."""
+    beyond_conflicts: int = 0
+    """Conflicts of the group on the topic at no coordinate of this manifest (reported)."""
+    beyond_rejects: int = 0
+    """Rejects of the group on the topic at no coordinate of this manifest (reported)."""
+    shared_duplicates: int = 0
+    """Expected duplicates that sit in batches which also read records outside this
+    manifest: batches count duplicates per batch, so these cannot be attributed and are
+    left out of both ``duplicates_expected`` and ``duplicates_dropped`` (reported)."""
 
     @property
     def ok(self) -> bool:
@@ -227,6 +251,18 @@ def render_summary(verdict: Verdict) -> str:
     lines.append(f"{'consumer drained':<26}{'yes':>12}{'yes' if verdict.drained else 'no':>12}")
     if verdict.plan_inconsistent:
         lines.append(f"note: {verdict.plan_inconsistent} manifest records had a mislabeled kind")
+    beyond = (verdict.beyond_rows, verdict.beyond_conflicts, verdict.beyond_rejects)
+    if any(beyond):
+        lines.append(
+            f"note: {verdict.topic} also holds {beyond[0]:,} rows, {beyond[1]:,} conflicts and "
+            f"{beyond[2]:,} rejects that this manifest does not list (other runs on the topic); "
+            "not counted in this verdict"
+        )
+    if verdict.shared_duplicates:
+        lines.append(
+            f"note: {verdict.shared_duplicates:,} expected duplicates sit in batches shared "
+            "with records outside this manifest; left out of the duplicate counts"
+        )
     lines.append(
         "verdict: OK, exactly once" if verdict.ok else "verdict: FAILED (see MISMATCH rows)"
     )
@@ -246,6 +282,10 @@ CREATE TEMP TABLE load_winner (
 ) ON COMMIT DROP;
 CREATE TEMP TABLE load_event (event_id uuid PRIMARY KEY) ON COMMIT DROP;
 CREATE TEMP TABLE load_txn (txn_id text PRIMARY KEY) ON COMMIT DROP;
+CREATE TEMP TABLE load_coord (
+    src_partition integer NOT NULL, src_offset bigint NOT NULL,
+    PRIMARY KEY (src_partition, src_offset)
+) ON COMMIT DROP;
 """
 
 _INGESTED = """
@@ -253,12 +293,15 @@ SELECT count(*) FROM activity a
 JOIN load_winner w ON w.event_id = a.event_id AND w.body_hash = a.body_hash
 """
 
-# Rows of this run that are not exactly a winner: any row read from the topic, or
-# carrying one of the run's event_ids or txn_ids, whose (event_id, hash, coordinates)
-# is not a winner's.
+# Rows of this run that are not exactly a winner: any row read from one of the
+# manifest's coordinates on the topic, or carrying one of the run's event_ids or
+# txn_ids, whose (event_id, hash, coordinates) is not a winner's. Rows of other runs on
+# the same topic are not this manifest's business (_BEYOND counts them).
 _DUPLICATED = """
 WITH candidates AS (
-    SELECT event_id FROM activity WHERE src_topic = $1
+    SELECT a.event_id FROM activity a
+    JOIN load_coord c ON c.src_partition = a.src_partition AND c.src_offset = a.src_offset
+    WHERE a.src_topic = $1
     UNION
     SELECT a.event_id FROM activity a JOIN load_event e ON e.event_id = a.event_id
     UNION
@@ -273,6 +316,13 @@ LEFT JOIN load_winner w
 WHERE w.event_id IS NULL
 """
 
+_BEYOND = """
+SELECT count(*) FROM activity a
+WHERE a.src_topic = $1
+  AND NOT EXISTS (SELECT 1 FROM load_coord c
+                  WHERE c.src_partition = a.src_partition AND c.src_offset = a.src_offset)
+"""
+
 _CONFLICTS = """
 SELECT src_partition, src_offset, layer FROM conflicts
 WHERE group_id = $1 AND src_topic = $2
@@ -283,8 +333,10 @@ SELECT src_partition, src_offset, reason FROM rejects
 WHERE group_id = $1 AND src_topic = $2
 """
 
-_DROPPED = """
-SELECT coalesce(sum(b.duplicates_ledger + b.duplicates_pk), 0)::bigint FROM ingest_batches b
+# Every batch of the group that read the topic: its ranges and duplicates.
+_BATCHES = """
+SELECT b.ranges::text AS ranges, (b.duplicates_ledger + b.duplicates_pk)::bigint AS dropped
+FROM ingest_batches b
 WHERE b.group_id = $1
   AND EXISTS (SELECT 1 FROM jsonb_object_keys(b.ranges) AS k(name)
               WHERE left(k.name, length($2) + 1) = $2 || ':')
@@ -297,9 +349,12 @@ SELECT partition, next_offset FROM consumer_offsets WHERE group_id = $1 AND topi
 
 async def _connect(dsn: str) -> asyncpg.Connection:
     try:
-        return await asyncpg.connect(dsn)
+        return await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise LoadError(f"cannot connect to PostgreSQL: {exc}") from exc
+        where = urlsplit(dsn).netloc.rpartition("@")[2] or "the default host"
+        raise LoadError(
+            f"cannot connect to PostgreSQL at {where}: {exc} (check ACKLINE_DATABASE_URL)"
+        ) from exc
 
 
 async def _next_offsets(conn: asyncpg.Connection, group_id: str, topic: str) -> dict[int, Any]:
@@ -335,29 +390,41 @@ async def _compare(
     )
     await conn.copy_records_to_table("load_event", records=[(uuid.UUID(e),) for e in exp.event_ids])
     await conn.copy_records_to_table("load_txn", records=[(t,) for t in exp.txn_ids])
-    await conn.execute("ANALYZE load_winner; ANALYZE load_event; ANALYZE load_txn")
+    await conn.copy_records_to_table("load_coord", records=sorted(exp.coords))
+    await conn.execute(
+        "ANALYZE load_winner; ANALYZE load_event; ANALYZE load_txn; ANALYZE load_coord"
+    )
     ingested = int(await conn.fetchval(_INGESTED))
     duplicated = int(await conn.fetchval(_DUPLICATED, topic))
+    beyond_rows = int(await conn.fetchval(_BEYOND, topic))
 
-    quarantined = unexpected_conflicts = layer_mismatch = 0
+    quarantined = unexpected_conflicts = layer_mismatch = beyond_conflicts = 0
     for row in await conn.fetch(_CONFLICTS, group_id, topic):
-        layer = exp.conflicts.get((int(row["src_partition"]), int(row["src_offset"])))
-        if layer is None:
+        where = (int(row["src_partition"]), int(row["src_offset"]))
+        layer = exp.conflicts.get(where)
+        if where not in exp.coords:
+            beyond_conflicts += 1
+        elif layer is None:
             unexpected_conflicts += 1
         else:
             quarantined += 1
             layer_mismatch += layer != row["layer"]
 
-    rejected = unexpected_rejects = reason_mismatch = 0
+    rejected = unexpected_rejects = reason_mismatch = beyond_rejects = 0
     for row in await conn.fetch(_REJECTS, group_id, topic):
-        reason = exp.rejects.get((int(row["src_partition"]), int(row["src_offset"])))
-        if reason is None:
+        where = (int(row["src_partition"]), int(row["src_offset"]))
+        reason = exp.rejects.get(where)
+        if where not in exp.coords:
+            beyond_rejects += 1
+        elif reason is None:
             unexpected_rejects += 1
         else:
             rejected += 1
             reason_mismatch += reason != row["reason"]
 
-    dropped = int(await conn.fetchval(_DROPPED, group_id, topic))
+    rows = await conn.fetch(_BATCHES, group_id, topic)
+    batches = [(json.loads(r["ranges"]), int(r["dropped"])) for r in rows]
+    dropped, shared = attribute_duplicates(batches, topic, exp)
     drained = is_drained(exp.max_offsets, await _next_offsets(conn, group_id, topic))
     return Verdict(
         run_id=run_id,
@@ -369,7 +436,7 @@ async def _compare(
         ingested=ingested,
         lost=exp.unique_expected - ingested,
         duplicated=duplicated,
-        duplicates_expected=exp.duplicates_expected,
+        duplicates_expected=exp.duplicates_expected - shared,
         duplicates_dropped=dropped,
         conflicts_expected=exp.conflicts_expected,
         conflicts_quarantined=quarantined,
@@ -381,7 +448,54 @@ async def _compare(
         reject_reason_mismatch=reason_mismatch,
         drained=drained,
         plan_inconsistent=exp.inconsistent,
+        beyond_rows=beyond_rows,
+        beyond_conflicts=beyond_conflicts,
+        beyond_rejects=beyond_rejects,
+        shared_duplicates=shared,
     )
+
+
+BatchRanges = Mapping[str, Sequence[int]]
+"""A batch's ``ranges`` column: ``"topic:partition" -> [first_offset, next_offset]``."""
+
+
+def attribute_duplicates(
+    batches: Iterable[tuple[BatchRanges, int]], topic: str, exp: Expected
+) -> tuple[int, int]:
+    """(duplicates dropped by this manifest's batches, expected duplicates that cannot be
+    attributed). Pure.
+
+    A batch counts its duplicates as one number. A batch whose every range lies inside
+    the manifest's span on its partition is this manifest's: its count is taken. A batch
+    with no range inside is another run's: ignored. A batch that straddles (a worker
+    read the end of one run and the start of the next together) cannot be split: its
+    count is left out, and so are the expected duplicates at offsets it covers.
+    """
+    dropped = 0
+    straddling: dict[int, list[tuple[int, int]]] = {}
+    for ranges, count in batches:
+        kinds: set[str] = set()
+        ours: list[tuple[int, int, int]] = []
+        for name, bounds in ranges.items():
+            range_topic, _, part = name.rpartition(":")
+            partition, first, end = int(part), int(bounds[0]), int(bounds[1])
+            span = exp.spans.get(partition) if range_topic == topic else None
+            if span is None or end - 1 < span[0] or first > span[1]:
+                kinds.add("outside")
+            else:
+                kinds.add("inside" if span[0] <= first and end - 1 <= span[1] else "overlap")
+                ours.append((partition, first, end))
+        if kinds == {"inside"}:
+            dropped += count
+        elif ours:
+            for partition, first, end in ours:
+                straddling.setdefault(partition, []).append((first, end))
+    shared = sum(
+        1
+        for p, off in exp.duplicate_at
+        if any(first <= off < end for first, end in straddling.get(p, ()))
+    )
+    return dropped, shared
 
 
 async def drained(dsn: str, manifest_path: Path, group_id: str) -> bool:

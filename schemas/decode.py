@@ -12,6 +12,12 @@ first failed check names the :class:`Rejection` reason (a short stable code):
 ``duplicate_key``     some object, at any depth, repeats a key
 ``non_finite_number`` a ``NaN``, ``Infinity`` or ``-Infinity`` literal, or a number too
                       large for a double (``1e400``: it would read as infinity)
+``inexact_number``    a number literal with a fraction or an exponent whose decimal value
+                      a double does not hold exactly: it differs from the value of the
+                      shortest text of the double it reads as (``0.1`` and ``1E2`` are
+                      fine; ``12345678901234567890.5``, ``1e-400`` and
+                      ``0.10000000000000001`` are not; :mod:`ackline.schemas.numbers`).
+                      Integer literals are exact and never inexact
 ``too_deep``          nesting deeper than ``Limits.max_depth`` (the top-level object is
                       depth 1, each nested object or array adds 1). A document whose
                       brackets (outside strings) nest deeper than ``PARSE_DEPTH_CAP`` is
@@ -44,6 +50,15 @@ A :class:`Row` holds the typed columns, the canonical JSON of the payload (for t
 ``jsonb`` column), the canonical JSON of the body (for the conflicts table) and the
 SHA-256 of that body text, computed by the same :func:`ackline.schemas.canonical.canonical_text`
 the producer SDK uses (see :mod:`ackline.schemas.canonical`).
+
+Two decoders, one behaviour. :func:`reference_decode` is the definition: the checks
+above, then the envelope model's validation and the canonical encoder. :func:`decode`,
+the one the runtimes call, first tries a fast path (:mod:`ackline.schemas.decode_fast`:
+msgspec parsing and checks compiled from the same pydantic models) that only ever
+*accepts*, and only when it can prove the reference would accept with the same row;
+everything else goes to :func:`reference_decode` unchanged. A differential test holds
+them equal over more than a million generated and hostile inputs
+(``tests/unit/test_decode_differential.py``, ``make decode-diff``).
 """
 
 from __future__ import annotations
@@ -61,6 +76,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from ackline.schemas.canonical import canonical_texts
+from ackline.schemas.decode_fast import FAST_DEPTH_CAP, make_fast_decoder
 from ackline.schemas.envelope import (
     PARSED_JSON_CONTEXT,
     describe_validation_error,
@@ -68,6 +84,7 @@ from ackline.schemas.envelope import (
     route_envelope,
 )
 from ackline.schemas.errors import SchemaError
+from ackline.schemas.numbers import exact_float, round_trips
 
 EMPTY: Final = "empty"
 TOO_LARGE: Final = "too_large"
@@ -75,6 +92,7 @@ NOT_UTF8: Final = "not_utf8"
 INVALID_JSON: Final = "invalid_json"
 DUPLICATE_KEY: Final = "duplicate_key"
 NON_FINITE_NUMBER: Final = "non_finite_number"
+INEXACT_NUMBER: Final = "inexact_number"
 TOO_DEEP: Final = "too_deep"
 UNKNOWN_TYPE: Final = "unknown_type"
 UNSUPPORTED_VERSION: Final = "unsupported_version"
@@ -87,6 +105,7 @@ REASONS: Final[tuple[str, ...]] = (
     INVALID_JSON,
     DUPLICATE_KEY,
     NON_FINITE_NUMBER,
+    INEXACT_NUMBER,
     TOO_DEEP,
     UNKNOWN_TYPE,
     UNSUPPORTED_VERSION,
@@ -130,7 +149,12 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Limits:
-    """Size and nesting limits applied before a value is parsed or validated."""
+    """Size and nesting limits applied before a value is parsed or validated.
+
+    ``max_depth`` above 255 buys nothing: pydantic-core's serializer stops at 257 levels,
+    so a deeper document is ``schema_invalid`` whatever the limit (the setting
+    ``ACKLINE_MAX_JSON_DEPTH`` is capped at :data:`MAX_SUPPORTED_DEPTH` for that reason).
+    """
 
     max_bytes: int = 1_048_576
     max_depth: int = 32
@@ -144,6 +168,9 @@ class Limits:
 
 DEFAULT_LIMITS: Final = Limits()
 
+MAX_SUPPORTED_DEPTH: Final = 255
+"""The deepest document every path decodes (a test pins it): the cap of the setting."""
+
 
 # --- parsing ----------------------------------------------------------------------------
 
@@ -153,6 +180,10 @@ class _DuplicateKeyError(Exception):
 
 
 class _NonFiniteError(Exception):
+    pass
+
+
+class _InexactError(Exception):
     pass
 
 
@@ -180,6 +211,8 @@ def _strict_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):  # overflow: 1e400 reads as infinity, which no JSON column holds
         raise _NonFiniteError(text)
+    if not round_trips(text, value):  # 1e-400 reads as 0.0, 1.00000000000000001 as 1.0
+        raise _InexactError(text)
     return value
 
 
@@ -217,6 +250,7 @@ def _classify_hook_failure(text: str) -> Rejection:
     """
     duplicates: list[str] = []
     constants: list[str] = []
+    inexact: list[str] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         obj = dict(items)
@@ -232,6 +266,8 @@ def _classify_hook_failure(text: str) -> Rejection:
         value = float(literal)
         if math.isinf(value):
             constants.append(literal[:40])
+        elif not inexact and not round_trips(literal, value):
+            inexact.append(literal)
         return value
 
     try:
@@ -246,7 +282,14 @@ def _classify_hook_failure(text: str) -> Rejection:
         return _NOT_OBJECT
     if duplicates:
         return Rejection(DUPLICATE_KEY, _clip(f"an object repeats the key {duplicates[0]!r}"))
-    return Rejection(NON_FINITE_NUMBER, _clip(f"{constants[0]} is not a finite JSON number"))
+    if constants:
+        return Rejection(NON_FINITE_NUMBER, _clip(f"{constants[0]} is not a finite JSON number"))
+    literal = inexact[0]
+    shown = literal if len(literal) <= 60 else f"{literal[:40]}... ({len(literal)} chars)"
+    return Rejection(
+        INEXACT_NUMBER,
+        _clip(f"{shown} is not exactly a double (it would read as {float(literal)!r})"),
+    )
 
 
 def _deeper_than(obj: object, max_depth: int) -> bool:
@@ -308,7 +351,7 @@ def _parse(value: bytes | None, limits: Limits) -> tuple[dict[str, Any], bool] |
         return Rejection(TOO_DEEP, f"nesting is deeper than {PARSE_DEPTH_CAP}: not parsed")
     try:
         parsed = _STRICT_DECODER.decode(text)
-    except (_DuplicateKeyError, _NonFiniteError):
+    except (_DuplicateKeyError, _NonFiniteError, _InexactError):
         return _classify_hook_failure(text)
     except RecursionError:
         return Rejection(TOO_DEEP, "nested too deeply to parse")
@@ -344,8 +387,14 @@ def _newer(reason: str, obj: dict[str, Any]) -> tuple[str, int] | None:
     return (event_type, version) if newest is not None and version > newest else None
 
 
-def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:
-    """Decode one record value into a :class:`Row`, or say why not (never raises for it)."""
+def reference_decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:
+    """Decode one record value into a :class:`Row`, or say why not (never raises for it).
+
+    The reference decoder: the checks above, in order, then the envelope model's own
+    validation and :func:`ackline.schemas.canonical.canonical_texts`. It defines every
+    result of :func:`decode`, which answers through it whatever its fast path does not
+    accept (and the differential test holds the two equal).
+    """
     parsed = _parse(value, limits)
     if isinstance(parsed, Rejection):
         return parsed
@@ -376,3 +425,18 @@ def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Reject
         body_json,
         digest,
     )
+
+
+_FAST: Final = make_fast_decoder(reference_decode, Row, exact_float, FAST_DEPTH_CAP)
+
+
+def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:
+    """Decode one record value into a :class:`Row`, or say why not (never raises for it).
+
+    The same results as :func:`reference_decode`, field for field and reason for reason
+    (detail text included), about 2.5 times faster on realistic events: a fast path
+    (:mod:`ackline.schemas.decode_fast`, derived from the models) answers the events it
+    can prove the reference would accept with the same row, and hands everything else,
+    every rejection included, to :func:`reference_decode` unchanged.
+    """
+    return _FAST(value, limits)

@@ -27,6 +27,11 @@ strings (ids, ``model``, ``tool``, ``requested_by``, ``error_kind``, ``tools`` i
 Adding a payload version: write the model and add one line to :data:`PAYLOADS`, e.g.
 ``("agent.started", 2): AgentStartedV2``. :data:`ENVELOPES`, :data:`EVENT_TYPES`, the
 decoder and the JSON Schema export all derive from that registry.
+
+Why this module is longer than the house's ~500 lines: it is the schema, read top down —
+the value types (text without NUL or lone surrogates, UTC timestamps, plain JSON), the
+eight payload models, the envelope and its (type, version) registry. Split, a reader would
+chase one schema across files; every part is small and pure.
 """
 
 from __future__ import annotations

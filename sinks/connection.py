@@ -412,9 +412,7 @@ class Database:
         if stopping is not None and stopping():
             raise WaitStoppedError(f"{what}: stopping; gave up waiting on PostgreSQL")
 
-    async def _watch(
-        self, aw: Awaitable[T], stopping: Callable[[], bool] | None, what: str
-    ) -> T:
+    async def _watch(self, aw: Awaitable[T], stopping: Callable[[], bool] | None, what: str) -> T:
         """Await ``aw``, cancelling it as soon as ``stopping()`` (checked every 0.1 s)."""
         if stopping is None:
             return await aw

@@ -1,8 +1,15 @@
-"""Topic administration at the edge: existence checks, shapes and creation."""
+"""Topic administration at the edge: existence checks, shapes and creation.
+
+Admin clients log through :func:`ackline.core.logs.kafka_logger`; an AdminClient hands
+librdkafka's lines over only when polled, so every function here polls once when done
+(:func:`drain`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +22,35 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from ackline.core.logs import kafka_logger
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 
 def admin(bootstrap: str, conf: Mapping[str, Any] | None = None) -> AdminClient:
     """An AdminClient; ``conf`` adds client properties (security: kafka_client_config)."""
-    return AdminClient({**(conf or {}), "bootstrap.servers": bootstrap})
+    config: dict[str, Any] = {
+        "logger": kafka_logger(),  # librdkafka's lines, de-duplicated (core/logs.py)
+        **(conf or {}),
+        "bootstrap.servers": bootstrap,
+    }
+    return AdminClient(config)
+
+
+def drain(client: Any) -> None:
+    """Hand the client's queued librdkafka log lines to the logger (admin clients and
+    idle producers deliver them only when polled)."""
+    with contextlib.suppress(Exception):
+        client.poll(0)
+
+
+@contextmanager
+def admin_client(bootstrap: str, conf: Mapping[str, Any] | None = None) -> Iterator[AdminClient]:
+    """:func:`admin` for one piece of work; its log lines are drained at the end."""
+    client = admin(bootstrap, conf)
+    try:
+        yield client
+    finally:
+        drain(client)
 
 
 def partition_count(
@@ -28,7 +58,8 @@ def partition_count(
 ) -> int | None:
     """Partitions of ``topic``, or None when it does not exist."""
     try:
-        meta = admin(bootstrap, conf).list_topics(topic=topic, timeout=timeout)
+        with admin_client(bootstrap, conf) as client:
+            meta = client.list_topics(topic=topic, timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     found = meta.topics.get(topic)
@@ -54,25 +85,24 @@ def topic_shape(
     """Partitions, replication, broker count and configuration of ``topic``; None when it
     does not exist. A configuration that cannot be read (not authorized) is None, with
     why: a worker may be allowed to use a topic without being allowed to describe it."""
-    client = admin(bootstrap, conf)
-    try:
-        meta = client.list_topics(topic=topic, timeout=timeout)
-    except KafkaException as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
-    found = meta.topics.get(topic)
-    if found is None or found.error is not None:
-        return None
-    replicas = [len(p.replicas) for p in found.partitions.values()]
-    config: dict[str, str] | None = None
-    error = ""
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    try:
-        entries = client.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout=timeout
-        )
-        config = {name: str(entry.value) for name, entry in entries.items()}
-    except KafkaException as exc:
-        error = str(exc)
+    with admin_client(bootstrap, conf) as client:
+        try:
+            meta = client.list_topics(topic=topic, timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            return None
+        replicas = [len(p.replicas) for p in found.partitions.values()]
+        config: dict[str, str] | None = None
+        error = ""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            futures = client.describe_configs([resource], request_timeout=timeout)
+            entries = futures[resource].result(timeout=timeout)
+            config = {name: str(entry.value) for name, entry in entries.items()}
+        except KafkaException as exc:
+            error = str(exc)
     return TopicShape(
         partitions=len(found.partitions),
         replication_factor=min(replicas) if replicas else 0,
@@ -108,6 +138,8 @@ def ensure_topic(
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
             raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+    finally:
+        drain(client)
     count = partition_count(bootstrap, topic, conf=conf)
     if count is None:
         raise TopicError(f"topic {topic} was created but is not visible")
@@ -121,6 +153,8 @@ def delete_topic(bootstrap: str, topic: str, *, conf: Mapping[str, Any] | None =
         futures[topic].result(timeout=60)
     except KafkaException as exc:
         raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
+    finally:
+        drain(client)
 
 
 def stable_ends(
@@ -128,7 +162,8 @@ def stable_ends(
 ) -> dict[tuple[str, int], int]:
     """The last stable offset of each partition (what a read_committed consumer reaching
     the end stops at: records of open transactions are below it). Partitions that did not
-    answer within ``timeout`` are left out."""
+    answer within ``timeout`` are left out. The client's queued log lines are drained
+    (a long-lived admin client would otherwise keep librdkafka's lines queued)."""
     if not partitions:
         return {}
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -142,4 +177,5 @@ def stable_ends(
             found[(tp.topic, tp.partition)] = int(future.result(timeout=timeout).offset)
         except KafkaException:
             continue
+    drain(client)
     return found

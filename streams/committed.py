@@ -1,8 +1,8 @@
-"""The step both runtimes take after PostgreSQL committed a batch: count it, log it.
+"""The step both runtimes take after PostgreSQL committed a batch: store, count, log.
 
 Every "ingested" figure comes from here, so it is counted after the COMMIT and never on
-fetch. Storing the new offsets (the ownership ledger, the advisory Kafka offsets) is the
-runtime's own step, done before this one.
+fetch. The advisory Kafka offsets are each runtime's own (the default runtime stores them
+for auto-commit; the faust runtime commits the ledger's DB offsets on faust's timer).
 """
 
 from __future__ import annotations
@@ -14,12 +14,18 @@ from ackline.core.logs import BATCH_LOGGER
 from ackline.core.metrics import Metrics
 from ackline.sinks.ingest.batch import Batch
 from ackline.sinks.ingest.writer import WriteResult
+from ackline.streams.ownership import Ledger
 
 _batches = logging.getLogger(BATCH_LOGGER)
 
 
-def record_committed(metrics: Metrics, batch: Batch, result: WriteResult, seconds: float) -> None:
-    """Count and log one batch PostgreSQL has committed."""
+def record_committed(
+    ledger: Ledger, metrics: Metrics, batch: Batch, result: WriteResult, seconds: float
+) -> None:
+    """After PostgreSQL committed ``batch``: the ledger's DB offsets advance (for the
+    partitions still owned under the batch's epoch), then it is counted and logged.
+    In memory only: a crash here leaves the DB offsets, which decide where work resumes."""
+    ledger.committed(batch.ranges)
     count_committed(metrics, result, seconds)
     log_committed(batch, result, seconds)
 

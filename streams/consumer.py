@@ -5,7 +5,9 @@ Threads: the consumer thread owns the confluent-kafka Consumer and all consumer 
 callbacks run on it, inside ``consume``. The asyncio loop (the caller's) owns
 PostgreSQL. The thread hands each batch to the loop and keeps fetching the next batch
 while one is in flight; at most one batch is in flight and one is buffered, each bounded
-by ``batch_max_events`` and ``batch_max_bytes``. When both are full the thread waits for
+by ``batch_max_events`` and ``batch_max_bytes``. A batch closes when the writer is free
+(group commit, after ``batch_linger_ms`` when set): at low load a record waits for no timer,
+at high load batches grow while a write is in flight. When both are full the thread waits for
 the write; if that takes longer than a second the assignment is paused (backpressure,
 not buffering). It is not paused at once because pausing purges librdkafka's prefetched
 records, which the resume must fetch again: at every batch, that made the consumer wait
@@ -30,29 +32,30 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.core.logs import kafka_logger
 from ackline.core.metrics import Metrics
-from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Rejection, Row, decode
+from ackline.schemas.decode import Rejection, Row, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
 from ackline.sinks.ingest.batch import TP, Batch
-from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
 from ackline.streams.assemble import Record, assemble
+from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
+from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
-from ackline.streams.errors import FatalConsumerError, StoppingError
+from ackline.streams.errors import FatalConsumerError
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
-from ackline.streams.inflight import InFlight, call_on_loop
-from ackline.streams.lag import PartitionWatch, partition_lag
+from ackline.streams.inflight import InFlight
+from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
 from ackline.streams.ownership import Admit, Ledger, Rewind, past_log_end
 
 log = logging.getLogger(__name__)
@@ -62,57 +65,8 @@ _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check 
 # pausing purges librdkafka's prefetched records, which must then be fetched again.
 _PAUSE_AFTER_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    bootstrap: str
-    topic: str
-    group_id: str
-    worker_id: str
-    group_protocol: str = "classic"
-    session_timeout_ms: int = 10_000
-    start_from: str = "earliest"
-    batch_max_events: int = 2_000
-    batch_max_bytes: int = 32 * 1_048_576
-    batch_max_ms: int = 200
-    limits: Limits = DEFAULT_LIMITS
-    revoke_wait_s: float = 20.0
-    shutdown_wait_s: float = 30.0
-    max_poll_interval_ms: int = 300_000
-    newer_version_wait_s: float = 0.0  # hold a partition at a newer payload version (holds.py)
-    # Security properties (kafka_client_config); may hold secrets, so kept out of repr.
-    kafka_extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
-
-    def consumer_conf(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": self.group_id,
-            "client.id": self.worker_id,
-            "enable.auto.offset.store": False,  # stored only after the DB commit
-            "enable.auto.commit": True,  # commits what was stored: advisory, for lag tools
-            "auto.commit.interval.ms": 1_000,
-            "isolation.level": "read_committed",
-            # Every partition is assigned at an explicit offset (the DB's, or the start
-            # resolved once at the first claim), so the reset applies only to an offset out
-            # of range: one that retention deleted. The log start is then the only right
-            # answer (the gap is counted); "latest" would skip what the log still holds.
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": False,
-            # bounded prefetch: at most this much waits in librdkafka per worker
-            "queued.max.messages.kbytes": max(min(16_384, self.batch_max_bytes // 1024), 1024),
-            "queued.min.messages": 10_000,
-            "group.protocol": self.group_protocol,
-            "max.poll.interval.ms": self.max_poll_interval_ms,
-            # the group handler's state, for streams.groupwatch (served inside consume())
-            "statistics.interval.ms": 1_000,
-        }
-        if self.group_protocol == "classic":
-            conf["partition.assignment.strategy"] = "cooperative-sticky"
-            conf["session.timeout.ms"] = self.session_timeout_ms
-            conf["heartbeat.interval.ms"] = max(self.session_timeout_ms // 5, 500)
-        conf.update(dict(self.kafka_extra))
-        return conf
+_IDLE_POLL_S = 0.1  # an idle worker waits this long per turn for its first record
+_COLLECT_S = 0.02  # a busy worker collects records this long per turn
 
 
 class ConsumerRuntime:
@@ -153,6 +107,9 @@ class ConsumerRuntime:
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
         self._away = False
         self._admin_client: AdminClient | None = None
+        self._claims = Claims(
+            loop, control_db, config.group_id, config.worker_id, self._stop.is_set
+        )
         self.committed_batches = 0
         self.drain_and_stop = False
         self._topic_partitions = 0
@@ -173,7 +130,7 @@ class ConsumerRuntime:
         """
         conf = self.cfg.consumer_conf()
         conf["stats_cb"] = self._on_stats
-        consumer = Consumer(conf, logger=log)
+        consumer = Consumer(conf, logger=kafka_logger())  # de-duplicated, through logging
         self._consumer = consumer
         consumer.subscribe(
             [self.cfg.topic],
@@ -204,10 +161,10 @@ class ConsumerRuntime:
             len(self._buffer) >= self.cfg.batch_max_events
             or self._buffer_bytes >= self.cfg.batch_max_bytes
         )
-        due = bool(self._buffer) and (
-            time.monotonic() - self._buffer_since >= self.cfg.batch_max_ms / 1000
-        )
-        if (full or due) and self._inflight is None:
+        # Group commit: a batch closes when the writer is free (after the linger, if one is
+        # set), and grows only while a write is in flight.
+        lingered = time.monotonic() - self._buffer_since >= self.cfg.batch_linger_ms / 1000
+        if self._buffer and self._inflight is None and (full or lingered):
             self._dispatch()
             return
         if self._decode_ahead():
@@ -223,9 +180,7 @@ class ConsumerRuntime:
                 self._accept(msg)  # never drop a record of an owned partition
             return
         self._resume(consumer)
-        room = self.cfg.batch_max_events - len(self._buffer)
-        timeout = self.cfg.batch_max_ms / 1000 if not self._buffer else 0.02
-        msgs = consumer.consume(num_messages=min(room, 1_000), timeout=timeout)
+        msgs = self._fetch(consumer)
         for msg in msgs:
             self._accept(msg)
         if self._watch.due():
@@ -234,6 +189,19 @@ class ConsumerRuntime:
         if self.drain_and_stop and idle and self._drained(consumer):
             log.info("drained: every partition's position is at its high watermark")
             self._stop.set()
+
+    def _fetch(self, consumer: Consumer) -> list[Message]:
+        """The next records. With the writer free and nothing buffered, wake at the first
+        record (``consume`` waits for its whole count or its timeout, which made a lone
+        record wait the timeout) and take what else is queued already; otherwise collect
+        for a short while, the write in flight being what the batch waits for."""
+        room = min(self.cfg.batch_max_events - len(self._buffer), 1_000)
+        if self._buffer or self._inflight is not None:
+            return list(consumer.consume(num_messages=room, timeout=_COLLECT_S))
+        first = consumer.poll(_IDLE_POLL_S)
+        if first is None:
+            return []
+        return [first, *consumer.consume(num_messages=room - 1, timeout=0)] if room > 1 else [first]
 
     def _drained(self, consumer: Consumer) -> bool:
         """True when this worker owns every partition and has read each to its end."""
@@ -266,7 +234,7 @@ class ConsumerRuntime:
         if self.ledger.admit(tp, offset) is not Admit.TAKE:
             return  # not owned, already committed, a repeat, or read before a seek back
         if expected is not None and offset > expected:
-            self._check_retention_gap(tp, expected, offset)
+            count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
         key, value = msg.key(), msg.value()
         record = Record(tp[0], tp[1], offset, key, value, _headers_of(msg))
         if self._holds.is_held(tp):
@@ -418,10 +386,10 @@ class ConsumerRuntime:
             self._not_committed(batch)
             return
         self._faults.hit("after_commit")
-        self.ledger.committed(batch.ranges)
+        seconds = time.monotonic() - self._inflight_started
+        record_committed(self.ledger, self._metrics, batch, result, seconds)
         self._store(batch)
         self.committed_batches += 1
-        record_committed(self._metrics, batch, result, time.monotonic() - self._inflight_started)
 
     def _store(self, batch: Batch) -> None:
         consumer = self._consumer
@@ -455,7 +423,7 @@ class ConsumerRuntime:
         tps = [(r.topic, r.partition) for r in batch.ranges if self.ledger.owns(_tp_of(r))]
         if not tps:
             return
-        rows = self._read_rows(tps, "re-read")
+        rows = self._claims.rows(tps, "re-read")
         if rows is None:
             return
         fenced, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
@@ -470,20 +438,6 @@ class ConsumerRuntime:
                 [(r.tp[1], r.offset) for r in rewinds],
                 batch.describe(),
             )
-
-    def _read_rows(self, tps: list[TP], what: str) -> dict[TP, Claim] | None:
-        """The offset rows of ``tps`` read FOR SHARE; None when stopping."""
-
-        async def read() -> list[Claim]:
-            return await self._control_db.retrying(
-                what, lambda conn: locked_offsets(conn, self.cfg.group_id, tps)
-            )
-
-        try:
-            rows = call_on_loop(self._loop, read(), self._stop.is_set)
-        except StoppingError:
-            return None
-        return {(c.topic, c.partition): c for c in rows}
 
     def _on_stats(self, raw: str) -> None:
         self._group.on_stats(raw, time.monotonic())
@@ -531,7 +485,7 @@ class ConsumerRuntime:
         wanted = [tp for tp in due if tp in assigned]
         if not wanted:
             return
-        claims = self._claim(wanted)
+        claims = self._claims.claim(wanted)
         if claims is None:
             return
         rewinds = [self.ledger.retake(c) for c in claims]
@@ -546,53 +500,7 @@ class ConsumerRuntime:
             if consumer is not None:  # raises if it cannot: a crash re-reads too
                 consumer.seek(TopicPartition(r.tp[0], r.tp[1], where))
 
-    def _check_retention_gap(self, tp: TP, expected: int, offset: int) -> None:
-        """A jump in a partition's offsets is usual (transaction markers, aborted records);
-        one that starts below the log start offset means retention deleted records this
-        group never read: count and report them. The fence allows the jump, the DB offset
-        moves past the gap with the next batch; nothing can bring those records back."""
-        consumer = self._consumer
-        if consumer is None:
-            return
-        part = TopicPartition(tp[0], tp[1])
-        try:
-            low, _ = consumer.get_watermark_offsets(part, cached=True)
-            if low < 0:
-                low, _ = consumer.get_watermark_offsets(part, timeout=5)
-        except KafkaException as exc:
-            log.info("cannot read the log start of %s[%d]: %s", tp[0], tp[1], exc)
-            return
-        if low <= expected:
-            return
-        skipped = min(low, offset) - expected
-        self._metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)
-        log.error(
-            "%s[%d]: offsets %d..%d were deleted by retention before this group ingested "
-            "them (%d offsets skipped); continuing at %d",
-            tp[0],
-            tp[1],
-            expected,
-            min(low, offset) - 1,
-            skipped,
-            offset,
-        )
-
     # ---- rebalance -------------------------------------------------------------------
-
-    def _claim(self, tps: list[TP], starts: dict[TP, int] | None = None) -> list[Claim] | None:
-        """Claim ``tps`` in PostgreSQL (retried through outages); None when stopping."""
-
-        async def take() -> list[Claim]:
-            return await self._control_db.retrying(
-                "claim",
-                lambda conn: claim(conn, self.cfg.group_id, self.cfg.worker_id, tps, starts),
-            )
-
-        try:
-            return call_on_loop(self._loop, take(), self._stop.is_set)
-        except StoppingError:
-            log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
-            return None
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Claim the partitions in PostgreSQL, then assign them from the DB offsets.
@@ -611,12 +519,12 @@ class ConsumerRuntime:
         if not partitions:
             return
         tps = [_tp_of(tp) for tp in partitions]
-        marks = self._watermarks(consumer, tps)
+        marks = watermarks(consumer, tps, _WATERMARK_TIMEOUT_S)
         if self.cfg.start_from == "latest":
             starts = stable_ends(self._admin(), tps, _WATERMARK_TIMEOUT_S)
         else:
             starts = {tp: low for tp, (low, _) in marks.items()}
-        claims = self._claim(tps, starts)
+        claims = self._claims.claim(tps, starts)
         if claims is None:
             return
         self._faults.hit("after_claim")
@@ -647,20 +555,6 @@ class ConsumerRuntime:
         if self._admin_client is None:
             self._admin_client = admin(self.cfg.bootstrap, dict(self.cfg.kafka_extra))
         return self._admin_client
-
-    def _watermarks(self, consumer: Consumer, tps: list[TP]) -> dict[TP, tuple[int, int]]:
-        """(log start, log end) of ``tps``; the partitions that did not answer are left out."""
-        found: dict[TP, tuple[int, int]] = {}
-        deadline = time.monotonic() + _WATERMARK_TIMEOUT_S
-        for tp in tps:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
-            except KafkaException as exc:
-                log.warning("cannot read the watermarks of %s[%d]: %s", tp[0], tp[1], exc)
-        return found
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Stop dispatching (we are inside consume), let the in-flight batch finish or roll

@@ -29,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ackline.core.logs import kafka_logger
 from ackline.sinks.ingest.batch import Coord, RejectRecord
 from ackline.streams.admin import TopicShape, ensure_topic, topic_shape
 from ackline.streams.dlq_rules import (
@@ -139,6 +140,7 @@ class DeadLetterProducer:
     ) -> None:
         self.topic = topic
         self._conf: dict[str, Any] = {
+            "logger": kafka_logger(),  # librdkafka's lines, de-duplicated (core/logs.py)
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",

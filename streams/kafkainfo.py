@@ -17,7 +17,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
-from ackline.streams.admin import admin
+from ackline.core.logs import kafka_logger
+from ackline.streams.admin import admin, admin_client, drain
 from ackline.streams.errors import KafkaUnavailableError
 
 Conf = Mapping[str, Any]
@@ -46,6 +47,7 @@ class TopicFacts:
 def _consumer(bootstrap: str, conf: Conf, group_id: str) -> Iterator[Consumer]:
     consumer = Consumer(
         {
+            "logger": kafka_logger(),
             **conf,
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
@@ -100,6 +102,8 @@ def describe_topic(
         entries = futures[resource].result(timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    finally:
+        drain(client)
     replicas = [len(p.replicas) for p in found.partitions.values()]
     return TopicFacts(
         topic=topic,
@@ -113,9 +117,48 @@ def describe_topic(
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
     """The number of brokers in the cluster metadata; raises KafkaUnavailableError."""
     try:
-        return len(admin(bootstrap, conf).list_topics(timeout=timeout).brokers)
+        with admin_client(bootstrap, conf) as client:
+            return len(client.list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """A live member of a consumer group: its client id (ackline sets it to the worker
+    id) and the partitions Kafka assigned to it."""
+
+    client_id: str
+    host: str
+    partitions: tuple[tuple[str, int], ...]
+
+
+def group_members(
+    bootstrap: str, conf: Conf, group_id: str, timeout: float = 10.0
+) -> list[GroupMember]:
+    """The members of ``group_id`` as the group coordinator sees them now (none when the
+    group is empty or unknown). Read-only: describes the group, never joins it."""
+    client = admin(bootstrap, conf)
+    try:
+        futures = client.describe_consumer_groups([group_id], request_timeout=timeout)
+        described = futures[group_id].result(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(
+            f"cannot describe group {group_id} at {bootstrap}: {exc}"
+        ) from exc
+    finally:
+        drain(client)
+    members = []
+    for m in described.members or []:
+        assigned = m.assignment.topic_partitions if m.assignment is not None else []
+        members.append(
+            GroupMember(
+                client_id=str(m.client_id),
+                host=str(m.host),
+                partitions=tuple((tp.topic, tp.partition) for tp in assigned),
+            )
+        )
+    return members
 
 
 def record_timestamps(
@@ -133,8 +176,25 @@ def record_timestamps(
     readable within ``timeout``. Uses a throwaway group id and ``assign`` only: no
     group is joined and nothing is committed.
     """
+    return scan_ranges(bootstrap, conf, topic, starts, ends, timeout)[0]
+
+
+def scan_ranges(
+    bootstrap: str,
+    conf: Conf,
+    topic: str,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    timeout: float = 5.0,
+) -> tuple[dict[int, int], set[int]]:
+    """Look into ``[starts[p], ends[p])`` as a read_committed consumer does: the first
+    committed record's timestamp (ms) of each partition that holds one, and the set of
+    partitions that hold none (only transaction markers or aborted records, which no
+    consumer will ever be given). A partition in neither had nothing readable within
+    ``timeout``. Assign only, throwaway group id: nothing is joined or committed.
+    """
     if not starts:
-        return {}
+        return {}, set()
     found: dict[int, int] = {}
     empty: set[int] = set()
     tps = [TopicPartition(topic, p, off) for p, off in starts.items()]
@@ -155,4 +215,4 @@ def record_timestamps(
                         empty.add(tp.partition)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot read {topic} at {bootstrap}: {exc}") from exc
-    return found
+    return found, empty - found.keys()

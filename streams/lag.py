@@ -1,4 +1,5 @@
-"""Lag, and partitions assigned but not consumed, as the consumer runtime reports them.
+"""What the default runtime reports of its partitions: lag, partitions assigned but not
+consumed, offsets lost to retention; and the watermark reads behind them.
 
 Two gauges come from here: ``ackline_partition_lag`` per owned partition and
 ``ackline_partitions_not_consumed``, the partitions Kafka assigns to this worker that it
@@ -9,11 +10,16 @@ assigned partition that silently stops is the stall this gauge exists for.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection
 
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
 from ackline.core.metrics import Metrics
 from ackline.sinks.ingest.batch import TP
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 5.0
 
@@ -64,3 +70,56 @@ class PartitionWatch:
             if tp in self._labels:
                 self._labels.discard(tp)
                 self._metrics.lag.remove(tp[0], str(tp[1]))
+
+
+def watermarks(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, tuple[int, int]]:
+    """(log start, log end) of ``tps`` within ``timeout_s`` in all; the partitions that did
+    not answer in time are left out."""
+    found: dict[TP, tuple[int, int]] = {}
+    deadline = time.monotonic() + timeout_s
+    for tp in tps:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
+        except KafkaException as exc:
+            log.warning("cannot read the watermarks of %s[%d]: %s", tp[0], tp[1], exc)
+    return found
+
+
+def count_retention_gap(
+    consumer: Consumer | None, metrics: Metrics, tp: TP, expected: int, offset: int
+) -> int:
+    """Count and report the offsets retention deleted before this group read them.
+
+    A jump in a partition's offsets is usual (transaction markers, aborted records); one
+    that starts below the log start offset means retention deleted records this group
+    never read. The fence allows the jump, the DB offset moves past the gap with the next
+    batch; nothing can bring those records back. Returns how many were skipped.
+    """
+    if consumer is None:
+        return 0
+    part = TopicPartition(tp[0], tp[1])
+    try:
+        low, _ = consumer.get_watermark_offsets(part, cached=True)
+        if low < 0:
+            low, _ = consumer.get_watermark_offsets(part, timeout=5)
+    except KafkaException as exc:
+        log.info("cannot read the log start of %s[%d]: %s", tp[0], tp[1], exc)
+        return 0
+    if low <= expected:
+        return 0
+    skipped = min(low, offset) - expected
+    metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)
+    log.error(
+        "%s[%d]: offsets %d..%d were deleted by retention before this group ingested "
+        "them (%d offsets skipped); continuing at %d",
+        tp[0],
+        tp[1],
+        expected,
+        min(low, offset) - 1,
+        skipped,
+        offset,
+    )
+    return skipped

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ackline.core.logs import kafka_logger
 from ackline.schemas.canonical import canonical_json
 from ackline.schemas.decode import Rejection, decode
 from ackline.schemas.envelope import Envelope
@@ -192,7 +193,12 @@ class ActivityProducer:
     ) -> None:
         self.topic = topic
         self.key_by: KeyBy = key_by
-        self._conf = transactional_config(bootstrap, transactional_id, extra)
+        # librdkafka's lines through Python logging, de-duplicated (``extra`` may replace
+        # it with the service's own logger)
+        self._conf = {
+            "logger": kafka_logger(),
+            **transactional_config(bootstrap, transactional_id, extra),
+        }
         self._producer: Producer | None = None
 
     def start(self, timeout: float = 30.0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
@@ -47,12 +47,19 @@ def _spec(args: argparse.Namespace) -> RangeSpec:
 
 
 def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
+    """Order: check the output path (before any record is read), resolve the range, read
+    it into ``<output>.partial``, rename. SIGTERM or an error removes the partial file."""
     from ackline.clients import kafka_client_config
     from ackline.core.progress import Progress
-    from ackline.endpoints import endpoints
+    from ackline.endpoints import kafka
     from ackline.load.capture.topics import capture
+    from ackline.load.paths import check_target
 
-    bootstrap, _ = endpoints(settings)
+    output = Path(args.output)
+    check_target(
+        output, what="capture file", overwrite=args.force, force_hint="pass --force to replace it"
+    )
+    bootstrap = kafka(settings)
     spec = _spec(args)
     bar: Progress | None = None
 
@@ -67,12 +74,13 @@ def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
         summary = capture(
             bootstrap,
             args.topic,
-            Path(args.output),
+            output,
             spec,
             conf=kafka_client_config(settings),
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
             on_progress=None if args.quiet else progress,
+            overwrite=args.force,
         )
     finally:
         if bar is not None:
@@ -84,7 +92,7 @@ def cmd_capture(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.clients import kafka_client_config
     from ackline.core.progress import Progress
-    from ackline.endpoints import endpoints
+    from ackline.endpoints import kafka
     from ackline.load.capture.file import CaptureReader
     from ackline.load.capture.replay import Pace, replay
     from ackline.load.capture.topics import open_range
@@ -100,7 +108,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             "replay: range options go with --from-topic (a file is replayed whole)"
         )
     pace = Pace.parse(args.pace)
-    bootstrap, _ = endpoints(settings)
+    bootstrap = kafka(settings)
     conf = kafka_client_config(settings)
     if args.from_topic:
         spec = _spec(args)
@@ -113,6 +121,8 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         records = iter(reader)
         total = reader.trailer.records
         partitions = list(reader.header.ranges)
+    if args.create_topic:
+        _create_target(bootstrap, args.to, args.target_partitions or max(partitions) + 1, conf)
     bar = None if args.quiet else Progress("replay", total, unit="records")
     try:
         summary = replay(
@@ -124,6 +134,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             keep_timestamps=args.keep_timestamps,
             conf=conf,
             on_progress=bar.update if bar is not None else None,
+            stop_flush_timeout=settings.shutdown_wait_s / 2,
         )
     finally:
         if bar is not None:
@@ -132,6 +143,18 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             reader.close()
     print(summary.render(), flush=True)
     return 0
+
+
+def _create_target(bootstrap: str, topic: str, partitions: int, conf: dict[str, Any]) -> None:
+    from ackline.streams.admin import ensure_topic
+
+    count = ensure_topic(bootstrap, topic, partitions, conf=conf)
+    if count != partitions:
+        import logging
+
+        logging.getLogger("ackline.replay").info(
+            "target topic %s exists with %d partitions (kept)", topic, count
+        )
 
 
 def _range_options(p: argparse.ArgumentParser) -> None:
@@ -156,6 +179,7 @@ def register(sub: Subparsers) -> None:
         "--idle-timeout", type=float, default=30.0, help="give up after this long without data"
     )
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.add_argument("--force", action="store_true", help="replace an existing output file")
     cap.set_defaults(handler=cmd_capture)
 
     rep = sub.add_parser(
@@ -163,7 +187,21 @@ def register(sub: Subparsers) -> None:
     )
     rep.add_argument("source", nargs="?", help="capture file (or use --from-topic)")
     rep.add_argument("--from-topic", help="replay a live range of this topic instead of a file")
-    rep.add_argument("--to", required=True, help="target topic (must exist)")
+    rep.add_argument(
+        "--to", required=True, help="target topic (must exist, or pass --create-topic)"
+    )
+    rep.add_argument(
+        "--create-topic",
+        action="store_true",
+        help="create the target topic when missing (partitions: --partitions, else as "
+        "many as the source's highest partition needs)",
+    )
+    rep.add_argument(
+        "--partitions",
+        dest="target_partitions",
+        type=int,
+        help="with --create-topic: the new topic's partition count",
+    )
     rep.add_argument(
         "--pace",
         default="max",

@@ -96,20 +96,27 @@ def register(sub: Subparsers) -> None:
         description="Runs on its own local stack (default <state_dir>/chaos), never the "
         "shared one. The last line printed is one JSON object; exit 1 when not ok.",
     )
-    p.add_argument("--events", type=int, default=1_000_000)
-    p.add_argument("--workers", type=int, default=3)
-    p.add_argument("--partitions", type=int, default=12)
+    p.add_argument("--events", type=int, default=1_000_000, help="original events to produce")
+    p.add_argument("--workers", type=int, default=3, help="`ackline run` workers in the group")
+    p.add_argument("--partitions", type=int, default=12, help="partitions of the run's topic")
     p.add_argument("--kills", type=int, default=30, help="minimum SIGKILLs of workers")
     p.add_argument("--stops", type=int, default=3, help="minimum zombies (SIGSTOP/SIGCONT)")
-    p.add_argument("--broker-restarts", type=int, default=2)
-    p.add_argument("--pg-restarts", type=int, default=2)
+    p.add_argument("--broker-restarts", type=int, default=2, help="minimum Kafka broker restarts")
+    p.add_argument("--pg-restarts", type=int, default=2, help="minimum PostgreSQL restarts")
     p.add_argument("--commit-faults", type=int, default=10, help="backends killed at COMMIT")
     p.add_argument("--seed", type=int, default=None, help="reproduce a run (default: random)")
-    p.add_argument("--group-protocol", choices=("classic", "consumer"), default="classic")
+    p.add_argument(
+        "--group-protocol",
+        choices=("classic", "consumer"),
+        default="classic",
+        help="the workers' Kafka group protocol",
+    )
     p.add_argument(
         "--runtime", choices=("confluent", "faust"), default="confluent", help="ackline run's"
     )
-    p.add_argument("--batch-max-events", type=int, default=1000)
+    p.add_argument(
+        "--batch-max-events", type=int, default=1000, help="the workers' ACKLINE_BATCH_MAX_EVENTS"
+    )
     p.add_argument(
         "--produce-rate",
         type=float,

@@ -1,4 +1,9 @@
-"""`ackline config show` and `ackline config reference`: the settings, as set and as documented.
+"""`ackline config [show]` and `ackline config reference`: the settings, as set and as documented.
+
+``show`` (also ``config`` alone) gives Kafka and PostgreSQL as a command would use them:
+the setting when given, else the local dev stack's endpoint (source ``dev stack
+(<state_dir>)``), or that the stack is not running. A DSN shows everything but its
+password.
 
 ``reference`` prints every setting of :class:`~ackline.settings.Settings` — its name, its
 ``ACKLINE_*`` variable, type, default and description — as a markdown table, generated
@@ -26,7 +31,7 @@ from pydantic_core import PydanticUndefined
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
 from ackline.render import table
-from ackline.settings import ENV_PREFIX, Settings
+from ackline.settings import ENV_PREFIX, Settings, redact_dsn
 
 START: Final = (
     "<!-- settings:start (generated from ackline.settings by `ackline config reference`) -->"
@@ -36,15 +41,23 @@ _FACTORY_DEFAULTS: Final = {"worker_id": "`<hostname>-<pid>`"}
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    if args.action == "reference":
+    from ackline.endpoints import in_use
+
+    if getattr(args, "action", None) == "reference":
         if args.into:
             update_reference(Path(args.into))
         else:
             print(reference_table())
         return 0
     values = settings.redacted()
-    sources = settings.sources()
-    if args.json:
+    sources: dict[str, str] = dict(settings.sources())
+    kafka, database = in_use(settings)
+    if settings.kafka_bootstrap is None:
+        values["kafka_bootstrap"], sources["kafka_bootstrap"] = kafka.value, kafka.source
+    if settings.database_url is None:
+        shown = None if database.value is None else redact_dsn(database.value)
+        values["database_url"], sources["database_url"] = shown, database.source
+    if getattr(args, "json", False):
         print(
             json.dumps(
                 {name: {"value": v, "source": sources[name]} for name, v in values.items()},
@@ -158,10 +171,13 @@ def update_reference(page: Path) -> None:
 
 
 def register(sub: Subparsers) -> None:
-    p = sub.add_parser("config", help="the effective settings, or every setting documented")
-    actions = p.add_subparsers(dest="action", required=True)
+    p = sub.add_parser(
+        "config",
+        help="the effective settings (no subcommand: show them), or every setting documented",
+    )
+    actions = p.add_subparsers(dest="action", metavar="{show,reference}")
     show = actions.add_parser("show", help="print every setting (secrets redacted) and its source")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="one JSON object: value and source")
     ref = actions.add_parser(
         "reference", help="print every setting's variable, type, default and meaning (markdown)"
     )

@@ -8,20 +8,20 @@ import json
 import sys
 from pathlib import Path
 
+from ackline import endpoints
 from ackline.commands import Subparsers
-from ackline.endpoints import endpoints
+from ackline.commands.guard import connect
 from ackline.settings import Settings
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncpg
-
+    """PostgreSQL only: migrating never waits on (or even looks for) Kafka."""
     from ackline.sinks.admin.migrate import migrate
 
-    _, dsn = endpoints(settings)
+    dsn = endpoints.database(settings)
 
     async def go() -> list[int]:
-        conn = await asyncpg.connect(dsn)
+        conn = await connect(dsn)
         try:
             return await migrate(conn)
         finally:
@@ -35,15 +35,58 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.runtime import run
 
-    bootstrap, dsn = endpoints(settings)
+    if args.runtime is not None:  # the start-up line and /metrics name the runtime in use
+        settings = settings.model_copy(update={"runtime": args.runtime})
+    bootstrap, dsn = endpoints.endpoints(settings)
+    asyncio.run(_preflight(settings, dsn))
     return run(settings, bootstrap, dsn, runtime=args.runtime, until_drained=args.until_drained)
+
+
+async def _preflight(settings: Settings, dsn: str) -> None:
+    """Before the worker joins the group: when PostgreSQL answers, its schema must be
+    there (else one line: run `ackline migrate`). A database that does not answer is
+    left to the worker, which waits for it as it does for any outage."""
+    import asyncpg
+
+    from ackline.clients import ingest_dsn
+    from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError
+    from ackline.core.errors import AcklineError
+
+    try:
+        conn = await connect(ingest_dsn(settings, dsn), timeout=5)
+    except DatabaseUnavailableError:
+        return
+    except asyncpg.InvalidAuthorizationSpecificationError as exc:
+        if "does not exist" in str(exc):
+            raise AcklineError(f"{exc}: {MIGRATE_HINT} (it creates the ackline roles)") from exc
+        raise
+    try:
+        missing = await conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL")
+    finally:
+        await conn.close()
+    if missing:
+        raise AcklineError(
+            f"the database at {_address(dsn)} has no ackline schema (no consumer_offsets "
+            f"table): {MIGRATE_HINT}"
+        )
+
+
+def _address(dsn: str) -> str:
+    from ackline.settings import dsn_address
+
+    return dsn_address(dsn)
 
 
 def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.clients import kafka_client_config
+    from ackline.load.paths import check_target
     from ackline.load.produce import Knobs, produce
 
-    bootstrap, _ = endpoints(settings)
+    manifest = Path(args.manifest)
+    check_target(
+        manifest, what="--manifest", overwrite=args.force, force_hint="pass --force to replace it"
+    )
+    bootstrap = endpoints.kafka(settings)
     knobs = Knobs(
         redeliver=args.redeliver,
         retry=args.retry,
@@ -59,9 +102,10 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
         events=args.events,
         knobs=knobs,
         seed=args.seed,
-        manifest_path=Path(args.manifest),
+        manifest_path=manifest,
         progress=not args.quiet,
         client_conf=kafka_client_config(settings),
+        overwrite=args.force,
     )
     return 0
 
@@ -69,7 +113,7 @@ def cmd_produce(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.load.verify import print_summary, verify
 
-    _, dsn = endpoints(settings)
+    dsn = endpoints.database(settings)
     verdict = asyncio.run(verify(dsn, Path(args.manifest), settings.group_id))
     if args.json:
         print(json.dumps(verdict.to_json()))
@@ -96,10 +140,16 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Subparsers) -> None:
-    sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(handler=cmd_migrate)
+    sub.add_parser(
+        "migrate", help="apply pending SQL migrations (PostgreSQL only; Kafka is not needed)"
+    ).set_defaults(handler=cmd_migrate)
 
     run = sub.add_parser("run", help="consume the topic into PostgreSQL until SIGTERM")
-    run.add_argument("--until-drained", action="store_true", help="stop once caught up")
+    run.add_argument(
+        "--until-drained",
+        action="store_true",
+        help="stop once every partition is read to its end and written (tests, demos)",
+    )
     run.add_argument(
         "--runtime",
         choices=("confluent", "faust"),
@@ -108,30 +158,78 @@ def register(sub: Subparsers) -> None:
     )
     run.set_defaults(handler=cmd_run)
 
-    prod = sub.add_parser("produce", help="generate realistic agent activity with faults")
-    prod.add_argument("--events", type=int, default=100_000)
-    prod.add_argument("--partitions", type=int, default=12)
-    prod.add_argument("--seed", type=int, default=1)
-    prod.add_argument("--manifest", default=".ackline/manifest.jsonl.gz")
-    prod.add_argument("--redeliver", type=float, default=0.03)
-    prod.add_argument("--retry", type=float, default=0.02)
-    prod.add_argument("--conflict-ledger", type=float, default=0.002)
-    prod.add_argument("--conflict-pk", type=float, default=0.002)
-    prod.add_argument("--poison", type=float, default=0.002)
-    prod.add_argument("--abort", type=float, default=0.02)
-    prod.add_argument("--quiet", action="store_true")
+    prod = sub.add_parser(
+        "produce",
+        help="generate realistic agent activity with faults, and its ground-truth manifest",
+        description="Sends --events originals (plus the faults below, each a fraction of "
+        "the events) to the topic (--topic / ACKLINE_TOPIC) in Kafka transactions and "
+        "writes the manifest `ackline verify` checks the database against.",
+    )
+    prod.add_argument("--events", type=int, default=100_000, help="original events to send")
+    prod.add_argument(
+        "--partitions", type=int, default=12, help="partitions when the topic is created"
+    )
+    prod.add_argument(
+        "--seed", type=int, default=1, help="the generator's seed (same seed, same plan)"
+    )
+    prod.add_argument(
+        "--manifest",
+        default=".ackline/manifest.jsonl.gz",
+        help="where to write the manifest (gzip when it ends with .gz); must not exist "
+        "unless --force",
+    )
+    prod.add_argument(
+        "--force", action="store_true", help="replace an existing manifest at --manifest"
+    )
+    prod.add_argument(
+        "--redeliver", type=float, default=0.03, help="fraction re-sent with the same bytes"
+    )
+    prod.add_argument(
+        "--retry",
+        type=float,
+        default=0.02,
+        help="fraction re-sent as a producer retry (same txn_id and body, new event_id)",
+    )
+    prod.add_argument(
+        "--conflict-ledger",
+        type=float,
+        default=0.002,
+        help="fraction replayed with the same txn_id and a changed body (a ledger conflict)",
+    )
+    prod.add_argument(
+        "--conflict-pk",
+        type=float,
+        default=0.002,
+        help="fraction replayed with the same event_id and a changed body (a key conflict)",
+    )
+    prod.add_argument(
+        "--poison", type=float, default=0.002, help="fraction of undecodable or invalid records"
+    )
+    prod.add_argument(
+        "--abort",
+        type=float,
+        default=0.02,
+        help="fraction of transactions aborted (then re-sent and committed)",
+    )
+    prod.add_argument("--quiet", action="store_true", help="no progress bar")
     prod.set_defaults(handler=cmd_produce)
 
     ver = sub.add_parser("verify", help="compare a produce manifest with the database")
-    ver.add_argument("--manifest", default=".ackline/manifest.jsonl.gz")
+    ver.add_argument(
+        "--manifest",
+        default=".ackline/manifest.jsonl.gz",
+        help="the manifest `ackline produce` wrote; the verdict covers its records only",
+    )
     ver.add_argument("--json", action="store_true", help="print one JSON object")
     ver.set_defaults(handler=cmd_verify)
 
     sch = sub.add_parser("schema", help="export the event JSON Schema")
-    sch.add_argument("output", nargs="?", default="-")
+    sch.add_argument(
+        "output", nargs="?", default="-", help="file to write (default -: standard output)"
+    )
     sch.set_defaults(handler=cmd_schema)
 
     demo = sub.add_parser("demo", help="end to end: stack, migrate, produce, run, verify")
-    demo.add_argument("--events", type=int, default=100_000)
+    demo.add_argument("--events", type=int, default=100_000, help="original events to produce")
     demo.add_argument("--keep", action="store_true", help="leave the stack running")
     demo.set_defaults(handler=cmd_demo)

@@ -24,5 +24,5 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("doctor", help="check the services, schema, grants and topic settings")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object: every check")
     p.set_defaults(handler=cmd_doctor)

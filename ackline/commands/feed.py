@@ -1,18 +1,26 @@
 """`ackline tail` and `ackline dispatch`: readers of the changefeed (sinks/feed).
 
 `ackline dispatch` is the dispatcher processor under its older name (docs/processors.md).
+Both stop on SIGTERM or SIGINT: the batch in hand commits (or rolls back), then the
+command returns; a read or commit that does not end within ACKLINE_SHUTDOWN_WAIT_S is
+cancelled (its transaction rolls back: nothing is lost, the batch is read again next
+time). PostgreSQL unreachable at the first connect is one error line at once; lost
+later, it is retried — for at most ACKLINE_RETRY_MAX_SECONDS when the command would end
+by itself (`tail` without ``--follow``, `dispatch --once`), else with one ERROR line
+once that long has passed, and on until it answers or the command is stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers
 from ackline.settings import Settings
@@ -22,29 +30,95 @@ if TYPE_CHECKING:
 
     from ackline.sinks.feed.types import Cursor
 
+T = TypeVar("T")
+log = logging.getLogger("ackline.feed")
+Connect = Callable[[], Awaitable["asyncpg.Connection"]]
+
 
 def _dsn(settings: Settings) -> str:
     """PostgreSQL only: ACKLINE_DATABASE_URL (with the TLS settings), else the local stack."""
-    if settings.database_url is not None:
-        from ackline.clients import database_dsn
+    from ackline.endpoints import database
 
-        return database_dsn(settings.database_url.get_secret_value(), settings)
-    from ackline.endpoints import endpoints
-
-    return endpoints(settings)[1]
+    return database(settings)
 
 
-@contextmanager
-def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
-    """SIGTERM/SIGINT set ``stop``: the batch in hand commits, then the loop returns."""
+class _Stopping:
+    """SIGTERM/SIGINT set ``stop``; if the work has not returned ``wait_s`` later, it is
+    cancelled (a read blocked on a lock or a stalled server must not outlive the grace
+    period of a container)."""
+
+    def __init__(self, stop: asyncio.Event, wait_s: float) -> None:
+        self.stop = stop
+        self.wait_s = wait_s
+        self.cancelled = False
+        self._task: asyncio.Task[object] | None = None
+
+    def _signalled(self) -> None:
+        if self.stop.is_set():
+            return
+        self.stop.set()
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.wait_s, self._cancel)
+
+    def _cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self.cancelled = True
+            log.warning("still busy %.0f s after the stop request: cancelling", self.wait_s)
+            self._task.cancel()
+
+    async def run(self, work: Awaitable[T]) -> T | None:
+        """``work`` until it returns; None when it was cancelled after a stop request."""
+        self._task = asyncio.ensure_future(work)
+        try:
+            return await self._task
+        except asyncio.CancelledError:
+            if not self.cancelled:
+                raise
+            return None
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
     loop = asyncio.get_running_loop()
+    stopping = _Stopping(stop, wait_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping._signalled)
     try:
-        yield
+        yield stopping
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        # a second signal while the loop winds down must not kill cleanup half-way
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _guarded(dsn: str, connect: Connect, settings: Settings, give_up: bool) -> Connect:
+    """``connect`` with the outage rules of the module docstring."""
+    from ackline.commands.guard import DatabaseUnavailableError, Outage, reason
+
+    outage = Outage(dsn, settings.retry_max_seconds, give_up, log)
+    later = outage.wrap(connect)
+    first = True
+
+    async def guarded() -> asyncpg.Connection:
+        nonlocal first
+        if not first:
+            return await later()
+        try:
+            conn = await connect()
+        except (OSError, TimeoutError) as exc:
+            raise DatabaseUnavailableError(dsn, exc) from exc
+        except Exception as exc:
+            import asyncpg
+
+            if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
+                raise DatabaseUnavailableError(dsn, exc) from exc
+            log.debug("first connect failed: %s", reason(exc))
+            raise
+        first = False
+        return conn
+
+    return guarded
 
 
 class _StdoutClosed(Exception):
@@ -52,10 +126,10 @@ class _StdoutClosed(Exception):
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
-    return asyncio.run(_tail(args, _dsn(settings)))
+    return asyncio.run(_tail(args, settings, _dsn(settings)))
 
 
-async def _tail(args: argparse.Namespace, dsn: str) -> int:
+async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
     from ackline.sinks.errors import FeedError
     from ackline.sinks.feed.changefeed import (
         AnyReader,
@@ -72,7 +146,12 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
     if args.commit and not args.reader:
         raise FeedError("--commit needs --reader NAME")
     feed = Changefeed(Filter.of(args.types, args.agents))
-    connect = connector(dsn, f"ackline-tail:{args.reader or '-'}")
+    connect = _guarded(
+        dsn,
+        connector(dsn, f"ackline-tail:{args.reader or '-'}"),
+        settings,
+        give_up=not args.follow,
+    )
     reader: AnyReader
     if args.commit:
         reader = Reader(args.reader, feed)
@@ -81,7 +160,7 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
         if args.from_cursor:
             start = Cursor.decode(args.from_cursor)
         elif args.reader:
-            start = await _saved_cursor(connect, args.reader)
+            start = await _saved_cursor(connect, args.reader, create=args.follow)
         reader = LocalReader(feed, start=start)
 
     async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
@@ -95,38 +174,50 @@ async def _tail(args: argparse.Namespace, dsn: str) -> int:
             raise _StdoutClosed() from exc
 
     stop = asyncio.Event()
-    with _stop_on_signals(stop):
+    with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
         try:
-            cursor = await follow(
-                reader,
-                connect,
-                handle,
-                stop,
-                wait=args.follow,
-                poll_interval=args.poll_interval,
-                limit=args.limit,
+            cursor = await stopping.run(
+                follow(
+                    reader,
+                    connect,
+                    handle,
+                    stop,
+                    wait=args.follow,
+                    poll_interval=args.poll_interval,
+                    limit=args.limit,
+                )
             )
         except _StdoutClosed:
             # the reader of our stdout left (`| head`); with --commit the batch rolled back
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
+    if cursor is None:
+        print("ackline tail: stopped (a read was cancelled; nothing committed)", file=sys.stderr)
+        return 0
     print(f"ackline tail: cursor {cursor.encode()}", file=sys.stderr)
     return 0
 
 
-async def _saved_cursor(
-    connect: Callable[[], Awaitable[asyncpg.Connection]], reader: str
-) -> Cursor:
+async def _saved_cursor(connect: Connect, reader: str, create: bool) -> Cursor:
+    """The reader's saved cursor. A reader seen for the first time is an error, unless
+    ``create`` (``--follow``): then its cursor row is made at the start of the feed, as
+    a first `--commit` run would make it, and tail shows what that reader will consume."""
     from ackline.sinks.errors import FeedError
-    from ackline.sinks.feed.changefeed import saved_cursor
+    from ackline.sinks.feed.changefeed import Reader, saved_cursor
 
     conn = await connect()
     try:
         cursor = await saved_cursor(conn, reader)
+        if cursor is None and create:
+            log.info("reader %s is new: created at the start of the feed", reader)
+            return await Reader(reader).position(conn)
     finally:
         await conn.close()
     if cursor is None:
-        raise FeedError(f"no reader named {reader!r} (feed_cursors has no row for it)")
+        raise FeedError(
+            f"no reader named {reader!r} yet (feed_cursors has no row for it): create it "
+            f"with `ackline tail --reader {reader} --follow` (or --commit)"
+        )
     return cursor
 
 
@@ -141,7 +232,6 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     its cursor ``--reader`` and prints the same summary line.
     """
     import json
-    import logging
 
     from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
@@ -158,17 +248,25 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         max_transactions=args.max_transactions,
         poll_interval=args.poll_interval,
     )
-    connect = connector(
+    connect = _guarded(
         dsn,
-        f"ackline-dispatch:{instance}",
-        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        connector(
+            dsn,
+            f"ackline-dispatch:{instance}",
+            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        ),
+        settings,
+        give_up=args.once,
     )
-    log = logging.getLogger("ackline.dispatch")
+    dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()
-    with _stop_on_signals(stop):
+    with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
         # Logged once SIGTERM is handled: from here a stop request exits 0.
-        log.info("dispatcher %s following the feed as reader %s", instance, args.reader)
-        report = await runner.run(connect, stop, wait=not args.once)
+        dlog.info("dispatcher %s following the feed as reader %s", instance, args.reader)
+        report = await stopping.run(runner.run(connect, stop, wait=not args.once))
+    if report is None:
+        dlog.warning("stopped with a feed transaction cancelled (rolled back: read again later)")
+        return 0
     summary = {
         "reader": args.reader,
         "instance": instance,
@@ -187,7 +285,11 @@ def register(sub: Subparsers) -> None:
         "tail", help="print ingested events in changefeed order, one JSON object a line"
     )
     src = tail.add_mutually_exclusive_group(required=True)
-    src.add_argument("--reader", help="start at this reader's saved cursor")
+    src.add_argument(
+        "--reader",
+        help="start at this reader's saved cursor (with --follow or --commit, a new reader "
+        "is created at the start of the feed)",
+    )
     src.add_argument("--from-cursor", help="start after this cursor (a line's 'cursor')")
     src.add_argument("--from-start", action="store_true", help="start at the first batch")
     tail.add_argument(
@@ -212,5 +314,7 @@ def register(sub: Subparsers) -> None:
     disp.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")
     disp.add_argument("--once", action="store_true", help="exit once caught up")
     disp.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
-    disp.add_argument("--max-transactions", type=int, default=64, help="per feed transaction")
+    disp.add_argument(
+        "--max-transactions", type=int, default=64, help="feed transactions per batch"
+    )
     disp.set_defaults(handler=cmd_dispatch)

@@ -1,25 +1,30 @@
-"""Operator commands that read: status, conflicts list|show, rejects list|show."""
+"""Operator commands that read: status, conflicts [list|show], rejects [list|show].
+
+``conflicts`` and ``rejects`` without a subcommand list the newest 20.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ackline.commands import Subparsers
-from ackline.endpoints import endpoints
+from ackline.commands.guard import connect
+from ackline.endpoints import database, endpoints
 from ackline.settings import Settings
 
 T = TypeVar("T")
+DEFAULT_LIMIT = 20
 
 
 def _with_db(dsn: str, query: Callable[[Any], Awaitable[T]]) -> T:
-    import asyncpg
-
     async def go() -> T:
-        conn = await asyncpg.connect(dsn, timeout=10)
+        conn = await connect(dsn)
         try:
             return await query(conn)
         finally:
@@ -35,16 +40,24 @@ def _print_json(value: Any) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline import status
     from ackline.clients import kafka_client_config
-    from ackline.streams.errors import TopicError
-    from ackline.streams.kafkainfo import topic_offsets
+    from ackline.streams.errors import KafkaUnavailableError, TopicError
+    from ackline.streams.kafkainfo import GroupMember, group_members, scan_ranges, topic_offsets
 
     bootstrap, dsn = endpoints(settings)
     topic, group = settings.topic, settings.group_id
-    kafka = topic_offsets(bootstrap, kafka_client_config(settings), group, topic)
+    conf = kafka_client_config(settings)
+    kafka = topic_offsets(bootstrap, conf, group, topic)
     if kafka is None:
         raise TopicError(f"topic {topic} does not exist on {bootstrap}")
     db = _with_db(dsn, lambda conn: status.db_offsets(conn, group, topic))
-    rows = status.merge(db, kafka)
+    starts, ends = status.unread_starts(db, kafka)
+    _, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
+    try:
+        members: list[GroupMember] | None = group_members(bootstrap, conf, group)
+    except KafkaUnavailableError as exc:  # offsets were read: show them, liveness unknown
+        print(f"ackline status: group members unknown ({exc})", file=sys.stderr)
+        members = None
+    rows = status.merge(db, kafka, settled=settled, members=members, topic=topic)
     if args.json:
         _print_json(status.to_json(topic, group, rows))
     else:
@@ -52,22 +65,40 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _truncation(shown: int, total: int, what: str, limit: int) -> str | None:
+    if total <= shown:
+        return None
+    more = min(total, max(limit * 5, 100))
+    return f"showing the newest {shown} of {total:,} {what} (--limit {more} for more)"
+
+
 def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import short_hex, table
     from ackline.sinks.admin import inspect
 
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
     group = settings.group_id
+    as_json = getattr(args, "json", False)
     if args.action == "show":
         detail = _with_db(dsn, lambda conn: inspect.get_conflict(conn, group, args.id))
-        if args.json:
-            _print_json(detail.to_json())
+        if as_json:
+            _print_json({**detail.to_json(), "changed": _changes(detail)})
         else:
             print(_conflict_text(detail))
         return 0
-    rows = _with_db(dsn, lambda conn: inspect.list_conflicts(conn, group, args.limit))
-    if args.json:
+    limit = getattr(args, "limit", DEFAULT_LIMIT)
+
+    async def listing(conn: Any) -> tuple[list[Any], int]:
+        return await inspect.list_conflicts(conn, group, limit), await inspect.count_conflicts(
+            conn, group
+        )
+
+    rows, total = _with_db(dsn, listing)
+    if as_json:
         _print_json([r.to_json() for r in rows])
+        note = _truncation(len(rows), total, "conflicts", limit)
+        if note:
+            print(note, file=sys.stderr)
         return 0
     print(
         table(
@@ -86,13 +117,40 @@ def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
             ],
         )
     )
+    note = _truncation(len(rows), total, "conflicts", limit)
+    if note:
+        print(note)
     return 0
+
+
+def stored_body(stored: dict[str, Any]) -> dict[str, Any]:
+    """The canonical body (ackline.schemas.canonical) of a stored activity row, as the
+    conflicts table keeps the incoming one: every envelope field but event_id. Pure."""
+    moment = datetime.fromisoformat(str(stored["occurred_at"])).astimezone(UTC)
+    return {
+        "agent_id": stored["agent_id"],
+        "occurred_at": moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "payload": stored["payload"],
+        "request_id": stored["request_id"],
+        "schema_version": stored["schema_version"],
+        "txn_id": stored["txn_id"],
+        "type": stored["type"],
+    }
+
+
+def _changes(detail: Any) -> list[str] | None:
+    from ackline.render import body_diff
+
+    if detail.stored is None:
+        return None
+    return body_diff(stored_body(detail.stored), detail.incoming_body)
 
 
 def _conflict_text(detail: Any) -> str:
     from ackline.render import safe_text
 
     r = detail.row
+    changes = _changes(detail)
     lines = [
         f"conflict {r.conflict_id} ({r.layer} layer), batch {r.batch_id}, {r.detected_at}",
         f"source         {r.topic}[{r.partition}]@{r.offset}",
@@ -100,6 +158,12 @@ def _conflict_text(detail: Any) -> str:
         f"event_id       {r.event_id} (stored: {r.stored_event_id})",
         f"stored hash    {r.stored_hash.hex()}",
         f"incoming hash  {r.incoming_hash.hex()}",
+        "changed (stored -> incoming):",
+        *(
+            ["  (the stored row is gone)"]
+            if changes is None
+            else [f"  {line}" for line in changes] or ["  (no difference in the body)"]
+        ),
         "incoming body:",
         json.dumps(detail.incoming_body, indent=2, sort_keys=True),
         "stored row:",
@@ -112,11 +176,12 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import safe_text, show_bytes, table
     from ackline.sinks.admin import inspect
 
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
     group = settings.group_id
+    as_json = getattr(args, "json", False)
     if args.action == "show":
         d = _with_db(dsn, lambda conn: inspect.get_reject(conn, group, args.id))
-        if args.json:
+        if as_json:
             _print_json(d.to_json())
             return 0
         r = d.row
@@ -135,9 +200,19 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
             )
         )
         return 0
-    rows = _with_db(dsn, lambda conn: inspect.list_rejects(conn, group, args.limit))
-    if args.json:
+    limit = getattr(args, "limit", DEFAULT_LIMIT)
+
+    async def listing(conn: Any) -> tuple[list[Any], int]:
+        return await inspect.list_rejects(conn, group, limit), await inspect.count_rejects(
+            conn, group
+        )
+
+    rows, total = _with_db(dsn, listing)
+    if as_json:
         _print_json([r.to_json() for r in rows])
+        note = _truncation(len(rows), total, "rejects", limit)
+        if note:
+            print(note, file=sys.stderr)
         return 0
     print(
         table(
@@ -156,18 +231,35 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
             ],
         )
     )
+    note = _truncation(len(rows), total, "rejects", limit)
+    if note:
+        print(note)
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help)
-    actions = p.add_subparsers(dest="action", required=True)
-    ls = actions.add_parser("list", help=f"the newest {name} of the group")
-    ls.add_argument("--limit", type=int, default=20)
-    ls.add_argument("--json", action="store_true")
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=f"{help} (no subcommand: list the newest {DEFAULT_LIMIT})"
+    )
+    actions = p.add_subparsers(dest="action", metavar="{list,show}")
+    ls = actions.add_parser("list", help=f"the newest {name} of the group, and how many there are")
+    ls.add_argument(
+        "--limit",
+        type=_positive,
+        default=DEFAULT_LIMIT,
+        help=f"show at most N, newest first (default {DEFAULT_LIMIT})",
+    )
+    ls.add_argument("--json", action="store_true", help="a JSON array instead of a table")
     show = actions.add_parser("show", help=f"one of the {name} in full")
-    show.add_argument("id", type=int)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("id", type=int, help=f"its id (the first column of `{name} list`)")
+    show.add_argument("--json", action="store_true", help="one JSON object")
     if raw:
         show.add_argument("--raw", action="store_true", help="key and value as base64")
         show.add_argument(
@@ -177,8 +269,10 @@ def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.
 
 
 def register(sub: Subparsers) -> None:
-    st = sub.add_parser("status", help="per partition: DB offset, Kafka offset, lag, owner")
-    st.add_argument("--json", action="store_true")
+    st = sub.add_parser(
+        "status", help="per partition: DB offset, Kafka offset, lag, owner and whether it is live"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(handler=cmd_status)
     _list_or_show(sub, "conflicts", "replays whose body changed", raw=False).set_defaults(
         handler=cmd_conflicts

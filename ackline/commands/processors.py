@@ -15,20 +15,19 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers
-from ackline.core.errors import AcklineError, SettingsError
+from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
     import asyncpg
 
+    from ackline.runtime.httpserver import HttpServer
     from ackline.sinks.feed.processors.contract import Processor
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
     from ackline.sinks.feed.types import Cursor
@@ -134,9 +133,8 @@ async def _process(
         f"ackline-process:{instance}",
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
-    server = _Server(metrics, [r.name for r in runners])
-    if settings.metrics_port:
-        server.start(settings.metrics_host, settings.metrics_port)
+    server = _endpoints(metrics, [r.name for r in runners])
+    server.serve(settings)
     stop = asyncio.Event()
     try:
         with _stop_on_signals(stop):
@@ -162,82 +160,37 @@ async def _process(
     return 1 if any(r.outcome is Outcome.FAILED for r in reports) else 0
 
 
-class _Server:
+def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:
     """``/metrics`` (the processors' registry), ``/healthz``, and ``/readyz``: ready while
     the last lag sample reached PostgreSQL and no processor is stopped at an event."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    def __init__(self, metrics: ProcessorMetrics, names: list[str]) -> None:
-        self._metrics = metrics
-        self._names = names
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+    from ackline.runtime.httpserver import HttpServer, json_body, not_found
 
-    def start(self, host: str, port: int) -> None:
-        try:
-            self._server = ThreadingHTTPServer((host, port), _handler(self._respond))
-        except OSError as exc:
-            raise SettingsError(
-                "ACKLINE_METRICS_PORT", f"cannot listen on {host}:{port}: {exc}"
-            ) from exc
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ackline-http", daemon=True
-        )
-        self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s:%d", host, port)
-
-    def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _respond(self, path: str) -> tuple[int, str, bytes]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
+    def respond(path: str) -> tuple[int, str, bytes]:
         route = path.split("?", 1)[0]
         if route == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self._metrics.registry)
+            return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
         if route == "/healthz":
-            return 200, "application/json", _json({"status": "alive"})
+            return 200, "application/json", json_body({"status": "alive"})
         if route == "/readyz":
             reasons = []
-            if _value(self._metrics, "ackline_processor_database_up") != 1:
+            if _value(metrics, "ackline_processor_database_up") != 1:
                 reasons.append("PostgreSQL not reached at the last lag sample")
-            for name in self._names:
-                if _value(self._metrics, "ackline_processor_failed", name) == 1:
+            for name in names:
+                if _value(metrics, "ackline_processor_failed", name) == 1:
                     reasons.append(f"processor {name} stopped at an event")
             body = {"ready": not reasons, "reasons": reasons}
-            return (503 if reasons else 200), "application/json", _json(body)
-        return 404, "application/json", _json({"error": f"no such path: {route}"})
+            return (503 if reasons else 200), "application/json", json_body(body)
+        return not_found(route)
+
+    return HttpServer(respond)
 
 
 def _value(metrics: ProcessorMetrics, sample: str, processor: str | None = None) -> float | None:
     labels = {} if processor is None else {"processor": processor}
     found = metrics.registry.get_sample_value(sample, labels)
     return None if found is None else float(found)
-
-
-def _json(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode() + b"\n"
-
-
-def _handler(respond: Callable[[str], tuple[int, str, bytes]]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, content_type, body = respond(self.path)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
 
 
 # --- `ackline processors ...` --------------------------------------------------------------
@@ -392,18 +345,18 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("processors", help="stream processors: list, status, pause, resume, reset")
     actions = p.add_subparsers(dest="action", required=True)
     lst = actions.add_parser("list", help="processors findable by name")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="print one JSON object")
     lst.set_defaults(handler=cmd_list)
     st = actions.add_parser("status", help="cursor, lag, pause and failure of each processor")
-    st.add_argument("names", nargs="*", metavar="NAME")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(handler=cmd_status)
     for action, text in (
         ("pause", "stop applying at the next batch boundary"),
         ("resume", "undo pause"),
     ):
         a = actions.add_parser(action, help=text)
-        a.add_argument("name")
+        a.add_argument("name", help="processor name")
         a.set_defaults(handler=cmd_pause)
     rs = actions.add_parser(
         "reset", help="rebuild: clear a processor's state and rewind its cursor (one transaction)"
@@ -417,5 +370,5 @@ def register(sub: Subparsers) -> None:
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")
-    su.add_argument("name")
+    su.add_argument("name", help="processor name, entry point or module:attribute")
     su.set_defaults(handler=cmd_setup)

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 
 from ackline.clients import ingest_dsn
 from ackline.commands import Subparsers
+from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
-from ackline.endpoints import endpoints
+from ackline.endpoints import database
 from ackline.roles import RoleState
 from ackline.settings import Settings
 
@@ -39,13 +40,13 @@ async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]
     from ackline.roles import role_states
     from ackline.sinks.admin.grants import may_modify_activity
 
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(dsn)
     try:
         states = await role_states(conn)
     finally:
         await conn.close()
     try:
-        conn = await asyncpg.connect(worker_dsn)
+        conn = await asyncpg.connect(worker_dsn, timeout=10)
     except (asyncpg.PostgresError, OSError) as exc:
         return states, WorkerView(None, [], type(exc).__name__)
     try:
@@ -56,9 +57,9 @@ async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
     states, worker = asyncio.run(_show(dsn, ingest_dsn(settings, dsn)))
-    if args.json:
+    if getattr(args, "json", False):
         print(json.dumps({"roles": [asdict(s) for s in states], "worker": asdict(worker)}))
     else:
         for s in states:
@@ -98,15 +99,13 @@ def _password(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def cmd_set_password(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncpg
-
     from ackline.roles import set_password
 
     password = _password(args, settings)
-    _, dsn = endpoints(settings)
+    dsn = database(settings)
 
     async def go() -> None:
-        conn = await asyncpg.connect(dsn)
+        conn = await connect(dsn)
         try:
             await set_password(conn, args.role, password)
         finally:
@@ -120,15 +119,20 @@ def cmd_set_password(args: argparse.Namespace, settings: Settings) -> int:
 def register(sub: Subparsers) -> None:
     from ackline.roles import LOGIN_ROLES
 
-    p = sub.add_parser("roles", help="PostgreSQL roles: show them, set their passwords")
-    actions = p.add_subparsers(dest="action", required=True)
+    p = sub.add_parser(
+        "roles", help="PostgreSQL roles: show them (the default), set their passwords"
+    )
+    p.set_defaults(handler=cmd_show)
+    actions = p.add_subparsers(dest="action", metavar="{show,set-password}")
     show = actions.add_parser("show", help="the roles, and what the worker connects as")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="one JSON object")
     show.set_defaults(handler=cmd_show)
     setp = actions.add_parser("set-password", help="give a LOGIN role a SCRAM password")
-    setp.add_argument("role", choices=LOGIN_ROLES)
+    setp.add_argument("role", choices=LOGIN_ROLES, help="the role whose password to set")
     source = setp.add_mutually_exclusive_group()
-    source.add_argument("--password-stdin", action="store_true", help="read one line")
+    source.add_argument(
+        "--password-stdin", action="store_true", help="read the password as one line of stdin"
+    )
     source.add_argument(
         "--from-ingest-url",
         action="store_true",

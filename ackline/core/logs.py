@@ -6,13 +6,26 @@ otherwise (a container, a service manager, a file). A JSON line holds ``ts``,
 committed batch goes to the ``ackline.batches`` logger at INFO: on in JSON mode, and
 in text mode only with ``--verbose`` (a terminal is not a place for a line per batch).
 Settings and client configurations are never logged: they hold secrets.
+
+librdkafka's own log lines (``FAIL``, ``ERROR`` …: with a broker down, the same connect
+failure about 20 times a second) go through :class:`KafkaLogBridge`, passed as
+``logger`` to every confluent-kafka client ackline creates: each distinct line is
+logged once (logger ``ackline.kafka``, librdkafka's level), its repeats are counted and
+summed up in the next line of the same shape a window later. Without the bridge,
+librdkafka writes them to stderr itself, past the log format, and they bury the one
+line that matters.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
@@ -70,3 +83,65 @@ def configure_logging(log_format: str, verbose: bool = False, stream: TextIO | N
     quiet = chosen == "text" and not verbose
     _batches.setLevel(logging.WARNING if quiet else logging.NOTSET)
     return chosen
+
+
+KAFKA_LOGGER = "ackline.kafka"
+# Numbers (ms, counts, offsets, thread ids, client numbers) vary between repeats of one
+# message; a line's shape is its text without them.
+_NUMBERS = re.compile(r"\d+")
+
+
+class KafkaLogBridge:
+    """A ``logger`` for confluent-kafka clients: librdkafka's lines through Python
+    logging, repeats folded.
+
+    confluent-kafka calls ``log(level, "%s [%s] %s", facility, client, message)`` (from
+    the thread serving the client's queue: poll, flush, consume). A line whose shape
+    (its text without numbers) was logged less than ``window_s`` ago is only counted;
+    the first line of that shape after the window is logged with the count of those
+    left out. At most ``max_shapes`` shapes are remembered (the oldest is forgotten
+    first), so memory stays bounded whatever librdkafka says. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        name: str = KAFKA_LOGGER,
+        window_s: float = 60.0,
+        max_shapes: int = 512,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logging.getLogger(name)
+        self.window_s = window_s
+        self._max = max_shapes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[str, list[float]] = OrderedDict()  # shape -> [since, repeats]
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            text = msg % args if args else str(msg)
+        except (TypeError, ValueError):
+            text = " ".join([str(msg), *map(str, args)])
+        shape = _NUMBERS.sub("#", text)
+        now = self._clock()
+        with self._lock:
+            entry = self._seen.get(shape)
+            if entry is not None and now - entry[0] < self.window_s:
+                entry[1] += 1
+                return
+            left_out = 0 if entry is None else int(entry[1])
+            self._seen[shape] = [now, 0]
+            self._seen.move_to_end(shape)
+            while len(self._seen) > self._max:
+                self._seen.popitem(last=False)
+        if left_out:
+            text = f"{text} (and {left_out} more like it in the last {self.window_s:.0f} s)"
+        self.logger.log(level, "librdkafka: %s", text)
+
+
+_BRIDGE = KafkaLogBridge()
+
+
+def kafka_logger() -> KafkaLogBridge:
+    """The process's one bridge, to pass as ``"logger"`` in a confluent-kafka config."""
+    return _BRIDGE

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -87,3 +89,22 @@ class Metrics:
             "Unix time of the last PostgreSQL health check",
             registry=r,
         )
+
+    def precreate(
+        self, layers: Iterable[str], reasons: Iterable[str], causes: Iterable[str]
+    ) -> None:
+        """Create every labelled series the alerts read, at 0.
+
+        A labelled counter has no sample until its first increment, and ``increase()``
+        over a series that appears with the value 1 sees no increase: the first conflict
+        after a restart would not fire the alert. Created at start, each series is 0
+        from the first scrape. ``layers``: dedup layers (duplicates, conflicts);
+        ``reasons``: reject reasons; ``causes``: batch retry causes.
+        """
+        for layer in layers:
+            self.duplicates.labels(layer)
+            self.conflicts.labels(layer)
+        for reason in reasons:
+            self.rejects.labels(reason)
+        for cause in causes:
+            self.retries.labels(cause)

@@ -113,6 +113,10 @@ class PostgresNode:
 
     Construction does no I/O. :meth:`start` installs PostgreSQL if needed (root only),
     runs initdb once, writes the settings and starts the server detached.
+
+    Longer than the house's ~300 lines per class because one server's whole life is here
+    (install, the unprivileged OS user, initdb, settings, start, readiness, psql, stop,
+    kill): each step is short, and they share the paths and the user they act as.
     """
 
     def __init__(self, state_dir: Path, port: int, os_user: str = PG_OS_USER) -> None:

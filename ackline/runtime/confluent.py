@@ -15,10 +15,11 @@ import threading
 
 from ackline.clients import kafka_client_config
 from ackline.runtime.health import probe_database
-from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.schemas.decode import Limits
 from ackline.settings import Settings
-from ackline.streams.consumer import ConsumerRuntime, RuntimeConfig
+from ackline.streams.consumer import ConsumerRuntime
+from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import prepare_topics
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         session_timeout_ms=settings.session_timeout_ms,
         start_from=settings.start_from,
         batch_max_events=settings.batch_max_events,
-        batch_max_ms=settings.batch_max_ms,
+        batch_linger_ms=settings.batch_linger_ms,
         batch_max_bytes=settings.batch_max_bytes,
         limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
         revoke_wait_s=settings.revoke_wait_s,
@@ -94,6 +95,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
         probe_database(ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id)
     )
     _tune_gc()
+    tune_malloc()
     thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
     thread.start()
     try:

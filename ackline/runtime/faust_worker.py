@@ -25,7 +25,7 @@ from faust.types import TP
 from ackline.core.metrics import Metrics
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
-from ackline.runtime.wiring import build_ingest, load_payload_plugins
+from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.settings import Settings
 from ackline.streams.deadletter import prepare_topics
 from ackline.streams.faust_runtime import risk
@@ -61,6 +61,7 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
         log.warning("running with the accepted risk %s: %s", risk.UNTESTED_VERSION, problems)
     install_lenient_headers()  # before the app's consumer exists: non-UTF-8 header keys
     ingest = build_ingest(settings, bootstrap, dsn)
+    tune_malloc()
     load_payload_plugins(settings.payload_plugins)
     app = make_app(ingest)
     metrics = ingest.metrics

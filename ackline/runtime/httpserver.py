@@ -1,7 +1,8 @@
 """The worker's one HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 stdlib ``ThreadingHTTPServer`` in a daemon thread, bound to ``metrics_host:metrics_port``
-(port 0 disables it). ``/healthz`` is 200 while the process serves requests;
+(default 127.0.0.1:9400; port 0 disables it; see ``Ingest.serve`` in
+:mod:`ackline.runtime.wiring`). ``/healthz`` is 200 while the process serves requests;
 ``/readyz`` is 200 or 503 with a JSON body giving the reasons
 (:func:`ackline.runtime.health.readiness`); ``/metrics`` is the Prometheus text format of the
 worker's own registry.
@@ -22,24 +23,27 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ackline.core.errors import SettingsError
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits, readiness, snapshot
+from ackline.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class StatusServer:
-    """Serves the three endpoints until :meth:`close`. Binds in :meth:`start`."""
+Respond = Callable[[str], tuple[int, str, bytes]]
+"""A request path → (status, content type, body)."""
 
-    def __init__(self, metrics: Metrics, limits: ReadyLimits, started: float) -> None:
-        self._metrics = metrics
-        self._limits = limits
-        self._started = started
+
+class HttpServer:
+    """A small HTTP server of ``respond`` in a daemon thread; binds in :meth:`start`."""
+
+    def __init__(self, respond: Respond) -> None:
+        self._respond = respond
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         if self._server is None:
-            raise RuntimeError("the status server is not started")
+            raise RuntimeError("the HTTP server is not started")
         return int(self._server.server_address[1])
 
     def start(self, host: str, port: int) -> None:
@@ -55,7 +59,30 @@ class StatusServer:
             target=self._server.serve_forever, name="ackline-http", daemon=True
         )
         self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s:%d", host, self.port)
+        log.debug("serving /metrics, /healthz and /readyz on %s:%d", host, self.port)
+
+    def serve(self, settings: Settings) -> str:
+        """Start on ``metrics_host:metrics_port`` unless the port is 0; return the address
+        of /metrics (or why it is off) for a start-up line.
+
+        The default port taken by another process (a second worker or processor on one
+        host) falls back to a free port, with a warning; an explicitly set port that
+        cannot be bound is a SettingsError naming ACKLINE_METRICS_PORT.
+        """
+        if not settings.metrics_port:
+            return "off (ACKLINE_METRICS_PORT=0)"
+        try:
+            self.start(settings.metrics_host, settings.metrics_port)
+        except SettingsError:
+            if settings.sources().get("metrics_port") != "default":
+                raise
+            log.warning(
+                "the default metrics port %d is in use; serving on a free port instead "
+                "(set ACKLINE_METRICS_PORT to choose one)",
+                settings.metrics_port,
+            )
+            self.start(settings.metrics_host, 0)
+        return f"http://{settings.metrics_host}:{self.port}/metrics"
 
     def close(self) -> None:
         server, self._server = self._server, None
@@ -66,12 +93,22 @@ class StatusServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def _respond(self, path: str) -> tuple[int, str, bytes]:
+
+class StatusServer(HttpServer):
+    """A worker's ``/metrics``, ``/healthz`` and ``/readyz``."""
+
+    def __init__(self, metrics: Metrics, limits: ReadyLimits, started: float) -> None:
+        super().__init__(self._status)
+        self._metrics = metrics
+        self._limits = limits
+        self._started = started
+
+    def _status(self, path: str) -> tuple[int, str, bytes]:
         route = path.split("?", 1)[0]
         if route == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._metrics.registry)
         if route == "/healthz":
-            return 200, "application/json", _json({"status": "alive"})
+            return 200, "application/json", json_body({"status": "alive"})
         if route == "/readyz":
             snap = snapshot(self._metrics, self._started)
             reasons = readiness(snap, time.time(), self._limits)
@@ -83,15 +120,19 @@ class StatusServer:
                 "last_commit": snap.last_commit or None,
                 "database_up": snap.db_up,
             }
-            return (503 if reasons else 200), "application/json", _json(body)
-        return 404, "application/json", _json({"error": f"no such path: {route}"})
+            return (503 if reasons else 200), "application/json", json_body(body)
+        return not_found(route)
 
 
-def _json(body: dict[str, Any]) -> bytes:
+def not_found(route: str) -> tuple[int, str, bytes]:
+    return 404, "application/json", json_body({"error": f"no such path: {route}"})
+
+
+def json_body(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
-def _handler(respond: Callable[[str], tuple[int, str, bytes]]) -> type[BaseHTTPRequestHandler]:
+def _handler(respond: Respond) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             status, content_type, body = respond(self.path)

@@ -25,6 +25,7 @@ Files are written to ``<path>.partial`` and renamed when the trailer is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -248,10 +249,21 @@ class CaptureWriter:
         self.partial.replace(self.path)
 
     def discard(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Remove the partial file, dropping what is still buffered. Bounded even when a
+        write is stuck (a stop request while the disk or pipe does not drain): the
+        buffer is flushed into /dev/null, never waited on."""
+        fh, self._fh = self._fh, None
         self.partial.unlink(missing_ok=True)
+        if fh is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fh.fileno())
+            finally:
+                os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):
+            fh.close()
 
     def __enter__(self) -> CaptureWriter:
         return self

@@ -12,6 +12,7 @@ is acknowledged, or raises LoadError saying how many were not.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -141,17 +142,23 @@ def replay(
     on_progress: Callable[[int], None] | None = None,
     flush_timeout: float = 120.0,
     timeout: float = 10.0,
+    stop_flush_timeout: float = 5.0,
 ) -> ReplaySummary:
     """Send ``records`` to ``target`` at ``pace``; return once all are acknowledged.
 
     ``source_partitions`` are the partitions the records come from: when the target has
     all of them, each record keeps its partition; otherwise the key decides. ``timeout``
-    bounds the wait for the broker's first answer.
+    bounds the wait for the broker's first answer. A stop request (SIGTERM, Ctrl-C)
+    stops sending at once; the records already handed to the producer get
+    ``stop_flush_timeout`` seconds to be acknowledged, then the stop propagates.
     """
     # An unreachable broker raises KafkaUnavailableError after ``timeout``.
     count = partition_count(bootstrap, target, timeout, conf={**(conf or {}), "logger": KAFKA_LOG})
     if count is None:
-        raise TopicError(f"target topic {target} does not exist on {bootstrap} (create it first)")
+        raise TopicError(
+            f"target topic {target} does not exist on {bootstrap}: create it, or pass "
+            "--create-topic to `ackline replay`"
+        )
     keep = all(p < count for p in source_partitions)
     partitioning = "as captured" if keep else f"by key ({count} partitions)"
     failed: list[str] = []
@@ -181,6 +188,12 @@ def replay(
         left = producer.flush(flush_timeout)
     except _SendError as exc:
         raise LoadError(f"replay into {target} failed after {exc.sent} records: {exc}") from exc
+    except BaseException:
+        producer.flush(stop_flush_timeout)
+        logging.getLogger("ackline.replay").warning(
+            "replay into %s stopped: %d records acknowledged", target, acked
+        )
+        raise
     if failed:
         raise LoadError(f"{len(failed)} records were not delivered to {target}: {failed[0]}")
     if left or acked != sent:

@@ -10,7 +10,6 @@ records than ``end - first``. Nothing is committed to Kafka (no consumer group j
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -21,17 +20,19 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from ackline.core.logs import kafka_logger
 from ackline.load.capture.file import CapturedRecord, CaptureHeader, CaptureWriter
 from ackline.load.errors import LoadError
+from ackline.load.paths import check_target
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 Ranges = dict[int, tuple[int, int]]
 
-KAFKA_LOG = logging.getLogger("load.kafka")
+KAFKA_LOG = kafka_logger()
 """librdkafka's own log lines (one per failed connect attempt, 20 a second while a broker
-is down) go here and are dropped below CRITICAL: an unreachable broker surfaces once, as
-the timeout error these modules raise."""
-KAFKA_LOG.setLevel(logging.CRITICAL)
+is down) go through Python logging, each distinct line once a minute
+(:class:`ackline.core.logs.KafkaLogBridge`); an unreachable broker also surfaces as the
+timeout error these modules raise."""
 
 
 class EmptyRangeError(LoadError):
@@ -250,12 +251,17 @@ def capture(
     timeout: float = 10.0,
     idle_timeout: float = 30.0,
     on_progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = True,
 ) -> CaptureSummary:
     """Write the records of ``spec`` on ``topic`` to the capture file ``path``.
 
     ``on_progress(done, upper_bound)`` is called every 1,000 records. The file appears
     at ``path`` only when complete (see :class:`ackline.load.capture.file.CaptureWriter`).
+    Order: check ``path`` (writable, not a directory, replaced only with ``overwrite``:
+    TargetError before anything is read), resolve the range, read it into the partial
+    file, rename. An error or a stop request (SIGTERM, Ctrl-C) removes the partial file.
     """
+    check_target(Path(path), what="capture file", overwrite=overwrite)
     started = time.monotonic()
     ranges, records = open_range(
         bootstrap, topic, spec, conf=conf, timeout=timeout, idle_timeout=idle_timeout

@@ -23,6 +23,7 @@ from typing import IO
 
 FENCED_LINE = "fenced and rolled back"
 FENCED_METRIC = "ackline_fenced_batches_total"
+STOP_MARGIN_S = 15.0
 
 
 def _free_port() -> int:
@@ -77,6 +78,9 @@ class WorkerPool:
     env: dict[str, str]
     """ACKLINE_* settings shared by every worker (bootstrap, DSN, topic, group, ...)."""
     slots: int
+    stop_wait_s: float = 30.0
+    """The workers' ACKLINE_SHUTDOWN_WAIT_S: a worker SIGTERMed gets this long (and a
+    margin) to finish its batch and leave the group before it is SIGKILLed."""
     incarnations: list[Incarnation] = field(default_factory=list)
     _current: dict[int, Incarnation] = field(default_factory=dict)
     command: tuple[str, ...] = ("run",)
@@ -98,6 +102,7 @@ class WorkerPool:
         env.update(self.slot_env.get(slot, {}))
         env.update(
             {
+                "ACKLINE_SHUTDOWN_WAIT_S": str(self.stop_wait_s),
                 "ACKLINE_WORKER_ID": worker_id,
                 "ACKLINE_METRICS_PORT": str(port),
                 "ACKLINE_FAULTS": arm,
@@ -141,15 +146,22 @@ class WorkerPool:
         inc.proc.wait(30)
         self._end(inc)
 
-    def terminate(self, inc: Incarnation, timeout: float = 90.0) -> int:
-        """SIGTERM (SIGCONT first if stopped), wait; SIGKILL if it does not exit in time."""
+    @property
+    def stop_timeout(self) -> float:
+        """How long a SIGTERMed worker may take: its shutdown wait plus a margin for
+        leaving the group and closing its clients."""
+        return self.stop_wait_s + STOP_MARGIN_S
+
+    def terminate(self, inc: Incarnation, timeout: float | None = None) -> int:
+        """SIGTERM (SIGCONT first if stopped), wait; SIGKILL if it does not exit within
+        ``timeout`` (default :attr:`stop_timeout`)."""
         self.scrape(inc)
         if inc.stopped:
             self.cont(inc)
         if inc.alive():
             inc.proc.terminate()
         try:
-            code = inc.proc.wait(timeout)
+            code = inc.proc.wait(self.stop_timeout if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             inc.killed = True
             inc.proc.kill()
@@ -195,9 +207,15 @@ class WorkerPool:
         for inc in self.live():
             self.scrape(inc)
 
-    def shutdown(self, timeout: float = 90.0) -> list[int]:
+    def shutdown(self, timeout: float | None = None) -> list[int]:
         """SIGTERM every live worker at once (SIGCONT first if stopped), wait for all;
-        their exit statuses (SIGKILL after ``timeout``)."""
+        their exit statuses (SIGKILL after ``timeout``, default :attr:`stop_timeout`).
+
+        Also what a chaos run does when it is itself stopped (SIGTERM, Ctrl-C): no worker
+        outlives the harness.
+        """
+        if timeout is None:
+            timeout = self.stop_timeout
         running = [i for i in self._current.values() if not i.ended]
         for inc in running:
             self.scrape(inc)

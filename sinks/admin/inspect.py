@@ -141,6 +141,16 @@ async def list_conflicts(conn: asyncpg.Connection, group_id: str, limit: int) ->
     return [_conflict(r) for r in rows]
 
 
+async def count_conflicts(conn: asyncpg.Connection, group_id: str) -> int:
+    """How many conflicts ``group_id`` has (a list says when it shows fewer)."""
+    return int(await conn.fetchval("SELECT count(*) FROM conflicts WHERE group_id = $1", group_id))
+
+
+async def count_rejects(conn: asyncpg.Connection, group_id: str) -> int:
+    """How many rejects ``group_id`` has (a list says when it shows fewer)."""
+    return int(await conn.fetchval("SELECT count(*) FROM rejects WHERE group_id = $1", group_id))
+
+
 async def get_conflict(conn: asyncpg.Connection, group_id: str, conflict_id: int) -> ConflictDetail:
     """One conflict with the incoming body and the stored activity row it clashed with."""
     row = await conn.fetchrow(

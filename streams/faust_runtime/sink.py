@@ -250,8 +250,10 @@ class FaustSink:
             await self._not_committed(draft.batch)
             return None
         await self._faults.ahit("after_commit")
-        self.ledger.committed(draft.batch.ranges)
-        self._count(draft.batch, result, time.monotonic() - started)
+        record_committed(
+            self.ledger, self._metrics, draft.batch, result, time.monotonic() - started
+        )
+        self.committed_batches += 1
         return result
 
     async def _not_committed(self, batch: Batch) -> None:
@@ -285,10 +287,6 @@ class FaustSink:
         loop = asyncio.get_running_loop()
         draft.batch.rejects = await loop.run_in_executor(None, self._dlq.send_all, draft.poison)
         self._metrics.dead_letters.inc(len(draft.poison))
-
-    def _count(self, batch: Batch, result: WriteResult, seconds: float) -> None:
-        self.committed_batches += 1
-        record_committed(self._metrics, batch, result, seconds)
 
 
 def chunks(records: list[Record], max_bytes: int) -> Iterator[list[Record]]:

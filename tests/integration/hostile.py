@@ -32,6 +32,7 @@ REJECT_ANY = frozenset(
         "invalid_json",
         "duplicate_key",
         "non_finite_number",
+        "inexact_number",
         "too_deep",
         "unknown_type",
         "unsupported_version",

@@ -514,7 +514,7 @@ def test_window_13_duplicates_inside_one_batch(
         sc.close()
     settings: dict[str, Any] = {
         "batch_max_events": 500,
-        "batch_max_ms": 1500,
+        "batch_linger_ms": 1500,
         "session_timeout_ms": 3000,
     }
     w1 = Worker(
@@ -599,7 +599,7 @@ def test_window_15_poison_and_schema_invalid(
         sc.close()
     settings: dict[str, Any] = {
         "batch_max_events": 500,
-        "batch_max_ms": 1500,
+        "batch_linger_ms": 1500,
         "max_message_bytes": 4096,
         "session_timeout_ms": 3000,
     }

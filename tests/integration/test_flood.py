@@ -62,5 +62,6 @@ def test_item_5_a_flood_of_large_poison_drains_with_bounded_memory(
     peak = _peak_rss_mb(w.proc.pid)
     assert w.stop() == 0, w.log()[-3000:]
     verify_ok(dsn, manifest, group)
-    # 300 MB of poison went through; with 16 MiB batches the worker holds a few batches.
-    assert peak < 400, f"peak RSS {peak:.0f} MB"
+    # 270 MB of poison went through; with 16 MiB batches the worker holds a few batches
+    # (150-250 MB measured; the same flood without a byte bound peaked at 767 MB).
+    assert peak < 500, f"peak RSS {peak:.0f} MB"

@@ -353,6 +353,7 @@ def test_reasons_list_is_the_documented_order() -> None:
         "invalid_json",
         "duplicate_key",
         "non_finite_number",
+        "inexact_number",
         "too_deep",
         "unknown_type",
         "unsupported_version",

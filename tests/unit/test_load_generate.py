@@ -30,7 +30,7 @@ from ackline.load.manifest import (
     read_manifest,
 )
 from ackline.load.verify import Verdict, expected_outcome, is_drained, render_summary
-from ackline.schemas.decode import Limits, Rejection, Row, decode
+from ackline.schemas.decode import REASONS, Limits, Rejection, Row, decode
 from ackline.schemas.envelope import EVENT_TYPES, Envelope, new_envelope
 
 EVENTS = 12_000
@@ -245,6 +245,10 @@ def test_each_poison_kind_decodes_to_its_reason_with_default_limits(
         result = decode(value, Limits())
         assert isinstance(result, Rejection), (kind, value[:200])
         assert result.reason == POISON_KINDS[kind], (kind, result, value[:300])
+
+
+def test_the_poison_kinds_cover_every_rejection_reason() -> None:
+    assert set(POISON_KINDS.values()) == set(REASONS)
 
 
 def test_oversize_is_configurable_and_just_over_the_limit() -> None:

@@ -27,7 +27,8 @@ def test_dsn_is_secret_and_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACKLINE_DATABASE_URL", "postgresql://u:hunter2@h/db")
     s = load_settings()
     assert "hunter2" not in repr(s)
-    assert s.redacted()["database_url"] == "**********"
+    # the password only: where the DSN points is what an operator checks (issue 18)
+    assert s.redacted()["database_url"] == "postgresql://u:**********@h/db"
 
 
 def test_settings_are_frozen() -> None:

@@ -14,7 +14,7 @@ from ackline.cli import main
 from ackline.clients import database_dsn, kafka_client_config
 from ackline.core.errors import SettingsError
 from ackline.settings import Settings, load_settings, setting_sources
-from ackline.streams.consumer import RuntimeConfig
+from ackline.streams.consumer_config import RuntimeConfig
 
 
 @pytest.fixture(autouse=True)
@@ -108,8 +108,9 @@ def test_unknown_key_in_the_file_is_an_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('topik = "x"\n', encoding="utf-8")
     err = _error(config_file=str(bad))
-    assert err.setting == "ACKLINE_TOPIK"
-    assert "unknown setting" in err.problem
+    # the file, its line and the key, with the closest valid key (issue 18)
+    assert err.setting == "ACKLINE_CONFIG_FILE"
+    assert f"{bad} line 1" in err.problem and "topik" in err.problem and "topic" in err.problem
 
 
 def test_unknown_environment_variable_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,8 +266,12 @@ def test_redacted_hides_every_secret(
     s = _secure(monkeypatch, cert_files)
     text = json.dumps(s.redacted(), default=str) + repr(s) + str(s)
     assert "s3cret" not in text
-    for name in ("kafka_sasl_password", "kafka_ssl_key_password", "database_url"):
+    for name in ("kafka_sasl_password", "kafka_ssl_key_password"):
         assert s.redacted()[name] == "**********"
+    # a DSN keeps everything but its password (issue 18)
+    assert s.redacted()["database_url"] == (
+        "postgresql://u:**********@db:5432/ackline?sslmode=disable"
+    )
 
 
 def test_config_show_redacts_and_names_sources(

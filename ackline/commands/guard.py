@@ -1,0 +1,181 @@
+"""What an operator sees when a command fails for an expected reason: one line, a fix.
+
+:func:`explain` maps the exception classes an operator meets (PostgreSQL unreachable,
+a database never migrated, a missing role or grant, a path that cannot be written,
+an unreadable manifest) to one line naming the problem and what to do; ``ackline.cli``
+prints it and exits non-zero. :func:`connect` is how the operator commands open a
+PostgreSQL connection: a failure to connect names the address (never the password).
+:class:`Outage` bounds how long a command keeps retrying a database that is down.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ackline.core.errors import AcklineError
+from ackline.settings import dsn_address
+
+if TYPE_CHECKING:
+    import asyncpg
+
+MIGRATE_HINT = "run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at this database)"
+DSN_HINT = (
+    "is PostgreSQL running there? check ACKLINE_DATABASE_URL (or start the local stack: "
+    "`ackline dev up`)"
+)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a command ran (a BaseException, like KeyboardInterrupt, so
+    ``except Exception`` cleanup paths do not swallow it); ``ackline.cli`` raises it."""
+
+
+class DatabaseUnavailableError(AcklineError):
+    """PostgreSQL cannot be reached at the address of the DSN."""
+
+    def __init__(self, dsn: str, cause: BaseException, waited: float | None = None) -> None:
+        how = f" for {waited:.0f} s" if waited else ""
+        super().__init__(
+            f"cannot connect to PostgreSQL at {dsn_address(dsn)}{how} ({reason(cause)}): {DSN_HINT}"
+        )
+
+
+def reason(exc: BaseException) -> str:
+    """A short cause: the errno's text for socket errors, else the exception's text."""
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+async def connect(dsn: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect`` for the operator commands; DatabaseUnavailableError when the
+    server cannot be reached (authentication and missing databases propagate: they
+    have their own explanations)."""
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(dsn, timeout=timeout, **kwargs)
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError) as exc:
+        raise DatabaseUnavailableError(dsn, exc) from exc
+
+
+class Outage:
+    """Tracks how long a database has been unreachable, for a command that retries.
+
+    ``wrap(connect)`` returns a connect function that raises DatabaseUnavailableError
+    (not transient: the retry loop gives up) once connects have failed for longer than
+    ``limit_s`` — when ``give_up`` — or logs one ERROR at that point and keeps going.
+    """
+
+    def __init__(self, dsn: str, limit_s: float, give_up: bool, log: Any) -> None:
+        self._dsn = dsn
+        self._limit = limit_s
+        self._give_up = give_up
+        self._log = log
+        self._since: float | None = None
+        self._escalated = False
+
+    def wrap(
+        self, connect: Callable[[], Awaitable[asyncpg.Connection]]
+    ) -> Callable[[], Awaitable[asyncpg.Connection]]:
+        async def guarded() -> asyncpg.Connection:
+            try:
+                conn = await connect()
+            except Exception as exc:
+                self._failed(exc)
+                raise
+            if self._escalated:
+                self._log.info("PostgreSQL at %s answers again", dsn_address(self._dsn))
+            self._since, self._escalated = None, False
+            return conn
+
+        return guarded
+
+    def _failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        waited = now - self._since
+        if waited < self._limit:
+            return
+        if self._give_up:
+            raise DatabaseUnavailableError(self._dsn, exc, waited) from exc
+        if not self._escalated:
+            self._escalated = True
+            self._log.error(
+                "PostgreSQL at %s unreachable for %.0f s (%s); still retrying: %s",
+                dsn_address(self._dsn),
+                waited,
+                reason(exc),
+                DSN_HINT,
+            )
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line for an expected failure that reached the top, or None (a bug: let the
+    traceback show). Pure."""
+    found = _explain_database(exc)
+    if found is not None:
+        return found
+    if isinstance(exc, (gzip.BadGzipFile, EOFError, UnicodeDecodeError)):
+        return f"cannot read the file: {reason(exc)} (truncated or not the expected format)"
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return path_problem(exc)
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return f"a service did not answer ({reason(exc)}): {DSN_HINT}"
+    return None
+
+
+def path_problem(exc: OSError, what: str = "") -> str:
+    """``exc`` (an OSError on a path) as one line with the fix."""
+    path = exc.filename
+    subject = f"{what} {path}" if what else str(path)
+    code = exc.errno
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "choose a writable place, or fix its permissions"
+    elif code == errno.EISDIR:
+        fix = "it is a directory: give a file path"
+    elif code == errno.ENOTDIR:
+        fix = "a part of the path is a file, not a directory"
+    elif code == errno.ENOENT:
+        fix = "no such file or directory"
+    elif code == errno.ENOSPC:
+        fix = "the disk is full"
+    else:
+        fix = "check the path"
+    return f"{subject}: {reason(exc)}: {fix}"
+
+
+def _explain_database(exc: BaseException) -> str | None:
+    import asyncpg
+
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return f"the database has no ackline schema ({exc}): {MIGRATE_HINT}"
+    if isinstance(exc, asyncpg.InvalidPasswordError):
+        return (
+            f"PostgreSQL refused the password ({exc}): check the password in "
+            "ACKLINE_DATABASE_URL / ACKLINE_DATABASE_INGEST_URL"
+        )
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        text = str(exc)
+        if 'role "ackline_' in text and "does not exist" in text:
+            return f"{text}: {MIGRATE_HINT} (it creates the ackline roles)"
+        return f"PostgreSQL refused the login ({text}): check the user in ACKLINE_DATABASE_URL"
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return f"{exc}: create it, or fix the database name in ACKLINE_DATABASE_URL"
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return (
+            f"PostgreSQL: {exc}: connect as a role that holds the grant (`ackline roles show`; "
+            "docs/roles.md)"
+        )
+    if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
+        return f"lost PostgreSQL ({reason(exc)}): {DSN_HINT}"
+    return None

@@ -1,0 +1,495 @@
+"""The decoder's fast path: it only ever accepts, and only what the reference accepts.
+
+:func:`make_fast_decoder` wraps a reference decoder (``ackline.schemas.decode.
+reference_decode``, the "slow path") and returns a decoder with the same results, field
+for field and reason for reason. The fast path answers a record itself only when it can
+*prove* that the reference would accept it with the same row; anything else, every
+rejection included, goes to the reference unchanged (so reasons, their order and their
+detail text are the reference's by construction). The fast path only has to be right
+about what it accepts: a subset of what the reference accepts (argued check by check
+below), for which it builds the same canonical texts.
+
+Nothing here is a second schema. The payload checks are compiled at first use from the
+pydantic models' ``model_fields`` (the registry :data:`ackline.schemas.envelope.ENVELOPES`),
+by recognising the field types of ``envelope.py`` (``Text``, ``Ident``, bounded ``int``,
+``bool``, a ``Literal`` of strs, ``list[Text|Ident]``, ``JsonObject``); ``event_id`` goes
+through a pydantic TypeAdapter of the model's own UUID type and ``occurred_at`` through the
+model's own parser. A model it does not recognise (a plugin with defaults, validators or
+other field types) always takes the slow path: :func:`fast_path_models` tells which. If the
+envelope's fields ever differ from the ones this module assumes, the fast path is off.
+
+Parsing is msgspec's (C). It keeps integers exact like ``json`` (same 4300-digit limit),
+refuses NaN/Infinity, lone-surrogate escapes, invalid UTF-8, BOM and leading zeros, and
+hands every float *literal* to ``float_hook`` (:func:`ackline.schemas.numbers.exact_float`:
+the number rule, the reference's own). Encoding: strings, ints of any size, bools, None,
+lists and dicts with sorted keys are written by msgspec (``order="sorted"``) exactly as the
+canonical encoder writes them (pinned by unit tests for every code point and random ints);
+a payload holding a float is written by the canonical encoder itself
+(:func:`ackline.schemas.canonical.canonical_text`: float texts differ, ``1e+300`` vs
+``1e300``). The body around the payload is assembled from its fixed keys in sorted order,
+its strings through ``json.encoder.encode_basestring``, the canonical encoder's own.
+
+The fast path accepts when all of these hold (each failed one means "slow path"):
+
+1. ``value`` is non-empty and within ``limits.max_bytes`` (the reference's first checks).
+2. msgspec parses it (a non-ASCII value is also checked with ``bytes.decode``, so the
+   ``not_utf8`` answer never depends on msgspec), and every float literal passes the hook.
+3. The top level has exactly the 8 envelope keys; ``type`` is a str and ``schema_version``
+   an int whose registered model has a compiled spec.
+4. No ``\\u0000`` text in the bytes: with 2., no string holds NUL or a lone surrogate.
+5. No duplicate key anywhere (:func:`_no_duplicates`: a colon count, no Python walk).
+6. Nesting within ``min(limits.max_depth, depth_cap)``: typed fields have a fixed depth,
+   free JSON is measured while it is scanned for floats.
+7. Every field passes the model's own checks (above; strict types, so exact types here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json.encoder
+import re
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal, Protocol, TypeVar
+
+import annotated_types
+import msgspec
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+from ackline.schemas.canonical import canonical_text
+from ackline.schemas.envelope import (
+    ENVELOPES,
+    MAX_ID_CHARS,
+    Envelope,
+    Ident,
+    JsonObject,
+    Payload,
+    Text,
+    Timestamp,
+    _parse_timestamp,
+    format_timestamp,
+)
+from ackline.schemas.errors import SchemaError
+
+FAST_DEPTH_CAP: Final = 64
+"""Deepest document the fast path decodes itself: realistic events nest 3-6 deep, and it
+stays far below both the reference's parse cap and the depth (258) at which pydantic-core's
+serializer fails in the reference (deeper documents are the reference's to judge)."""
+
+
+class LimitsLike(Protocol):
+    """What the fast path reads of ``ackline.schemas.decode.Limits``."""
+
+    @property
+    def max_bytes(self) -> int: ...
+
+    @property
+    def max_depth(self) -> int: ...
+
+
+LimitsT = TypeVar("LimitsT", bound=LimitsLike)
+ResultT = TypeVar("ResultT")
+
+RowMaker = Callable[[uuid.UUID, str, str, str, str, datetime, int, str, str, bytes], ResultT]
+"""The Row class: (event_id, txn_id, type, agent_id, request_id, occurred_at,
+schema_version, payload_json, body_json, body_hash), positional."""
+
+# --- compiled payload specs -----------------------------------------------------------------
+
+_TEXT: Final = 0
+_IDENT: Final = 1
+_INT: Final = 2
+_BOOL: Final = 3
+_LITERAL: Final = 4
+_TEXT_LIST: Final = 5
+_IDENT_LIST: Final = 6
+_JSON_OBJECT: Final = 7
+
+FieldSpec = tuple[str, int, Any, Any]
+"""(field name, kind, a, b): the int bounds (a, b), or the literal values (a)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadSpec:
+    """A payload model compiled to the checks the fast path runs."""
+
+    keys: frozenset[str]
+    fields: tuple[FieldSpec, ...]
+
+
+def _shape(annotation: Any) -> tuple[Any, list[Any]]:
+    info = FieldInfo.from_annotation(annotation)
+    return info.annotation, list(info.metadata)
+
+
+_TEXT_SHAPE: Final = _shape(Text)
+_IDENT_SHAPE: Final = _shape(Ident)
+_JSON_OBJECT_SHAPE: Final = _shape(JsonObject)
+
+
+def _field_kind(annotation: Any, metadata: list[Any]) -> tuple[int, Any, Any] | None:
+    """The kind of a payload field, or None when the fast path does not know it."""
+    shape = (annotation, metadata)
+    if shape == _TEXT_SHAPE:
+        return _TEXT, None, None
+    if shape == _IDENT_SHAPE:
+        return _IDENT, None, None
+    if shape == _JSON_OBJECT_SHAPE:
+        return _JSON_OBJECT, None, None
+    if annotation is bool and not metadata:
+        return _BOOL, None, None
+    if annotation is int and len(metadata) == 2:
+        ge, le = metadata
+        if (
+            isinstance(ge, annotated_types.Ge)
+            and isinstance(le, annotated_types.Le)
+            and type(ge.ge) is int
+            and type(le.le) is int
+        ):
+            return _INT, ge.ge, le.le
+        return None
+    if typing.get_origin(annotation) is Literal and not metadata:
+        values = typing.get_args(annotation)
+        if values and all(type(v) is str for v in values):
+            return _LITERAL, frozenset(values), None
+        return None
+    if typing.get_origin(annotation) is list and not metadata:
+        (item,) = typing.get_args(annotation)
+        item_shape = _shape(item)
+        if item_shape == _TEXT_SHAPE:
+            return _TEXT_LIST, None, None
+        if item_shape == _IDENT_SHAPE:
+            return _IDENT_LIST, None, None
+    return None
+
+
+def _plain_model(model: type[BaseModel]) -> bool:
+    """Strict, extra=forbid, no validators/serializers/computed fields, no custom init."""
+    config = model.model_config
+    if config.get("strict") is not True or config.get("extra") != "forbid":
+        return False
+    decorators = model.__pydantic_decorators__
+    for group in (
+        decorators.validators,
+        decorators.field_validators,
+        decorators.root_validators,
+        decorators.field_serializers,
+        decorators.model_serializers,
+        decorators.model_validators,
+        decorators.computed_fields,
+    ):
+        if group:
+            return False
+    return model.model_post_init is BaseModel.model_post_init and not config.get("alias_generator")
+
+
+def _compile(payload: type[Payload]) -> PayloadSpec | None:
+    if not _plain_model(payload):
+        return None
+    fields: list[FieldSpec] = []
+    for name, info in payload.model_fields.items():
+        if not info.is_required() or info.alias is not None or info.validation_alias is not None:
+            return None
+        if info.serialization_alias is not None or info.exclude:
+            return None
+        kind = _field_kind(info.annotation, list(info.metadata))
+        if kind is None:
+            return None
+        fields.append((name, *kind))
+    return PayloadSpec(frozenset(payload.model_fields), tuple(fields))
+
+
+_ENVELOPE_KEYS: Final = frozenset(
+    (
+        "event_id",
+        "txn_id",
+        "type",
+        "agent_id",
+        "request_id",
+        "occurred_at",
+        "schema_version",
+        "payload",
+    )
+)
+_EventId = Annotated[uuid.UUID, Field(strict=False)]
+
+
+def _envelope_is_as_expected() -> bool:
+    """The fast path hard-codes the envelope fields: check they are still these."""
+    fields = Envelope.model_fields
+    if frozenset(fields) != _ENVELOPE_KEYS or not _plain_model(Envelope):
+        return False
+    expect = {
+        "event_id": _shape(_EventId),
+        "txn_id": _IDENT_SHAPE,
+        "agent_id": _IDENT_SHAPE,
+        "request_id": _IDENT_SHAPE,
+        "occurred_at": _shape(Timestamp),
+        "type": (str, []),
+        "schema_version": (int, []),
+        "payload": (Payload, []),
+    }
+    return all(
+        (info.annotation, list(info.metadata)) == expect[name] for name, info in fields.items()
+    )
+
+
+FAST_ENABLED: Final = _envelope_is_as_expected()
+"""False if the envelope model changed under this module: then every record goes slow."""
+
+_SPECS: dict[type[Envelope], PayloadSpec | None] = {}
+"""Compiled specs by envelope model. Keyed by the model, not by (type, version): the
+registry is read on every record, so what the fast path accepts follows it exactly."""
+_EVENT_ID: Final = TypeAdapter(_EventId)
+
+
+def _spec_for(envelope: type[Envelope], event_type: str, version: int) -> PayloadSpec | None:
+    """The compiled spec of the model registered for (type, version); None: slow path."""
+    try:
+        return _SPECS[envelope]
+    except KeyError:
+        pass
+    spec = None
+    if _plain_model(envelope):
+        fields = envelope.model_fields
+        payload = fields["payload"].annotation
+        literal_ok = typing.get_args(fields["type"].annotation) == (
+            event_type,
+        ) and typing.get_args(fields["schema_version"].annotation) == (version,)
+        if literal_ok and isinstance(payload, type) and issubclass(payload, Payload):
+            spec = _compile(payload)
+    _SPECS[envelope] = spec
+    return spec
+
+
+def fast_path_models() -> Mapping[tuple[str, int], bool]:
+    """Which registered (type, version) the fast path handles (for a start-up log line)."""
+    return {
+        key: FAST_ENABLED and _spec_for(model, *key) is not None for key, model in ENVELOPES.items()
+    }
+
+
+# --- the checks -----------------------------------------------------------------------------
+
+_BAD: Final = -1
+_PLAIN: Final = 0
+_FLOATS: Final = 1
+
+
+def _json_scan(container: Any, room: int) -> int:
+    """_BAD if a parsed container nests more than ``room`` levels (itself included),
+    else _FLOATS if it holds a float at any depth, else _PLAIN. Values come from the
+    parser: exact dict/list/str/int/float/bool/None."""
+    if room < 1:
+        return _BAD
+    found = _PLAIN
+    for item in container.values() if type(container) is dict else container:
+        kind = type(item)
+        if kind is float:
+            found = _FLOATS
+        elif kind is dict or kind is list:
+            inner = _json_scan(item, room - 1)
+            if inner == _BAD:
+                return _BAD
+            found |= inner
+    return found
+
+
+def _payload_scan(payload: Any, spec: PayloadSpec, depth_room: int) -> int:  # noqa: C901
+    """_BAD unless ``payload`` passes the compiled spec; else _FLOATS or _PLAIN.
+    ``depth_room``: container levels that may still nest below the payload object."""
+    if type(payload) is not dict or payload.keys() != spec.keys:
+        return _BAD
+    found = _PLAIN
+    for name, kind, a, b in spec.fields:
+        value = payload[name]
+        vtype = type(value)
+        if kind == _TEXT:
+            if vtype is not str:
+                return _BAD
+        elif kind == _IDENT:
+            if vtype is not str or not 0 < len(value) <= MAX_ID_CHARS:
+                return _BAD
+        elif kind == _INT:
+            if vtype is not int or not a <= value <= b:
+                return _BAD
+        elif kind == _BOOL:
+            if vtype is not bool:
+                return _BAD
+        elif kind == _LITERAL:
+            if vtype is not str or value not in a:
+                return _BAD
+        elif kind == _JSON_OBJECT:
+            if vtype is not dict:
+                return _BAD
+            inner = _json_scan(value, depth_room)
+            if inner == _BAD:
+                return _BAD
+            found |= inner
+        elif kind in (_TEXT_LIST, _IDENT_LIST):
+            if vtype is not list or depth_room < 1:
+                return _BAD
+            for item in value:
+                if type(item) is not str:
+                    return _BAD
+                if kind == _IDENT_LIST and not 0 < len(item) <= MAX_ID_CHARS:
+                    return _BAD
+        else:  # pragma: no cover - _compile makes only the kinds above
+            return _BAD
+    return found
+
+
+def _ident(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS
+
+
+_CANONICAL_STAMP: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
+"""An occurred_at already in canonical form: once ``_parse_timestamp`` accepted it, its
+canonical text is itself (every field is fixed-width; 'Z' is UTC, nothing to convert)."""
+
+_ESCAPE: Final = re.compile(rb"\\u")
+"""A ``\\u`` escape (or text with a backslash before a ``u``): rare in real traffic.
+``re.search`` finds it faster than ``bytes.__contains__``."""
+
+
+def _no_duplicates(value: bytes, accounted: int, escapes: bool) -> bool:
+    """Whether the document ``value`` has no duplicate key, given ``accounted``: the
+    number of members in the *parsed* document plus the colons inside its strings.
+
+    Every ':' byte of a JSON text is a member separator or lies inside a string, where a
+    colon can also be written ``\\u003a``/``\\u003A`` (no other escape makes one). The
+    parser keeps one member per distinct key, so with M members in the text and K
+    distinct ones after parsing, ``colons(text) + escaped = accounted + (M - K) +
+    colons in the dropped members' strings``. Counting ``\\u003a`` sequences can only
+    overcount escaped colons (e.g. in the text ``\\\\u003a``), so equality proves
+    M == K; a mismatch only means "not proven" (the slow path decides).
+    """
+    escaped = 0
+    if escapes:
+        escaped = value.count(b"\\u003a") + value.count(b"\\u003A")
+    return value.count(b":") + escaped == accounted
+
+
+# --- the decoder ----------------------------------------------------------------------------
+
+
+def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
+    slow: Callable[[bytes | None, LimitsT], ResultT],
+    row: RowMaker[ResultT],
+    float_hook: Callable[[str], float],
+    depth_cap: int = FAST_DEPTH_CAP,
+) -> Callable[[bytes | None, LimitsT], ResultT]:
+    """A decoder equal to ``slow`` that answers what it can prove itself.
+
+    ``float_hook`` must accept exactly the float literals ``slow`` accepts and raise for
+    the others (``ackline.schemas.numbers.exact_float`` for the reference decoder);
+    ``row`` builds ``slow``'s accepted result from the ten Row fields in order.
+    """
+    loads = msgspec.json.Decoder(float_hook=float_hook).decode
+    dumps_sorted = msgspec.json.Encoder(order="sorted").encode
+    sha256 = hashlib.sha256
+    validate_event_id = _EVENT_ID.validate_python
+    parse_stamp = _parse_timestamp
+    canonical_stamp = _CANONICAL_STAMP.fullmatch
+    find_escape = _ESCAPE.search
+    enc = json.encoder.encode_basestring  # the canonical encoder's str encoder
+    specs = _SPECS
+    envelopes = ENVELOPES  # the registry itself (plugins add to it at start)
+    envelope_keys = _ENVELOPE_KEYS
+    ident = _ident
+    payload_scan = _payload_scan
+    enabled = FAST_ENABLED
+
+    def decode(value: bytes | None, limits: LimitsT) -> ResultT:  # noqa: C901
+        """Decode one record value: a row, or ``slow``'s answer (never raises for it)."""
+        if not enabled or not value or len(value) > limits.max_bytes:
+            return slow(value, limits)
+        try:
+            obj = loads(value)
+        except Exception:  # msgspec's errors, a float_hook refusal, RecursionError
+            return slow(value, limits)
+        if type(obj) is not dict or obj.keys() != envelope_keys:
+            return slow(value, limits)
+        event_type = obj["type"]
+        version = obj["schema_version"]
+        if type(event_type) is not str or type(version) is not int:
+            return slow(value, limits)
+        model = envelopes.get((event_type, version))
+        if model is None:
+            return slow(value, limits)
+        spec = specs.get(model)
+        if spec is None:
+            spec = _spec_for(model, event_type, version)
+            if spec is None:
+                return slow(value, limits)
+        if not value.isascii():
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return slow(value, limits)
+        escapes = find_escape(value) is not None
+        if escapes and b"\\u0000" in value:  # a NUL escape (or the text "\\u0000")
+            return slow(value, limits)
+        # The envelope is depth 1, the payload 2: room below the payload object.
+        depth_room = min(limits.max_depth, depth_cap) - 2
+        if depth_room < 0:
+            return slow(value, limits)
+        txn_id = obj["txn_id"]
+        agent_id = obj["agent_id"]
+        request_id = obj["request_id"]
+        raw_event_id = obj["event_id"]
+        raw_stamp = obj["occurred_at"]
+        payload = obj["payload"]
+        if not (ident(txn_id) and ident(agent_id) and ident(request_id)):
+            return slow(value, limits)
+        if type(raw_event_id) is not str or type(raw_stamp) is not str:
+            return slow(value, limits)
+        try:
+            found = payload_scan(payload, spec, depth_room)
+            if found == _BAD:
+                return slow(value, limits)
+            event_id = validate_event_id(raw_event_id)
+            occurred_at: datetime = parse_stamp(raw_stamp)
+            if found == _PLAIN:
+                payload_json = dumps_sorted(payload).decode("utf-8")
+            else:  # floats: only the canonical encoder writes them canonically
+                payload_json = canonical_text(payload)
+        except (ValidationError, SchemaError, ValueError, TypeError, RecursionError):
+            return slow(value, limits)
+        accounted = (
+            8
+            + payload_json.count(":")
+            + txn_id.count(":")
+            + agent_id.count(":")
+            + request_id.count(":")
+            + event_type.count(":")
+            + raw_event_id.count(":")
+            + raw_stamp.count(":")
+        )
+        if not _no_duplicates(value, accounted, escapes):
+            return slow(value, limits)
+        stamp = raw_stamp if canonical_stamp(raw_stamp) else format_timestamp(occurred_at)
+        # The body's keys in sorted order; strings through the canonical encoder's own.
+        body_json = (
+            f'{{"agent_id":{enc(agent_id)},"occurred_at":"{stamp}","payload":{payload_json},'
+            f'"request_id":{enc(request_id)},"schema_version":{version},'
+            f'"txn_id":{enc(txn_id)},"type":{enc(event_type)}}}'
+        )
+        return row(
+            event_id,
+            txn_id,
+            event_type,
+            agent_id,
+            request_id,
+            occurred_at,
+            version,
+            payload_json,
+            body_json,
+            sha256(body_json.encode("utf-8")).digest(),
+        )
+
+    return decode

@@ -1,0 +1,70 @@
+"""The consumer thread's calls to PostgreSQL: claims and re-reads of offset rows.
+
+They run on the worker's event loop (which owns PostgreSQL), retried through outages by
+the control connection, and they give up at a stop request: a worker waiting on an
+unreachable database inside its assign callback must still honour SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from ackline.sinks.connection import Database
+from ackline.sinks.ingest.batch import TP
+from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
+from ackline.streams.errors import StoppingError
+from ackline.streams.inflight import call_on_loop
+
+log = logging.getLogger(__name__)
+
+
+class Claims:
+    """Claim partitions and read their offset rows for one worker, from another thread."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        control_db: Database,
+        group_id: str,
+        worker_id: str,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._loop = loop
+        self._db = control_db
+        self._group = group_id
+        self._worker = worker_id
+        self._stopping = stopping
+
+    def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
+        """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim`: one autocommitted
+        statement bumping the epochs, storing ``starts`` where no offset is stored);
+        None when stopping, and then nothing was claimed or the claim is abandoned (a
+        claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
+
+        async def take() -> list[Claim]:
+            return await self._db.retrying(
+                "claim", lambda conn: claim(conn, self._group, self._worker, tps, starts)
+            )
+
+        try:
+            return call_on_loop(self._loop, take(), self._stopping)
+        except StoppingError:
+            log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
+            return None
+
+    def rows(self, tps: list[TP], what: str) -> dict[TP, Claim] | None:
+        """The offset rows of ``tps`` read FOR SHARE (so a transaction still holding them
+        has ended first); None when stopping. Reads only."""
+
+        async def read() -> list[Claim]:
+            return await self._db.retrying(
+                what, lambda conn: locked_offsets(conn, self._group, tps)
+            )
+
+        try:
+            found = call_on_loop(self._loop, read(), self._stopping)
+        except StoppingError:
+            return None
+        return {(c.topic, c.partition): c for c in found}

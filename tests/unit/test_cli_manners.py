@@ -1,0 +1,121 @@
+"""CLI manners (issues 17 and 18): every option says what it does, global options work
+after the subcommand too, and the groups without a subcommand do something sensible."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ackline import cli
+from ackline.commands.config import cmd_config
+from ackline.commands.inspect import cmd_conflicts, cmd_rejects
+from ackline.commands.roles import cmd_show
+
+
+def _parsers(
+    p: argparse.ArgumentParser, path: str = "ackline"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(path, p)]
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found.extend(_parsers(child, f"{path} {name}"))
+    return found
+
+
+def test_every_option_and_argument_has_help() -> None:
+    missing = []
+    for path, p in _parsers(cli.parser()):
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not (action.help and action.help.strip()) or action.help == argparse.SUPPRESS:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
+def test_every_subcommand_has_help() -> None:
+    missing = []
+    for path, p in _parsers(cli.parser()):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {c.dest for c in action._choices_actions if c.help}
+                missing += [f"{path} {name}" for name in action.choices if name not in helped]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--topic", "t1", "--group-id", "g1", "-v", "status"],
+        ["status", "--topic", "t1", "--group-id", "g1", "-v"],
+        ["--topic", "t1", "status", "--group-id", "g1", "--verbose"],
+    ],
+)
+def test_global_options_before_or_after_the_subcommand(argv: list[str]) -> None:
+    args = cli.parser().parse_args(argv)
+    assert (args.global_topic, args.group_id, args.verbose) == ("t1", "g1", True)
+
+
+def test_global_options_after_a_nested_subcommand() -> None:
+    args = cli.parser().parse_args(["conflicts", "list", "--limit", "3", "--group-id", "g2"])
+    assert (args.group_id, args.limit, args.action) == ("g2", 3, "list")
+    args = cli.parser().parse_args(["--log-format", "json", "config", "show", "--config", "x.toml"])
+    assert (args.log_format, args.config) == ("json", "x.toml")
+
+
+def test_a_value_before_the_subcommand_is_not_reset_by_it() -> None:
+    args = cli.parser().parse_args(["--topic", "before", "status", "--json"])
+    assert args.global_topic == "before"
+
+
+def test_capture_topic_is_not_the_global_topic() -> None:
+    args = cli.parser().parse_args(["capture", "source-topic", "out.ackcap"])
+    assert args.topic == "source-topic" and args.global_topic is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "handler"),
+    [
+        (["conflicts"], cmd_conflicts),
+        (["rejects"], cmd_rejects),
+        (["roles"], cmd_show),
+        (["config"], cmd_config),
+    ],
+)
+def test_groups_without_a_subcommand_default_to_list_or_show(
+    argv: list[str], handler: object
+) -> None:
+    args = cli.parser().parse_args(argv)
+    assert args.handler is handler
+    assert getattr(args, "action", None) is None
+
+
+def test_a_subcommand_handler_wins_over_its_groups_default() -> None:
+    args = cli.parser().parse_args(["roles", "set-password", "ackline_ingest", "--password-stdin"])
+    assert args.handler.__name__ == "cmd_set_password"
+
+
+def test_a_failure_while_stopping_is_part_of_the_stop() -> None:
+    """SIGTERM interrupting a client mid-call made the cleanup fail on that client (a
+    chaos run printed asyncpg's InternalClientError traceback after SIGTERM): an error
+    raised while a stop is handled is reported as the stop."""
+    from ackline.cli import _while_stopping
+    from ackline.commands.guard import Terminated
+
+    try:
+        try:
+            raise Terminated()
+        except Terminated:
+            raise RuntimeError("got result for unknown protocol state 3") from None
+    except RuntimeError as exc:
+        assert _while_stopping(exc) is False  # `from None` hides it: an unrelated error
+    try:
+        try:
+            raise Terminated()
+        except Terminated:
+            raise RuntimeError("got result for unknown protocol state 3")  # noqa: B904
+    except RuntimeError as exc:
+        assert _while_stopping(exc) is True
+    assert _while_stopping(ValueError("plain")) is False
