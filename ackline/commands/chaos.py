@@ -145,8 +145,12 @@ def register(sub: Subparsers) -> None:
     infra.add_argument("--resets", type=int, default=3, help="connection resets")
     infra.add_argument("--leader-kills", type=int, default=3, help="SIGKILLs of a busy leader")
     infra.add_argument("--broker-rolls", type=int, default=1, help="rolling restarts")
-    infra.add_argument("--sync-failovers", type=int, default=1)
-    infra.add_argument("--async-failovers", type=int, default=1)
+    infra.add_argument(
+        "--sync-failovers", type=int, default=1, help="PostgreSQL failovers, synchronous"
+    )
+    infra.add_argument(
+        "--async-failovers", type=int, default=1, help="PostgreSQL failovers losing commits"
+    )
     infra.add_argument("--disk-full", type=int, default=1, help="disk-full episodes")
     p.add_argument("--state-dir", default=None, help="the chaos stack's state directory")
     p.add_argument("--keep", action="store_true", help="leave the chaos stack running")
