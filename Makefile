@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 PYTEST_ARGS ?=
 
-.PHONY: install constraints demo test unit integration lint up down status clean chaos bench bench-backlog decode-diff
+.PHONY: install constraints demo test unit integration lint up down status clean chaos chaos-infra chaos-side-by-side bench bench-backlog decode-diff
 
 # Every package is pinned by constraints.txt, which the Dockerfile uses too.
 $(STAMP): pyproject.toml constraints.txt
@@ -39,6 +39,20 @@ SEED ?=
 CHAOS_ARGS ?=
 chaos: install
 	$(BIN)/ackline chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+## The same proof under infrastructure faults (docs/faults.md): 1M events, 3 workers, each behind
+## its own fault proxies; black holes, resets and latency on their links, a 3-broker cluster
+## (leader SIGKILLs, a rolling restart), PostgreSQL failovers (sync, then async losing commits),
+## a full disk; on its own stack (.ackline/chaos-infra). Needs root (tmpfs) and Go (Toxiproxy).
+chaos-infra: install
+	$(BIN)/ackline chaos --faults network,cluster,failover,disk $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+## The asynchronous failover, side by side with Kafka Connect + Debezium JDBC sink (docs/faults.md):
+## same data at the same rate, one failover losing commits; what each lost or duplicated.
+## SBS_EVENTS=... to size (default 200,000); its own stack (.ackline/chaos-side-by-side).
+SBS_EVENTS ?= 200000
+chaos-side-by-side: install
+	$(BIN)/python -m ackline.load.chaos.sidebyside $(SBS_EVENTS) $(SEED)
 
 ## The decoder's differential test in full: its fast path against the reference decoder
 ## over ~1.1M generated and hostile inputs (~15 min; `make test` runs a sample).

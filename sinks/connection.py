@@ -59,6 +59,9 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.QueryCanceledError,  # a statement or lock timeout of ours
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    # A node that came back as a standby (after a failover): a new connection through a
+    # multi-host DSN with target_session_attrs=read-write finds the primary.
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
     OSError,
     TimeoutError,
 )

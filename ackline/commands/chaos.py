@@ -1,9 +1,11 @@
-"""`ackline chaos`: the guarantees under crashes, restarts and zombies (load/chaos)."""
+"""`ackline chaos`: the guarantees under crashes, restarts and zombies (load/chaos), and
+with ``--faults`` under network, cluster, failover and disk faults (docs/faults.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 
 from ackline.commands import Subparsers
@@ -11,6 +13,8 @@ from ackline.settings import Settings
 
 
 def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
+    if args.faults:
+        return _infra(args, settings)
     from ackline.load.chaos.harness import ChaosConfig, run_chaos
 
     cfg = ChaosConfig(
@@ -27,7 +31,7 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
         runtime=args.runtime,
         state_dir=Path(args.state_dir) if args.state_dir else settings.state_dir / "chaos",
         batch_max_events=args.batch_max_events,
-        produce_rate=args.produce_rate,
+        produce_rate=args.produce_rate or 0.0,
         keep_stack=args.keep,
         processor_kills=args.processor_kills,
     )
@@ -35,6 +39,54 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
     print(report.render(), flush=True)
     print(json.dumps(report.to_json()), flush=True)
     return 0 if report.ok else 1
+
+
+def _infra(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.core.errors import SettingsError
+    from ackline.load.chaos.infra import run_infra_chaos
+    from ackline.load.chaos.infra_model import InfraConfig
+    from ackline.load.chaos.infra_plan import CLASSES, Minimums
+
+    classes = tuple(c for c in (x.strip() for x in args.faults.split(",")) if c)
+    unknown = sorted(set(classes) - set(CLASSES))
+    if unknown or not classes:
+        raise SettingsError(
+            "--faults", f"{unknown or args.faults!r}: use some of {','.join(CLASSES)}"
+        )
+    minimums = Minimums(
+        pg_holes=args.pg_blackholes,
+        kafka_holes=args.kafka_blackholes,
+        resets=args.resets,
+        leader_kills=args.leader_kills,
+        rolls=args.broker_rolls,
+        failovers_sync=args.sync_failovers,
+        failovers_async=args.async_failovers,
+        disk_full=args.disk_full,
+    )
+    cfg = InfraConfig(
+        events=args.events,
+        workers=args.workers,
+        partitions=args.partitions,
+        classes=tuple(c for c in CLASSES if c in classes),
+        seed=args.seed,
+        runtime=args.runtime,
+        group_protocol=args.group_protocol,
+        state_dir=Path(args.state_dir) if args.state_dir else settings.state_dir / "chaos-infra",
+        batch_max_events=args.batch_max_events,
+        produce_rate=1500.0 if args.produce_rate is None else args.produce_rate,
+        minimums=minimums,
+        keep_stack=args.keep,
+    )
+    # A SIGTERM unwinds the run, so that its stack (mounts, servers) is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    report = run_infra_chaos(cfg)
+    print(report.render(), flush=True)
+    print(json.dumps(report.to_json()), flush=True)
+    return 0 if report.ok else 1
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def register(sub: Subparsers) -> None:
@@ -66,7 +118,10 @@ def register(sub: Subparsers) -> None:
         "--batch-max-events", type=int, default=1000, help="the workers' ACKLINE_BATCH_MAX_EVENTS"
     )
     p.add_argument(
-        "--produce-rate", type=float, default=0.0, help="events/s cap of the producer (0: none)"
+        "--produce-rate",
+        type=float,
+        default=None,
+        help="events/s cap of the producer (0: none; default 0, with --faults 1500)",
     )
     p.add_argument(
         "--processor-kills",
@@ -74,6 +129,29 @@ def register(sub: Subparsers) -> None:
         default=4,
         help="minimum SIGKILLs of the runs processor run beside the workers (0: none runs)",
     )
+    infra = p.add_argument_group(
+        "infrastructure faults",
+        "--faults runs the second mode instead (docs/faults.md): a stack of three brokers, a "
+        "PostgreSQL primary and standby and fault proxies (default <state_dir>/chaos-infra); "
+        "the process-fault minimums above do not apply to it",
+    )
+    infra.add_argument(
+        "--faults",
+        default="",
+        help="comma list of network,cluster,failover,disk (all: make chaos-infra)",
+    )
+    infra.add_argument("--pg-blackholes", type=int, default=5, help="of a worker's PostgreSQL link")
+    infra.add_argument("--kafka-blackholes", type=int, default=5, help="of a worker's Kafka links")
+    infra.add_argument("--resets", type=int, default=3, help="connection resets")
+    infra.add_argument("--leader-kills", type=int, default=3, help="SIGKILLs of a busy leader")
+    infra.add_argument("--broker-rolls", type=int, default=1, help="rolling restarts")
+    infra.add_argument(
+        "--sync-failovers", type=int, default=1, help="PostgreSQL failovers, synchronous"
+    )
+    infra.add_argument(
+        "--async-failovers", type=int, default=1, help="PostgreSQL failovers losing commits"
+    )
+    infra.add_argument("--disk-full", type=int, default=1, help="disk-full episodes")
     p.add_argument("--state-dir", default=None, help="the chaos stack's state directory")
     p.add_argument("--keep", action="store_true", help="leave the chaos stack running")
     p.set_defaults(handler=cmd_chaos)

@@ -199,11 +199,23 @@ class KafkaNode:
     storage once, launches the JVM detached and waits until it serves.
     """
 
-    def __init__(self, state_dir: Path, port: int, controller_port: int) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int,
+        controller_port: int,
+        *,
+        home: Path | None = None,
+        cluster_id: str | None = None,
+    ) -> None:
+        """``home`` (default ``<state_dir>/kafka``) and ``cluster_id`` (default: a new one
+        at the first format) let several nodes of one cluster share a state directory
+        (ackline.dev.cluster)."""
         self.state_dir = Path(state_dir).absolute()
         self.port = port
         self.controller_port = controller_port
-        self.home = self.state_dir / "kafka"
+        self.home = Path(home).absolute() if home is not None else self.state_dir / "kafka"
+        self.cluster_id = cluster_id
         self.data_dir = self.home / "data"
         self.logs_dir = self.home / "logs"
         self.properties_path = self.home / "server.properties"
@@ -267,9 +279,7 @@ class KafkaNode:
         if java is None:
             raise DevStackError("`java` is not on PATH; the local Kafka broker needs Java 17+")
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self.properties_path.write_text(
-            server_properties(self.data_dir, self.port, self.controller_port), encoding="utf-8"
-        )
+        self.properties_path.write_text(self.properties(), encoding="utf-8")
         shutil.copyfile(_PACKAGE_DATA / "log4j2.properties", self.log4j_path)
         self._format_storage(java, libs)
         self._log_offset = _file_size(self.log_path)
@@ -289,6 +299,10 @@ class KafkaNode:
             ) from exc
         _proc.write_pid_file(self.pid_path, pid)
         return pid
+
+    def properties(self) -> str:
+        """The text of ``server.properties`` (written on every launch)."""
+        return server_properties(self.data_dir, self.port, self.controller_port)
 
     def _java_argv(self, java: str, libs: Path) -> list[str]:
         return [
@@ -310,7 +324,7 @@ class KafkaNode:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "-c",
             str(self.properties_path),
         ]

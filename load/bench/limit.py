@@ -3,9 +3,10 @@
 ``python -m ackline.load.bench.limit DSN CAPTURE [--connections N]`` decodes the capture's
 events with the same decoder as the worker (untimed), then, N chunks at a time, binary-COPYs
 the rows into ``txn_ledger``, ``event_keys`` and ``activity`` of a freshly migrated database
-(same columns, same indexes, today's partition) with ``asyncpg.copy_records_to_table``: each chunk one transaction on its own
-connection, the N transactions at once. Only the COPYs and COMMITs are timed (wall time of
-each round of N) and counted as CPU. Prints one JSON line with the results.
+(same columns, same indexes, today's partition) with ``asyncpg.copy_records_to_table``:
+each chunk one transaction on its own connection, the N transactions at once. Only the
+COPYs and COMMITs are timed (wall time of each round of N) and counted as CPU. Prints one
+JSON line with the results.
 
 The limit the bench reports is the best rate of 1 or N parallel connections, N being the most
 connections one ackline worker writes over (:data:`WRITER_CONNECTIONS`): a worker that wrote

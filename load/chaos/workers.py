@@ -87,6 +87,8 @@ class WorkerPool:
     """The `ackline` subcommand each slot runs (``("process", "runs")`` for processors)."""
     prefix: str = "w"
     """Incarnation ids are ``<prefix><slot>-<n>`` (their ACKLINE_WORKER_ID)."""
+    slot_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Settings of one slot over ``env`` (`make chaos-infra`: each slot's own proxies)."""
 
     def start(self, slot: int, arm: str = "", stall_seconds: float = 3600.0) -> Incarnation:
         """Start slot's next incarnation, armed with ``arm`` (ACKLINE_FAULTS) if given."""
@@ -97,6 +99,7 @@ class WorkerPool:
         port = _free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
         env.update(self.env)
+        env.update(self.slot_env.get(slot, {}))
         env.update(
             {
                 "ACKLINE_SHUTDOWN_WAIT_S": str(self.stop_wait_s),

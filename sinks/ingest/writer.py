@@ -2,9 +2,11 @@
 
 Statement order inside the transaction (docs/design.md, "One batch, one transaction"):
 
-1. fence: compare-and-set every offset row the batch advances, on its owner epoch, and
-   take a batch id, in one statement (which also says whether the schema is partitioned
-   and which UTC day this transaction's rows belong to);
+1. fence: compare-and-set every offset row the batch advances, on its owner epoch (and,
+   where this writer committed the partition's last batch under that epoch, on the
+   offset that batch left: see "Where this writer left each partition" below), and take
+   a batch id, in one statement (which also says whether the schema is partitioned and
+   which UTC day this transaction's rows belong to);
 2. read the stored hashes of the batch's keys (the ledger by txn_id and the key table
    ``event_keys`` by event_id, one statement; before migration 0008, activity by
    event_id);
@@ -38,6 +40,17 @@ could still commit.
 Between two batches, outside any transaction, the writer's :class:`Upkeep` makes the
 partitions ahead and applies the worker's retention when they are due.
 
+Where this writer left each partition: an asynchronous failover can lose commits that
+were acknowledged. Rows and offset rows roll back together (the new primary holds a
+prefix of the WAL), but the worker's runtime has moved on past them, and a fence that only
+asks ``next_offset <= first_offset`` (offsets are not contiguous) would let its next
+batch commit past the lost records. So the writer remembers, per partition and epoch,
+the offset its last committed batch left there, and the fence also asks for exactly that:
+a row that holds something else fails the batch with FencedError, and the runtime
+re-reads the partition from the offset PostgreSQL has (docs/design.md, "Fencing and
+epochs"; docs/faults.md). Batch ids and xids are reused after such a failover too, so
+the reconcile decides from the offset rows, never from the batch row's id.
+
 Performance (docs/performance.md, "Where the time went"): COPY straight into the tables replaced
 a COPY into a temporary staging table followed by INSERT … SELECT … ON CONFLICT DO
 NOTHING, which made PostgreSQL write every row twice and cost most of the batch's server
@@ -53,7 +66,7 @@ import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 
@@ -63,7 +76,7 @@ from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.admin.partitions import PartitionError, Upkeep
 from ackline.sinks.connection import Database, is_transient
 from ackline.sinks.errors import FencedError, RaceLostError, TransientDatabaseError
-from ackline.sinks.ingest.batch import Batch
+from ackline.sinks.ingest.batch import TP, Batch, PartitionRange
 from ackline.sinks.ingest.classify import Classified, classify
 from ackline.sinks.ingest.offsets import Claim, locked_offsets
 from ackline.sinks.ingest.rows import (
@@ -82,11 +95,12 @@ _FENCE = """
 WITH fenced AS (
     UPDATE consumer_offsets AS o
     SET next_offset = u.next_offset, updated_at = now()
-    FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[])
-        AS u(topic, partition, first_offset, next_offset, epoch)
+    FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[])
+        AS u(topic, partition, first_offset, next_offset, epoch, left_at)
     WHERE o.group_id = $1 AND o.topic = u.topic AND o.partition = u.partition
       AND o.epoch = u.epoch
       AND (o.next_offset IS NULL OR o.next_offset <= u.first_offset)
+      AND (u.left_at IS NULL OR o.next_offset = u.left_at)
     RETURNING o.topic, o.partition
 ), batch AS (
     SELECT nextval('ingest_batch_id_seq') AS batch_id,
@@ -224,6 +238,8 @@ class BatchWriter:
         self._on_retry = on_retry
         self._upkeep = upkeep if upkeep is not None else Upkeep()
         self.retries: Counter[str] = Counter()
+        # partition -> (epoch, next offset) its last batch committed by this writer left
+        self._left: dict[TP, tuple[int, int]] = {}
 
     def _retrying(self, cause: str) -> None:
         self.retries[cause] += 1
@@ -252,10 +268,27 @@ class BatchWriter:
         with a cancelled write.
         """
         try:
-            return await self._write(batch)
+            result = await self._write(batch)
         except asyncio.CancelledError:
+            self._forget(batch)  # outcome unknown: the runtime re-reads from the DB offsets
             await self._db.discard()
             raise
+        except FencedError:
+            self._forget(batch)  # the runtime re-reads (or gives up) from the DB offsets
+            raise
+        for r in batch.ranges:
+            self._left[(r.topic, r.partition)] = (r.epoch, r.next_offset)
+        return result
+
+    def _forget(self, batch: Batch) -> None:
+        for r in batch.ranges:
+            self._left.pop((r.topic, r.partition), None)
+
+    def _left_at(self, r: PartitionRange) -> int | None:
+        """The offset this writer's last committed batch left on ``r``'s partition under
+        ``r``'s epoch (None: none under that epoch, since the claim or a re-read)."""
+        left = self._left.get((r.topic, r.partition))
+        return left[1] if left is not None and left[0] == r.epoch else None
 
     async def _write(self, batch: Batch) -> WriteResult:
         delay = 0.05
@@ -293,7 +326,7 @@ class BatchWriter:
                     uncertain.__cause__,
                 )
                 await self._db.discard()
-                if await self._reconcile(batch, uncertain.result.batch_id):
+                if await self._reconcile(batch):
                     return uncertain.result
                 log.warning("batch %s did not commit; retrying", batch.describe())
             except RaceLostError:
@@ -396,6 +429,7 @@ class BatchWriter:
             [r.first_offset for r in ranges],
             [r.next_offset for r in ranges],
             [r.epoch for r in ranges],
+            [self._left_at(r) for r in ranges],
         )
         won = {(str(r["topic"]), int(r["partition"])) for r in rows if r["topic"] is not None}
         if len(won) != len(ranges):
@@ -515,7 +549,7 @@ class BatchWriter:
             [r.dlq_offset for r in rs],
         )
 
-    async def _reconcile(self, batch: Batch, batch_id: int) -> bool:
+    async def _reconcile(self, batch: Batch) -> bool:
         """After an unknown COMMIT outcome: True if it committed, False to retry.
 
         Raises FencedError when it did not commit and the epoch has moved on. Order of
@@ -523,35 +557,54 @@ class BatchWriter:
         and gone (ackline.sinks.connection.Database.get), so nothing can commit late; the
         offset rows are read FOR SHARE, which waits for any other transaction on them, with
         the server's lock and statement timeouts below the client's, so a wait that lasts
-        ends as a clean error that is retried; then the batch row is read. Read-only.
+        ends as a clean error that is retried. Read-only. The rows decide
+        (:func:`reconciled`), not the batch row: after an asynchronous failover the batch
+        id this batch took may belong to another batch (sequence values are reused), while
+        the offset rows roll back together with the batch's rows.
         """
         bounds = self._db.bounds
         lock_ms = str(max(100, int(bounds.statement_s * 1000 / 3)))
         statement_ms = str(max(200, int(bounds.statement_s * 1000 * 2 / 3)))
 
-        async def read(conn: asyncpg.Connection) -> tuple[bool, list[Claim]]:
+        async def read(conn: asyncpg.Connection) -> list[Claim]:
             async with conn.transaction():
                 await conn.execute(_READ_BOUNDS, lock_ms, statement_ms)
-                rows = await locked_offsets(
+                return await locked_offsets(
                     conn, self._group, [(r.topic, r.partition) for r in batch.ranges]
                 )
-                done = await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM ingest_batches WHERE batch_id = $1)", batch_id
-                )
-            return bool(done), rows
 
-        committed, rows = await self._db.retrying("reconcile", read)
-        if committed:
-            log.info(
-                "batch %s (id %d) had committed; reconciled by reading", batch.describe(), batch_id
-            )
+        rows = await self._db.retrying("reconcile", read)
+        outcome = reconciled(batch.ranges, rows)
+        if outcome == "committed":
+            log.info("batch %s had committed; reconciled by reading", batch.describe())
             return True
-        epochs = {(r.topic, r.partition): r.epoch for r in rows}
-        moved = [
-            (r.topic, r.partition)
-            for r in batch.ranges
-            if epochs.get((r.topic, r.partition)) != r.epoch
-        ]
-        if moved:
-            raise FencedError(moved)
+        if outcome == "fenced":
+            theirs = {(c.topic, c.partition): c.epoch for c in rows}
+            raise FencedError(
+                [
+                    (r.topic, r.partition)
+                    for r in batch.ranges
+                    if theirs.get((r.topic, r.partition)) != r.epoch
+                ]
+            )
         return False
+
+
+def reconciled(ranges: Sequence[PartitionRange], rows: Sequence[Claim]) -> str:
+    """What an unknown COMMIT did, from the batch's offset rows read after it ended. Pure.
+
+    "committed" when every partition's row holds the batch's epoch and the offset after
+    the batch: only this batch could have put that offset there under that epoch (one
+    batch of a worker is in flight at a time, and its batches move forward). "fenced"
+    when a partition's row holds another epoch (or is gone): another worker claimed it,
+    whatever this batch did. Otherwise "rolled back": the batch may be written again
+    under the same epoch (its fence then checks where the partitions really are).
+    """
+    held = {(c.topic, c.partition): c for c in rows}
+    if any(
+        (row := held.get((r.topic, r.partition))) is None or row.epoch != r.epoch for r in ranges
+    ):
+        return "fenced"
+    if all(held[(r.topic, r.partition)].next_offset == r.next_offset for r in ranges):
+        return "committed"
+    return "rolled back"
