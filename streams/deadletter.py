@@ -126,8 +126,9 @@ class DeadLetterProducer:
     """Idempotent producer for the dead-letter topic. Connects lazily on first send.
 
     ``reject_max_bytes`` bounds the raw key and value a reject row keeps (the batch byte
-    bound, ``ACKLINE_BATCH_MAX_BYTES``): a larger record keeps its first bytes, and the
-    row's detail says how long it was and its SHA-256.
+    bound, ``ACKLINE_BATCH_MAX_BYTES``): the value first, the key in what is left; a part
+    cut keeps its first bytes, and the row's detail says how long it was and its SHA-256
+    (the whole record stays in the source topic at the row's coordinates until retention).
     """
 
     def __init__(
@@ -352,8 +353,9 @@ class DeadLetterProducer:
     def _reject(self, letter: _Letter) -> RejectRecord:
         p = letter.item
         assert letter.where is not None  # every letter was acknowledged
-        key, key_note = kept(p.key, self.reject_max_bytes)
-        value, value_note = kept(p.value, self.reject_max_bytes - len(key or b""))
+        # The value first: it is what a reader of a reject needs; the key takes the rest.
+        value, value_note = kept(p.value, self.reject_max_bytes)
+        key, key_note = kept(p.key, self.reject_max_bytes - len(value or b""))
         notes = [
             f"the dead letter is a {letter.stage.name.lower()}: {letter.why}" if letter.why else "",
             f"raw key kept: {key_note}" if key_note else "",

@@ -234,8 +234,9 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
         (int(r["src_partition"]), int(r["src_offset"])): r
         for r in db(
             dsn,
-            "SELECT src_partition, src_offset, raw_key, raw_value, headers::text AS headers, "
-            "dlq_topic, dlq_partition, dlq_offset FROM rejects WHERE group_id = $1",
+            "SELECT src_partition, src_offset, raw_key, raw_value, detail, "
+            "headers::text AS headers, dlq_topic, dlq_partition, dlq_offset "
+            "FROM rejects WHERE group_id = $1",
             group,
         )
     }
@@ -258,9 +259,17 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
     stub = letters[(int(row["dlq_partition"]), int(row["dlq_offset"]))]
     assert stub["ackline.value-truncated"] == str(len(huge_value)).encode()
     assert stub["ackline.truncated.value-sha256"] == hashlib.sha256(huge_value).hexdigest().encode()
-    # The 11 MiB key: whole in the reject row, its digest in Kafka.
+    # The 11 MiB key: over the batch byte bound (8 MiB by default), which also bounds what
+    # a reject row keeps: the value whole, the key's first bytes, and the detail says how
+    # long the key was and its digest; the dead letter carries the digest too.
     row = rejects[big[1]]
-    assert bytes(row["raw_key"]) == huge_key
+    assert bytes(row["raw_value"]) == b"not json"
+    bound = 8 * MIB - len(b"not json")
+    assert bytes(row["raw_key"]) == huge_key[:bound]
+    digest = hashlib.sha256(huge_key).hexdigest()
+    assert (
+        f"raw key kept: first {bound} of {len(huge_key)} bytes, sha256 {digest}" in (row["detail"])
+    ), row["detail"]
     stub = letters[(int(row["dlq_partition"]), int(row["dlq_offset"]))]
     assert stub["ackline.truncated.key-sha256"] == hashlib.sha256(huge_key).hexdigest().encode()
     # Header keys that are not UTF-8: kept as far as the client let us know them.
