@@ -194,6 +194,7 @@ class _Run:
             self.say(f"{self._progress():4.0%} fault {n}/{len(faults)}: {fault.describe()}")
             self._execute(fault)
         self._top_up_stops()
+        self._top_up_commits()
         self._drain()
         return self._finish()
 
@@ -593,6 +594,22 @@ class _Run:
         while self.counts.stops_fenced < self.cfg.stops and tries < self.cfg.stops + 3:
             tries += 1
             self._zombie(self.rng.randrange(self.cfg.workers))
+
+    def _top_up_commits(self) -> None:
+        """COMMIT faults that found nothing to cut (the schedule ran late and the backlog
+        was gone) are tried again, in a COMMIT, while production still goes on."""
+        tries = 0
+        while (
+            self.counts.commit_faults < self.cfg.commit_faults
+            and tries < self.cfg.commit_faults + 3
+            and not self._produced()
+        ):
+            tries += 1
+            self.say(
+                f"COMMIT faults {self.counts.commit_faults} of {self.cfg.commit_faults}: "
+                "one more, in a COMMIT"
+            )
+            self._commit_fault(Fault(self._progress(), "commit", method="in_commit"))
 
     def _commit_fault(self, fault: Fault) -> None:
         if self._drained_now():
