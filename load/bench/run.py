@@ -25,6 +25,10 @@ process start-up and group joins do not count, whatever a system's batch size; t
 limit's is its rows over its timed COPY + COMMIT seconds. CPU is
 the system's own processes (rusage) plus PostgreSQL's and the broker's CPU over the
 phase; peak RSS is the system's processes'.
+
+Why this module is longer than the house's ~500 lines: it is the bench's script, its
+phases in the order they run, each a short function over one shared stack and result
+dict; the measuring, the peers, the report and the other phases are modules of their own.
 """
 
 from __future__ import annotations

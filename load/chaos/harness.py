@@ -29,6 +29,12 @@ every run's row is recomputed from ``activity`` and compared (``runs_mismatch``,
 :mod:`ackline.load.chaos.runs_check`).
 
 Every run prints its seed; the schedule derives from it (``--seed`` reproduces it).
+
+Why this module is longer than the house's ~500 lines: one class, the run, owns the
+stack, the producer child, the worker pool, the processor and the schedule's state, and
+each fault is a short method that reads and changes that state; split across modules,
+each would need the whole run passed in. The pure parts live beside it (plan, model,
+probe, runs_check, workers).
 """
 
 from __future__ import annotations

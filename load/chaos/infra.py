@@ -16,6 +16,11 @@ progresses; then drain, verify against the manifest, check the projections, prin
 table and the JSON verdict (:mod:`ackline.load.chaos.infra_model`). Production is parked
 (between two of its transactions) while a broker is killed or restarted, so that the
 manifest knows every transaction's outcome for certain; the workers are not.
+
+Why this module is longer than the house's ~500 lines: like the harness it extends,
+one run object owns the infra stack and the schedule's state, and each fault class is
+a short method over them; its schedule and verdict are pure modules of their own
+(infra_plan, infra_model).
 """
 
 from __future__ import annotations

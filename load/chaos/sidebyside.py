@@ -15,6 +15,10 @@ Kafka Connect commits its consumer offsets to Kafka after its writes (every seco
 ``offset.flush.interval.ms``); when the failover takes back writes whose offsets Kafka
 already has, nothing in Connect rewrites them. ackline's offsets roll back with its rows.
 A Connect task that fails is restarted through its REST API, as an operator would (noted).
+
+Why this module is longer than the house's ~500 lines: it drives two systems through
+one scenario (the Kafka Connect worker, its REST calls and its JDBC sink beside
+ackline's workers) and compares both with one manifest; the scenario reads top down.
 """
 
 from __future__ import annotations
