@@ -75,9 +75,10 @@ async def _conflicts(dsn: str, n: int) -> None:
             """
             INSERT INTO activity (event_id, txn_id, type, agent_id, request_id, occurred_at,
                                   schema_version, payload, body_hash, src_topic, src_partition,
-                                  src_offset, batch_id)
+                                  src_offset, batch_id, ingested_on)
             VALUES ($1, 'run-1:1', 'agent.step', 'agent-1', 'req-1',
-                    '2026-11-01T12:00:00Z', 1, $2::jsonb, $3, 't', 0, 0, 1)
+                    '2026-11-01T12:00:00Z', 1, $2::jsonb, $3, 't', 0, 0, 1,
+                    (now() AT TIME ZONE 'UTC')::date)
             """,
             stored,
             json.dumps(body["payload"]),
