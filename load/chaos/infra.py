@@ -176,7 +176,7 @@ class _InfraRun(_Run):
             try:
                 await migrate(conn)
                 if self.infra.layout.disk:
-                    await conn.execute("ALTER TABLE activity SET TABLESPACE ackline_ts")
+                    await conn.execute("SELECT ackline_activity_tablespace('ackline_ts')")
             finally:
                 await conn.close()
 

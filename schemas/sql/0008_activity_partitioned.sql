@@ -157,6 +157,10 @@ DECLARE
     lo date;
     hi date;
     made text;
+    -- A partition made by CREATE TABLE … LIKE and ATTACH lands in default_tablespace, not
+    -- in its parent's: each one is put where activity is (ackline_activity_tablespace).
+    space name := (SELECT t.spcname FROM pg_class AS c JOIN pg_tablespace AS t
+                   ON t.oid = c.reltablespace WHERE c.oid = 'public.activity'::regclass);
 BEGIN
     IF step = 'day' THEN
         width := 1;
@@ -195,6 +199,9 @@ BEGIN
             EXECUTE format(
                 'CREATE TABLE public.%I (LIKE public.activity INCLUDING DEFAULTS '
                 'INCLUDING CONSTRAINTS INCLUDING STORAGE)', made);
+            IF space IS NOT NULL THEN
+                EXECUTE format('ALTER TABLE public.%I SET TABLESPACE %I', made, space);
+            END IF;
             EXECUTE format('CREATE INDEX %I ON public.%I (event_id)', made || '_event_idx', made);
             EXECUTE format(
                 'ALTER TABLE public.activity ATTACH PARTITION public.%I FOR VALUES FROM (%L) TO (%L)',
@@ -213,6 +220,35 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION ackline_ensure_partitions_at(timestamptz, text, integer) FROM PUBLIC;
+
+-- Put activity on a tablespace (run by its owner or a superuser, and a member of
+-- ackline_migrator): the parent (where partitions made later go) and every partition it
+-- has, each rewritten under an ACCESS EXCLUSIVE lock (ingest waits while a partition
+-- moves: run it on an empty or small table, or in a quiet hour). The heaps
+-- move; the indexes stay where they are (ALTER INDEX … SET TABLESPACE moves one).
+CREATE FUNCTION ackline_activity_tablespace(space name)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, public
+AS $$
+DECLARE
+    part regclass;
+    moved integer := 0;
+BEGIN
+    -- Partitions made later are made by ackline_migrator (ackline_ensure_partitions_at).
+    EXECUTE format('GRANT CREATE ON TABLESPACE %I TO ackline_migrator', space);
+    EXECUTE format('ALTER TABLE public.activity SET TABLESPACE %I', space);
+    FOR part IN
+        SELECT i.inhrelid::regclass FROM pg_inherits AS i
+        WHERE i.inhparent = 'public.activity'::regclass
+    LOOP
+        EXECUTE format('ALTER TABLE %s SET TABLESPACE %I', part, space);
+        moved := moved + 1;
+    END LOOP;
+    RETURN moved;
+END
+$$;
+REVOKE ALL ON FUNCTION ackline_activity_tablespace(name) FROM PUBLIC;
 
 -- What a worker (the ingest role) may run: the same, on the database's clock. Creating
 -- empty partitions ahead is all it can do with it.

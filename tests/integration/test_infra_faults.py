@@ -414,7 +414,18 @@ def test_a_full_disk_is_retried_and_alerted_never_rejected(infra: Infra, tmp_pat
     retries (DiskFullError is transient), says so (the down-since gauge, then /readyz
     503), rejects and dead-letters nothing, and drains once space is freed."""
     dsn, name = _database(infra)
-    db(dsn, "ALTER TABLE activity SET TABLESPACE ackline_ts")
+    db(dsn, "SELECT ackline_activity_tablespace('ackline_ts')")
+    # A partition made later goes where activity is, not to default_tablespace.
+    (made,) = db(
+        dsn, "SELECT * FROM ackline_ensure_partitions_at(now() + interval '300 days', 'day', 0)"
+    )
+    (where,) = db(
+        dsn,
+        "SELECT t.spcname FROM pg_class AS c JOIN pg_tablespace AS t ON t.oid = c.reltablespace"
+        " WHERE c.oid = to_regclass('public.' || $1)",
+        made["partition_name"],
+    )
+    assert where["spcname"] == "ackline_ts"
     topic = _rf3_topic(infra)
     group = f"g-{topic}"
     manifest = produce_mix(_direct(infra), topic, tmp_path, 6000, seed=24, knobs=CLEAN)
