@@ -668,9 +668,10 @@ def test_window_17_first_start_and_offset_deleted_by_retention(
         lambda: (
             all(r.next_offset for r in offset_rows(dsn, group).values())
             and len(offset_rows(dsn, group)) == 3
+            and all(_first_batched_offset(dsn, topic, p) is not None for p in range(3))
         ),
         60,
-        "a commit on every partition",
+        "a batch committed on every partition",
     )
     assert w1.stop() == 0
     rows = offset_rows(dsn, group)
@@ -709,14 +710,14 @@ def test_window_17_first_start_and_offset_deleted_by_retention(
     verify_ok(dsn, readable, group)
 
 
-def _first_batched_offset(dsn: str, topic: str, partition: int) -> int:
+def _first_batched_offset(dsn: str, topic: str, partition: int) -> int | None:
     rows = db(
         dsn,
         "SELECT min((r.value->>0)::bigint) AS o FROM ingest_batches b, jsonb_each(b.ranges) r "
         "WHERE r.key = $1",
         f"{topic}:{partition}",
     )
-    return int(rows[0]["o"])
+    return None if rows[0]["o"] is None else int(rows[0]["o"])
 
 
 @pytest.mark.parametrize("ending", ["finishes", "rolled_back"])
