@@ -149,6 +149,11 @@ class DeadLetterProducer:
             "delivery.timeout.ms": 60_000,
             "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
             "compression.type": "lz4",
+            # A dead-letter topic missing from the metadata fails its records after this
+            # (librdkafka's default, 30 s, kept the ERROR that says so back that long); the
+            # failure is retried, never turned into a reject, so a new topic still slow
+            # to propagate costs a retry, nothing more.
+            "topic.metadata.propagation.max.ms": 5_000,
             **(extra or {}),
         }
         self.limit = int(self._conf["message.max.bytes"])
