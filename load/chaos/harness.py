@@ -71,7 +71,7 @@ PROCESSOR_READER = "runs"
 
 # The chaos run's own table: rows retention or erasure took that the runs processor had
 # read (the runs check recomputes from activity and these).
-_RETIRED_TABLE = "CREATE TABLE chaos_retired (LIKE activity)"
+RETIRED_TABLE = "CREATE TABLE chaos_retired (LIKE activity)"
 _HOLD = "LOCK TABLE activity IN ACCESS EXCLUSIVE MODE"
 _TOMORROW = """
 SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
@@ -239,7 +239,7 @@ class _Run:
             conn = await asyncpg.connect(self.dsn)
             try:
                 await migrate(conn)
-                await conn.execute(_RETIRED_TABLE)
+                await conn.execute(RETIRED_TABLE)
             finally:
                 await conn.close()
 
