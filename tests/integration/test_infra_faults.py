@@ -45,10 +45,15 @@ pytestmark = pytest.mark.integration
 def infra() -> Iterator[Infra]:
     state = Path(tempfile.mkdtemp(prefix="ackline-infra-", dir="/tmp"))
     state.chmod(0o755)  # PostgreSQL runs as an unprivileged user when we are root
+    stack: Infra | None = None
     try:
         stack = infra_stack.up(state, slots=3, mode="async", disk=True)
         yield stack
     finally:
+        if stack is not None and stack.server is not None:
+            # stopped through its Popen, which reaps it: a Popen collected while its
+            # process still runs is a ResourceWarning, an error in whatever test is next
+            stack.server.stop()
         infra_stack.down(state, wipe=True)
         shutil.rmtree(state, ignore_errors=True)
 
