@@ -546,6 +546,7 @@ class _Connect:
                 "pg_db": "sbs_connect",
                 "pg_user": "postgres",
                 "table": TABLE,
+                "tasks": "1",  # one sink task, as the scenario was designed
             },
         )
         url = f"jdbc:postgresql://{hosts}/sbs_connect?targetServerType=primary"
