@@ -546,6 +546,8 @@ class _InfraRun(_Run):
         try:
             pair.hold_wal_senders()
             self._hold(0.5 if sync else self.icfg.async_lag_s)
+            if not sync:
+                self._until_acknowledged_past_hold(direct)
             self._ghost_on_direct(direct)
             self._hold(0.3)
             row = direct.fetch("SELECT count(*) AS n, clock_timestamp() AS at FROM ingest_batches")[
@@ -587,6 +589,24 @@ class _InfraRun(_Run):
         self.infra.record()
         self.ic.rebuilds.append(str(method))
         self.say(f"{old.name} rebuilt by {method} as the standby of {pair.primary.name}")
+
+    def _until_acknowledged_past_hold(self, direct: Pg) -> None:
+        """Wait (up to ``async_lag_wait_s``) until the held primary has acknowledged a
+        batch its standby cannot have: a fixed lag alone lost nothing when every worker
+        happened to be between commits (seed 777 once, right after a leader kill), and an
+        asynchronous failover that takes nothing back proves nothing."""
+        count = "SELECT count(*) AS n FROM ingest_batches"
+        held = int(direct.fetch(count)[0]["n"])
+        grew = wait_for(
+            lambda: int(direct.fetch(count)[0]["n"]) > held or self._drained_now(),
+            self.icfg.async_lag_wait_s,
+            self._tick,
+        )
+        if not grew:
+            self.ic.notes.append(
+                f"asynchronous failover: no batch committed in {self.icfg.async_lag_wait_s:.0f} s "
+                "with the WAL sender held"
+            )
 
     def _ghost_on_direct(self, direct: Pg) -> None:
         direct.fetch(f"ALTER SYSTEM SET synchronous_standby_names = '{GHOST}'")

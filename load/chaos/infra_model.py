@@ -54,6 +54,8 @@ class InfraConfig:
     kafka_hole_max_s: float = 60.0
     async_lag_s: float = 2.0
     """How long the WAL sender is held before the asynchronous failover's crash."""
+    async_lag_wait_s: float = 120.0
+    """Past ``async_lag_s``, how long to wait for a batch acknowledged past the hold."""
     down_error_after_s: float = 5.0
     """ACKLINE_DB_DOWN_ERROR_AFTER_S of the workers: a full disk fails /readyz after it."""
     drain_timeout_s: float = 3600.0
