@@ -71,6 +71,7 @@ from ackline.schemas.decode import (
 )
 from ackline.schemas.envelope import ENVELOPES, EVENT_TYPES, Envelope, new_envelope
 from ackline.schemas.errors import SchemaError
+from ackline.schemas.eventid import RAND_BITS, uuid7
 from ackline.streams.producer import CONTENT_TYPE, serialize
 
 Kind = Literal["original", "redelivery", "retry", "conflict_ledger", "conflict_pk", "poison"]
@@ -310,7 +311,8 @@ class _Planner:
     # --- ids and time
 
     def _uuid(self, rng: random.Random) -> uuid.UUID:
-        return uuid.UUID(int=rng.getrandbits(128), version=4)
+        """A UUIDv7 of the generator's clock (as the SDK makes them), seeded bits."""
+        return uuid7(int(self.clock.timestamp() * 1000), rng.getrandbits(RAND_BITS))
 
     def _tick(self) -> datetime:
         self.clock += timedelta(microseconds=round(self.rng.expovariate(1 / 15_000)) + 1)

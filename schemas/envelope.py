@@ -59,6 +59,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ackline.schemas.errors import SchemaError
+from ackline.schemas.eventid import uuid7
 
 SCHEMA_VERSION: Final = 1
 """The schema version :func:`new_envelope` writes unless told otherwise."""
@@ -545,18 +546,22 @@ def new_envelope(
 ) -> Envelope:
     """Build and validate an envelope (the producer SDK's constructor).
 
-    ``occurred_at`` defaults to now (UTC), ``event_id`` to a random UUID. Raises
+    ``occurred_at`` defaults to now (UTC), ``event_id`` to a time-ordered UUIDv7 of
+    ``occurred_at`` (:mod:`ackline.schemas.eventid`: keeps the key index warm). Raises
     :class:`SchemaError` (chained to the pydantic ``ValidationError``) if anything is
     invalid, or if ``(type, schema_version)`` is not in :data:`PAYLOADS`.
     """
     model = envelope_model(type, schema_version)
+    at = datetime.now(UTC) if occurred_at is None else occurred_at
+    if event_id is None:
+        event_id = uuid7(max(0, int(at.timestamp() * 1000)))
     data = {
-        "event_id": uuid.uuid4() if event_id is None else event_id,
+        "event_id": event_id,
         "txn_id": txn_id,
         "type": type,
         "agent_id": agent_id,
         "request_id": request_id,
-        "occurred_at": datetime.now(UTC) if occurred_at is None else occurred_at,
+        "occurred_at": at,
         "schema_version": schema_version,
         "payload": payload if isinstance(payload, Payload) else dict(payload),
     }

@@ -14,9 +14,10 @@ Two parts (``--part rss|curve|both``, default both):
   draining ``--drain`` realistic events (default 1 M, fresh ids per level, each level its
   own topic, produced untimed beforehand) into a database that already stores 0, 10 M and
   30 M events. The stored events are compact (empty payload, short ids) and written
-  straight into the partitioned schema by SQL, 1 M per past day, with random UUIDv4
-  event_ids and random txn_ids, so the key tables (``event_keys``, ``txn_ledger``) and
-  their indexes hold 30 M random keys as they would in production. Rate: the committed
+  straight into the partitioned schema by SQL, 1 M per past day, with time-ordered UUIDv7
+  event_ids of their day (what the SDK emits) and random txn_ids (the producer's), so the
+  key tables (``event_keys``, ``txn_ledger``) and their indexes hold 30 M keys as they
+  would in production. Rate: the committed
   events between 10 % and 90 % of the drain over that time. Also per level: the key
   indexes' sizes and the share of their block reads that missed PostgreSQL's buffers.
   Writes ``load/bench/backlog_curve.json``, one JSON object per line, the last one with
@@ -47,6 +48,7 @@ from ackline.load.bench.measure import descendants, kill_all, rss_kb
 from ackline.load.bench.systems import Ackline, Env
 from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.load.capture.replay import Pace, replay
+from ackline.schemas.eventid import unix_ms_of, uuid7
 
 RESULT = Path(__file__).resolve().parent / "backlog.json"
 CURVE = Path(__file__).resolve().parent / "backlog_curve.json"
@@ -57,11 +59,18 @@ FILL_BATCH = 10**12
 
 
 def copy_value(value: bytes, copy: int) -> bytes:
-    """The event with new ids for copy ``copy`` (copy 0 is the original)."""
+    """The event with new ids for copy ``copy`` (copy 0 is the original). A UUIDv7
+    original's copy is a UUIDv7 ``copy`` days later (new events have new times), with
+    bits from UUID5 of the original and the copy number."""
     if copy == 0:
         return value
     event = json.loads(value)
-    event["event_id"] = str(uuid.uuid5(uuid.UUID(event["event_id"]), f"copy-{copy}"))
+    original = uuid.UUID(event["event_id"])
+    fresh = uuid.uuid5(original, f"copy-{copy}")
+    ms = unix_ms_of(original)
+    if ms is not None:
+        fresh = uuid7(ms + copy * 86_400_000, fresh.int)
+    event["event_id"] = str(fresh)
     event["txn_id"] = f"{event['txn_id']}~c{copy}"
     return json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -187,11 +196,14 @@ def _rss_at(samples: list[tuple[float, float, int]], done: float) -> float:
 
 _FILL = """
 WITH g AS (
-    SELECT i, gen_random_uuid() AS event_id,
+    SELECT i, overlay(uuid_send(gen_random_uuid())
+                      placing substring(int8send($5::bigint + ($1::bigint - i) * 86) from 3 for 6)
+                      from 1 for 6) AS raw,
            'r' || substr(md5(random()::text), 1, 12) || ':' || (i % 50) AS txn_id
     FROM generate_series($1::bigint, $2::bigint) AS i
 ), h AS (
-    SELECT i, event_id, txn_id, sha256(convert_to(txn_id || i, 'UTF8')) AS body_hash FROM g
+    SELECT i, encode(set_byte(raw, 6, (get_byte(raw, 6) & 15) | 112), 'hex')::uuid AS event_id,
+           txn_id, sha256(convert_to(txn_id || i, 'UTF8')) AS body_hash FROM g
 ), keys AS (
     INSERT INTO event_keys (event_id, body_hash, batch_id)
     SELECT event_id, body_hash, $3 + i / 2000 FROM h ORDER BY event_id
@@ -230,7 +242,9 @@ async def _fill(dsn: str, start: int, stop: int) -> float:
             last = min(first + FILL_CHUNK, stop) - 1
             day = today - timedelta(days=1 + first // FILL_CHUNK)
             await ensure_partitions(conn, "day", 0, at=day + timedelta(hours=12))
-            await conn.execute(_FILL, first, last, FILL_BATCH, day + timedelta(hours=12))
+            noon = day + timedelta(hours=12)
+            end_ms = int((day + timedelta(days=1)).timestamp() * 1000)
+            await conn.execute(_FILL, first, last, FILL_BATCH, noon, end_ms)
             say(f"  stored {last + 1:,} events ({time.monotonic() - began:,.0f} s)")
         await conn.execute("VACUUM ANALYZE")
         await conn.execute("CHECKPOINT")
