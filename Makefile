@@ -90,7 +90,7 @@ bench: install
 	$(BIN)/python -m ackline.load.bench
 
 ## One worker drains a 10M-event backlog while its RSS is sampled (~1 h): load/bench/backlog.json;
-## then its ingest rate with 0, 10M and 30M events stored (~1.5 h, ~20 GB of disk):
+## then its ingest rate with 0, 10M and 30M events stored (~30 min on 2 cores, ~21 GB of disk):
 ## load/bench/backlog_curve.json. BACKLOG_ARGS="--part curve" runs the curve only.
 BACKLOG_ARGS ?=
 bench-backlog: install
