@@ -64,6 +64,8 @@ def test_java_producer_is_ingested_exactly_once(
     assert len(set(values)) == len(originals)
     types = {json.loads(v)["type"] for v in values}
     assert len(types) == 7
+    # Time-ordered ids (UUIDv7), as the Python SDK makes them.
+    assert {uuid.UUID(json.loads(v)["event_id"]).version for v in values} == {7}
 
     worker = Worker(services, dsn, topic, tmp_path)
     deliveries = [Delivery(x["partition"], x["offset"]) for x in lines]

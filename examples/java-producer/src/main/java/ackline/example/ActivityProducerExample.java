@@ -3,6 +3,7 @@ package ackline.example;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.nio.charset.StandardCharsets;
+import java.security.SecureRandom;
 import java.time.Instant;
 import java.time.format.DateTimeFormatter;
 import java.time.temporal.ChronoUnit;
@@ -201,11 +202,23 @@ public final class ActivityProducerExample {
     return out;
   }
 
+  private static final SecureRandom RANDOM = new SecureRandom();
+
+  /**
+   * A time-ordered UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then 74 random bits.
+   * ackline's key index stays on its recent pages with these (random v4 ids also work).
+   */
+  static UUID uuid7(Instant at) {
+    long msb = (at.toEpochMilli() << 16) | 0x7000L | (RANDOM.nextInt() & 0x0FFFL);
+    long lsb = (RANDOM.nextLong() & 0x3FFFFFFFFFFFFFFFL) | 0x8000000000000000L;
+    return new UUID(msb, lsb);
+  }
+
   static Outgoing envelope(
       String type, String txnId, String agent, String request, ObjectNode payload)
       throws Exception {
-    String eventId = UUID.randomUUID().toString();
     Instant now = Instant.now().truncatedTo(ChronoUnit.MICROS); // ackline keeps microseconds
+    String eventId = uuid7(now).toString();
     ObjectNode env = JSON.createObjectNode();
     env.put("event_id", eventId);
     env.put("txn_id", txnId);
