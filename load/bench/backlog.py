@@ -241,8 +241,8 @@ async def _fill(dsn: str, start: int, stop: int) -> float:
         for first in range(start, stop, FILL_CHUNK):
             last = min(first + FILL_CHUNK, stop) - 1
             day = today - timedelta(days=1 + first // FILL_CHUNK)
-            await ensure_partitions(conn, "day", 0, at=day + timedelta(hours=12))
             noon = day + timedelta(hours=12)
+            await ensure_partitions(conn, "day", 0, at=noon)
             end_ms = int((day + timedelta(days=1)).timestamp() * 1000)
             await conn.execute(_FILL, first, last, FILL_BATCH, noon, end_ms)
             say(f"  stored {last + 1:,} events ({time.monotonic() - began:,.0f} s)")

@@ -595,10 +595,13 @@ class _InfraRun(_Run):
         batch its standby cannot have: a fixed lag alone lost nothing when every worker
         happened to be between commits (seed 777 once, right after a leader kill), and an
         asynchronous failover that takes nothing back proves nothing."""
-        count = "SELECT count(*) AS n FROM ingest_batches"
-        held = int(direct.fetch(count)[0]["n"])
+
+        def batches() -> int:
+            return int(direct.fetch("SELECT count(*) AS n FROM ingest_batches")[0]["n"])
+
+        held = batches()
         grew = wait_for(
-            lambda: int(direct.fetch(count)[0]["n"]) > held or self._drained_now(),
+            lambda: batches() > held or self._drained_now(),
             self.icfg.async_lag_wait_s,
             self._tick,
         )
