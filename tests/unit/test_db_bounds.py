@@ -59,6 +59,7 @@ def test_session_settings_make_the_server_end_a_vanished_clients_session() -> No
         "tcp_user_timeout": "30000",
         "client_connection_check_interval": "3000",
         "application_name": "ackline:w1",
+        "plan_cache_mode": "force_custom_plan",
     }
 
 
