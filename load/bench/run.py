@@ -61,6 +61,7 @@ from ackline.load.bench.common import (
     host_port,
     load_avg,
     say,
+    settle_disk,
     stop_all,
     wait_for,
 )
@@ -117,6 +118,7 @@ class Bench:
         say(f"limit: COPY of the same rows over {connections} connection(s), no Kafka")
         name = "bench_limit" if connections == 1 else f"bench_limit_{connections}"
         dsn = run_sql(lambda: fresh_database(self.env, name, migrated=True))
+        settle_disk()
         cpu0 = self.cluster.cpu()
         log = self.env.logs / f"limit-{connections}.log"
         argv = [sys.executable, "-m", "ackline.load.bench.limit", dsn, str(self.data.capture)]
@@ -216,6 +218,7 @@ class Bench:
         total = 2 * self.data.events
         first_batch = system.last_batch() if isinstance(system, Ackline) else 0
         base = system.committed(topic, PARTITIONS)
+        settle_disk()
         samples: list[tuple[float, int]] = []
 
         def progress() -> int:
@@ -271,19 +274,22 @@ class Bench:
         say(f"{system.name}: latency at {rate:,.0f} events/s ({count:,} events)")
         ensure_topic(self.env.bootstrap, topic, PARTITIONS)
         system.reset()
+        settle_disk()
         system.start(topic)
         parts = list(range(PARTITIONS))
         try:
-            replay(
-                self.env.bootstrap, head(capture, warm), topic, Pace("max"), source_partitions=parts
-            )
-            wait_for(lambda: system.rows() >= warm, system, 300, "the warm-up rows")
+            # One producer for both: the timed records go out on a producer that has its
+            # producer id, so none of them waits out the producer's own start-up.
             sent = replay(
                 self.env.bootstrap,
-                head(capture, count, skip=warm),
+                head(capture, warm + count),
                 topic,
                 Pace("rate", rate),
                 source_partitions=parts,
+                warm=warm,
+                on_warm=lambda: wait_for(
+                    lambda: system.rows() >= warm, system, 300, "the warm-up rows"
+                ),
             )
             wait_for(
                 lambda: system.rows() >= warm + count,

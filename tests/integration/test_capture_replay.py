@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,39 @@ def test_replay_paces_a_live_range_at_a_fixed_rate(
     )
     assert summary.records == 40
     assert 0.35 <= summary.seconds < 5  # 40 records at 100/s: the 40th is due at 0.39 s
+
+
+def test_a_warm_start_sends_its_records_acknowledged_before_the_pace_starts(
+    services: Services, topic: str, target: str
+) -> None:
+    """The warm records are on the broker when ``on_warm`` runs, and the timed ones are
+    created only after it returned (the bench's latency phase relies on both)."""
+    _fill(services, topic, 30)
+    ranges, records = open_range(services.bootstrap, topic, RangeSpec())
+    seen: list[int] = []
+    warm_done: list[float] = []
+
+    def on_warm() -> None:
+        _, warmed = open_range(services.bootstrap, target, RangeSpec())
+        seen.append(sum(1 for _ in warmed))
+        warm_done.append(time.time())
+
+    summary = replay(
+        services.bootstrap,
+        records,
+        target,
+        Pace.parse("100/s"),
+        source_partitions=ranges,
+        warm=10,
+        on_warm=on_warm,
+    )
+    assert seen == [10]
+    assert summary.records == 20  # the paced ones
+    assert 0.15 <= summary.seconds < 5  # 20 records at 100/s: the 20th is due at 0.19 s
+    _, landed = open_range(services.bootstrap, target, RangeSpec())
+    stamps = sorted(r.timestamp for r in landed)
+    assert len(stamps) == 30
+    assert all(ts / 1000 >= warm_done[0] - 0.001 for ts in stamps[10:])
 
 
 def test_bad_input_gets_a_clear_error(
