@@ -146,13 +146,23 @@ def test_connection_killed_mid_batch_is_retried(dsn: str) -> None:
     asyncio.run(go())
 
 
-def test_concurrent_inserter_race_is_rechecked(dsn: str) -> None:
+@pytest.mark.parametrize("mode", ["unread", "read first"])
+def test_concurrent_inserter_race_is_rechecked(dsn: str, mode: str) -> None:
     """Another transaction holds the key when we insert: we roll back, re-read, and see
-    a duplicate (window 14)."""
+    a duplicate (window 14). Unread (the writer's last batch met no stored key): the COPY
+    is the probe, and rolls back to its savepoint; read first (it met one): the COPY
+    after the read fails and the batch is retried."""
 
     async def go() -> None:
         epochs = await _take(dsn, "w", [0, 1])
         shared = row(7)
+        first = 0
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        if mode == "read first":  # a duplicate in the last batch: the next one reads first
+            await writer.write(batch(0, [row(5)], epochs[0]))
+            await writer.write(batch(1, [row(5)], epochs[0]))
+            first = 2
         other = await asyncpg.connect(dsn)
         tr = other.transaction()
         await tr.start()
@@ -163,10 +173,8 @@ def test_concurrent_inserter_race_is_rechecked(dsn: str) -> None:
             shared.event_id,
             shared.body_hash,
         )
-        database = Database(dsn)
-        writer = BatchWriter(database, GROUP, "w")
         other_admin = await asyncpg.connect(dsn)
-        task = asyncio.create_task(writer.write(batch(0, [row(6), shared], epochs[0])))
+        task = asyncio.create_task(writer.write(batch(first, [row(6), shared], epochs[0])))
         for _ in range(200):  # until the writer blocks on the ledger's unique index
             waiting = await other_admin.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
@@ -181,7 +189,7 @@ def test_concurrent_inserter_race_is_rechecked(dsn: str) -> None:
         await other_admin.close()
         result = await task
         await database.close()
-        assert writer.retries["race"] == 1
+        assert writer.retries["race"] == (1 if mode == "read first" else 0)
         assert result.inserted == 1
         assert result.duplicates["ledger"] == 1
 
@@ -206,8 +214,9 @@ def test_key_reads_are_planned_for_their_keys_not_from_a_cached_generic_plan(dsn
         db = Database(dsn)
         writer = BatchWriter(db, GROUP, "w")
         try:
-            for k in range(8):
-                await writer.write(batch(2 * k, [row(2 * k), row(2 * k + 1)], epoch))
+            await writer.write(batch(0, [row(0)], epoch))
+            for k in range(1, 10):  # each with a stored key: every batch reads its keys
+                await writer.write(batch(3 * k, [row(0), row(2 * k), row(2 * k + 1)], epoch))
             conn = await db.get()
             plans = await conn.fetch(
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
@@ -254,5 +263,40 @@ def test_key_reads_probe_the_indexes_of_a_large_ledger(dsn: str) -> None:
         assert "Seq Scan" not in plan and "Bitmap" not in plan, plan
         assert "Index Scan using txn_ledger_pkey" in plan, plan
         assert "Index Scan using event_keys_pkey" in plan, plan
+
+    asyncio.run(go())
+
+
+def test_an_unread_batch_that_meets_stored_keys_is_classified_as_if_read_first(
+    dsn: str,
+) -> None:
+    """A writer whose last batch met no stored key COPYs before reading (one probe per
+    key); when a key is stored after all, the outcome is the read-first one: duplicates,
+    conflicts and copies inside the batch counted, the stored rows untouched."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "first", [0]))[0]
+        db = Database(dsn)
+        await BatchWriter(db, GROUP, "first").write(batch(0, [row(1), row(2)], epoch))
+        await db.close()
+        epoch = (await _take(dsn, "second", [0]))[0]
+        db = Database(dsn)
+        second = BatchWriter(db, GROUP, "second")
+        events = [row(3), row(1), row(2, thought="changed"), row(3)]
+        result = await second.write(batch(2, events, epoch))
+        fresh = await second.write(batch(6, [row(4), row(5)], epoch))
+        await db.close()
+        assert (result.inserted, result.duplicates, result.conflicts) == (
+            1,
+            {"ledger": 2, "primary_key": 0},
+            {"ledger": 1, "primary_key": 0},
+        )
+        assert (fresh.inserted, fresh.duplicates["ledger"]) == (2, 0)
+        assert await _count(dsn, "SELECT count(*) FROM activity") == 5
+        assert await _count(dsn, "SELECT count(*) FROM conflicts") == 1
+        stored = await _count(
+            dsn, "SELECT count(*) FROM activity WHERE payload->>'thought' = 'changed'"
+        )
+        assert stored == 0
 
     asyncio.run(go())
