@@ -127,7 +127,7 @@ FROM batch LEFT JOIN fenced ON true
 # loop over the keys with a primary-key index scan inside. Written as `= ANY($1)`, the
 # planner's estimate for 2,000 keys preferred a sequential scan of the whole ledger once
 # it held ~200k rows (48 ms per read against 11 ms probed; linear in the table's size).
-_STORED_KEYS = """
+_LEDGER_KEYS = """
 SELECT true AS ledger, l.txn_id, l.body_hash, l.event_id
 FROM unnest($1::text[]) AS k(txn_id)
 CROSS JOIN LATERAL (
@@ -135,29 +135,31 @@ CROSS JOIN LATERAL (
     WHERE t.txn_id = k.txn_id OFFSET 0
 ) AS l
 UNION ALL
+"""
+
+_STORED_KEYS = (
+    _LEDGER_KEYS
+    + """
 SELECT false, NULL, e.body_hash, e.event_id
 FROM unnest($2::uuid[]) AS k(event_id)
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM event_keys AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS e
 """
+)
 
 # Before migration 0008 (a worker of this version may run while it is applied): layer 2
 # is activity's own primary key.
-_STORED_KEYS_UNPARTITIONED = """
-SELECT true AS ledger, l.txn_id, l.body_hash, l.event_id
-FROM unnest($1::text[]) AS k(txn_id)
-CROSS JOIN LATERAL (
-    SELECT t.txn_id, t.body_hash, t.event_id FROM txn_ledger AS t
-    WHERE t.txn_id = k.txn_id OFFSET 0
-) AS l
-UNION ALL
+_STORED_KEYS_UNPARTITIONED = (
+    _LEDGER_KEYS
+    + """
 SELECT false, NULL, a.body_hash, a.event_id
 FROM unnest($2::uuid[]) AS k(event_id)
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM activity AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS a
 """
+)
 
 _CONFLICTS = """
 INSERT INTO conflicts
