@@ -25,9 +25,11 @@ class FencedError(SinkError):
 
 
 class RaceLostError(SinkError):
-    """A row was neither inserted nor visible: a concurrent writer held its key.
+    """A COPY met a key it was not told of: a concurrent writer's, or (before the keys
+    were read, docs/design.md "One probe per key") a stored one.
 
-    The transaction was rolled back; retrying the batch re-reads the stored keys.
+    After a read, the transaction is rolled back and retrying the batch re-reads the
+    stored keys; before one, the writer rolls back to its savepoint and reads them.
     """
 
 

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from ackline.dev import stack
 from ackline.load.bench.measure import ProcessResult, cpu_seconds_of, descendants, steady_rate
-from ackline.load.bench.systems import System, query, run_sql
+from ackline.load.bench.systems import Env, System, query, run_sql
 from ackline.load.errors import LoadError
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -114,17 +114,20 @@ def fill(
         phase.notes["peak_rss_mb_sum"] = round(sum(r.peak_rss_mb for r in results), 1)
 
 
-def settle_disk() -> None:
+def settle_disk(env: Env) -> None:
     """Write the page cache's dirty pages out before a timed phase.
 
     The machine has one disk for Kafka's logs, PostgreSQL's data and its WAL, and the
     kernel writes dirty pages back ~30 s after they were made (``vm.dirty_expire_
     centisecs``). Without this, the gigabytes that one phase wrote are flushed during the
     next one, and every COMMIT's WAL flush waits behind them: COMMITs of 150-540 ms were
-    logged in a latency phase that began 30 s after a replay. Each timed phase starts
-    with the disk quiet, whichever system it measures.
+    logged in a latency phase that began 30 s after a replay. A CHECKPOINT first, so
+    PostgreSQL's dirty buffers are written too and no spread checkpoint of the last phase
+    still runs into this one. Each timed phase starts with the disk quiet, whichever
+    system it measures.
     """
     started = time.monotonic()
+    run_sql(lambda: query(env.dsn("postgres"), "CHECKPOINT"))
     os.sync()
     took = time.monotonic() - started
     if took > 1.0:
@@ -139,7 +142,7 @@ def drain_backlog(system: System, topic: str, expected: int, cluster: Cluster) -
     """
     say(f"{system.name}: first ingest of {expected:,} events from {topic}")
     system.reset()
-    settle_disk()
+    settle_disk(system.env)
     cpu0 = cluster.cpu()
     started = time.time()
     system.start(topic)

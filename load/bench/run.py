@@ -118,7 +118,7 @@ class Bench:
         say(f"limit: COPY of the same rows over {connections} connection(s), no Kafka")
         name = "bench_limit" if connections == 1 else f"bench_limit_{connections}"
         dsn = run_sql(lambda: fresh_database(self.env, name, migrated=True))
-        settle_disk()
+        settle_disk(self.env)
         cpu0 = self.cluster.cpu()
         log = self.env.logs / f"limit-{connections}.log"
         argv = [sys.executable, "-m", "ackline.load.bench.limit", dsn, str(self.data.capture)]
@@ -218,7 +218,7 @@ class Bench:
         total = 2 * self.data.events
         first_batch = system.last_batch() if isinstance(system, Ackline) else 0
         base = system.committed(topic, PARTITIONS)
-        settle_disk()
+        settle_disk(self.env)
         samples: list[tuple[float, int]] = []
 
         def progress() -> int:
@@ -274,7 +274,7 @@ class Bench:
         say(f"{system.name}: latency at {rate:,.0f} events/s ({count:,} events)")
         ensure_topic(self.env.bootstrap, topic, PARTITIONS)
         system.reset()
-        settle_disk()
+        settle_disk(self.env)
         system.start(topic)
         parts = list(range(PARTITIONS))
         try:

@@ -210,7 +210,9 @@ def replay(
             sent, size = sent + more, more_size
             left = producer.flush(flush_timeout)
     except _SendError as exc:
-        raise LoadError(f"replay into {target} failed after {exc.sent} records: {exc}") from exc
+        raise LoadError(
+            f"replay into {target} failed after {warm_sent + exc.sent} records: {exc}"
+        ) from exc
     except BaseException:
         producer.flush(stop_flush_timeout)
         logging.getLogger("ackline.replay").warning(

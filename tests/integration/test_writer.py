@@ -300,3 +300,72 @@ def test_an_unread_batch_that_meets_stored_keys_is_classified_as_if_read_first(
         assert stored == 0
 
     asyncio.run(go())
+
+
+def _envelope_row(txn_id: str, event_id: int, thought: str) -> Row:
+    env = new_envelope(
+        "agent.step",
+        txn_id=txn_id,
+        agent_id="a",
+        request_id="r",
+        payload={"run_id": "run", "step": 1, "thought": thought},
+        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
+        event_id=uuid.UUID(int=event_id),
+    )
+    decoded = decode(serialize(env))
+    assert isinstance(decoded, Row)
+    return decoded
+
+
+def test_an_unread_batch_judges_a_stored_txn_id_before_an_earlier_copy_of_its_event_id(
+    dsn: str,
+) -> None:
+    """Layer 1 (the ledger, by txn_id) is judged before layer 2 (by event_id), stored keys
+    included. An event whose event_id repeats an earlier event of its batch, and whose
+    txn_id is stored, is a ledger duplicate of the stored event: classified against
+    nothing stored it looked like a primary-key conflict with its batch neighbour, and
+    the COPY (of the neighbour only) could not say otherwise."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "first", [0]))[0]
+        db = Database(dsn)
+        stored = _envelope_row("run:9", 9, "stored")
+        await BatchWriter(db, GROUP, "first").write(batch(0, [stored], epoch))
+        await db.close()
+        epoch = (await _take(dsn, "second", [0]))[0]
+        db = Database(dsn)
+        second = BatchWriter(db, GROUP, "second")  # unread: its last batch met no key
+        neighbour = _envelope_row("run:1", 1, "new")
+        again = _envelope_row("run:9", 1, "stored")  # stored txn_id and body, the neighbour's id
+        result = await second.write(batch(1, [neighbour, again], epoch))
+        await db.close()
+        assert result.inserted == 1
+        assert result.duplicates == {"ledger": 1, "primary_key": 0}
+        assert result.conflicts == {"ledger": 0, "primary_key": 0}
+        assert await _count(dsn, "SELECT count(*) FROM conflicts") == 0
+
+    asyncio.run(go())
+
+
+def test_an_unread_batch_whose_event_id_alone_is_stored_keeps_no_ledger_row(dsn: str) -> None:
+    """A stored event_id under a new txn_id is found by the event_keys COPY, after the
+    ledger COPY succeeded: rolling back to the savepoint must take the ledger rows back."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "first", [0]))[0]
+        db = Database(dsn)
+        await BatchWriter(db, GROUP, "first").write(
+            batch(0, [_envelope_row("run:5", 5, "x")], epoch)
+        )
+        await db.close()
+        epoch = (await _take(dsn, "second", [0]))[0]
+        db = Database(dsn)
+        second = BatchWriter(db, GROUP, "second")
+        events = [_envelope_row("run:6", 6, "x"), _envelope_row("run:7", 5, "x")]
+        result = await second.write(batch(1, events, epoch))
+        await db.close()
+        assert (result.inserted, result.conflicts["primary_key"]) == (1, 1)
+        assert await _count(dsn, "SELECT count(*) FROM txn_ledger") == 2  # run:5, run:6
+        assert await _count(dsn, "SELECT count(*) FROM txn_ledger WHERE txn_id = 'run:7'") == 0
+
+    asyncio.run(go())
