@@ -27,6 +27,7 @@ from typing import Literal
 
 from ackline.dev import _proc
 from ackline.dev.errors import DevStackError
+from ackline.dev.osuser import ensure_system_user
 from ackline.dev.ports import HOST, port_accepts, wait_port_free
 
 PG_OS_USER = "ackline-pg"
@@ -251,34 +252,7 @@ class PostgresNode:
         self._check_traversable()
 
     def _ensure_os_user(self) -> tuple[int, int]:
-        try:
-            entry = pwd.getpwnam(self.os_user)
-        except KeyError:
-            useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-            proc = _proc.run(
-                [
-                    useradd,
-                    "--system",
-                    "--user-group",
-                    "--no-create-home",
-                    "--home-dir",
-                    "/nonexistent",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    "--comment",
-                    "ackline dev PostgreSQL",
-                    self.os_user,
-                ],
-                timeout=60,
-            )
-            try:
-                entry = pwd.getpwnam(self.os_user)
-            except KeyError as exc:
-                raise DevStackError(
-                    f"could not create the system user {self.os_user!r} that runs PostgreSQL "
-                    f"(PostgreSQL refuses to run as root): {proc.stderr.strip()}"
-                ) from exc
-        return entry.pw_uid, entry.pw_gid
+        return ensure_system_user(self.os_user)
 
     def _check_traversable(self) -> None:
         """The server user must reach ``pg/``: every parent directory needs o+x (or so)."""

@@ -17,11 +17,11 @@ as much as is written.
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 from pathlib import Path
 
 from ackline.dev.errors import DevStackError
+from ackline.dev.osuser import ensure_system_user
 
 PAGE = 4096
 
@@ -59,16 +59,13 @@ class Tmpfs:
         """Mount (unless mounted already) and make ``dir``; needs root."""
         if os.geteuid() != 0:
             raise DevStackError("a size-limited tmpfs needs root (mount -t tmpfs)")
-        try:
-            entry = pwd.getpwnam(self.owner)
-        except KeyError as exc:
-            raise DevStackError(f"no OS user {self.owner!r} to own {self.path}") from exc
+        uid, gid = ensure_system_user(self.owner)
         if not mounted(self.path):
             self.path.mkdir(parents=True, exist_ok=True)
-            opts = f"size={_pages(size_bytes)},uid={entry.pw_uid},gid={entry.pw_gid},mode=0700"
+            opts = f"size={_pages(size_bytes)},uid={uid},gid={gid},mode=0700"
             self._run("mount", "-t", "tmpfs", "-o", opts, "ackline-tmpfs", str(self.path))
         self.dir.mkdir(exist_ok=True)
-        os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+        os.chown(self.dir, uid, gid)
         self.dir.chmod(0o700)
 
     def usage(self) -> tuple[int, int]:

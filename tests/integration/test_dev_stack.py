@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import asyncpg
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from ackline.dev import _proc, stack
+from ackline.dev import _proc, stack, tmpfs
 from ackline.dev.errors import DevStackError
 
 pytestmark = pytest.mark.integration
@@ -134,3 +135,21 @@ def test_unreachable_state_dir_is_an_error() -> None:
         assert not node.is_running()
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_a_tmpfs_creates_its_owner_when_the_machine_has_none() -> None:
+    """A fresh machine has no server user until PostgreSQL first starts; a disk-full stack
+    mounts its tmpfs before that, so the mount creates the user itself (the infra suite
+    run alone had failed: no OS user 'ackline-pg')."""
+    owner = f"ackline-t{os.getpid() % 100000}"
+    path = Path(tempfile.mkdtemp(prefix="ackline-tmpfs-test-", dir="/tmp")) / "ts"
+    fs = tmpfs.Tmpfs(path, owner=owner)
+    try:
+        fs.mount(8 << 20)
+        assert tmpfs.mounted(path)
+        assert fs.dir.stat().st_uid == pwd.getpwnam(owner).pw_uid
+    finally:
+        if tmpfs.mounted(path):
+            fs.unmount()
+        shutil.rmtree(path.parent, ignore_errors=True)
+        _proc.run(["userdel", owner], timeout=60)
