@@ -71,6 +71,19 @@ def _env_stack() -> bool:
     )
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test shows the end of each live worker's log: CI keeps no temp dirs."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    for worker in LIVE_WORKERS:
+        with contextlib.suppress(OSError):
+            tail = worker.log().splitlines()[-80:]
+            report.sections.append((f"worker {worker.name} log (last 80 lines)", "\n".join(tail)))
+
+
 @pytest.fixture(autouse=True)
 def _no_worker_outlives_its_test() -> Iterator[None]:
     """A failing test must not leave `ackline run` processes behind."""

@@ -355,10 +355,12 @@ def test_a_kafka_black_hole_past_the_session_timeout(infra: Infra, tmp_path: Pat
     group = f"g-{topic}"
     manifest = produce_mix(_direct(infra), topic, tmp_path, 9000, seed=22, knobs=CLEAN)
     cut = _worker(
-        infra, 0, name, topic, tmp_path, "k0", faults="after_fetch=stall@3", fault_stall_seconds=20
+        infra, 0, name, topic, tmp_path, "k0", faults="after_fetch=stall@3", fault_stall_seconds=25
     )
-    other = _worker(infra, 1, name, topic, tmp_path, "k1")
+    # k1 starts once k0 holds its batch: started together, k1 could ingest the whole topic
+    # before k0 joined, and k0 never fetched a third batch (CI failed so).
     wait_until(lambda: "fault point after_fetch fired" in cut.log(), 120, "k0 to hold a batch")
+    other = _worker(infra, 1, name, topic, tmp_path, "k1")
     assert _owned(dsn, group, "k0"), "k0 owns nothing while it holds a batch"
     proxies = infra.kafka_proxies(0)
     for proxy in proxies:
