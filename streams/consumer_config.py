@@ -48,6 +48,10 @@ class RuntimeConfig:
             # one fetch response (held whole while it is parsed) no larger than a batch
             "fetch.max.bytes": max(self.batch_max_bytes, 1_048_576),
             "queued.min.messages": 10_000,
+            # Once the queue is over those bounds librdkafka stops fetching a partition for
+            # this long (its default: 1 s). A worker empties the queue far sooner, then
+            # waited: ~0.5 s of every second of a backlog drain went so.
+            "fetch.queue.backoff.ms": 20,
             "group.protocol": self.group_protocol,
             "max.poll.interval.ms": self.max_poll_interval_ms,
             # the group handler's state, for streams.groupwatch (served inside consume())
