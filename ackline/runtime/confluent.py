@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import threading
 
 from ackline.clients import kafka_client_config
@@ -96,6 +97,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     )
     _tune_gc()
     tune_malloc()
+    _tune_switching()
     thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
     thread.start()
     try:
@@ -119,6 +121,22 @@ def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(exc)
+
+
+GIL_SWITCH_S = 0.0005
+
+
+def _tune_switching() -> None:
+    """Hand the GIL over within 0.5 ms instead of Python's 5 ms.
+
+    The consumer thread decodes the next batch (pure Python, it never waits) while the
+    loop thread writes the current one, a dozen round trips to PostgreSQL per batch. Each
+    reply woke the loop thread, which then waited for the decoding thread to give up the
+    GIL: up to 5 ms per round trip with PostgreSQL idle. Measured per 2,000-event batch
+    (1M events, one worker): BEGIN 5.7 -> 1.1 ms, the fence 4.7 -> 1.1 ms, the savepoint
+    3.6 -> 0.9 ms; 37,337 -> 42,040 events/s at the same worker CPU per event.
+    """
+    sys.setswitchinterval(GIL_SWITCH_S)
 
 
 def _tune_gc() -> None:
