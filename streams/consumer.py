@@ -52,6 +52,7 @@ from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
 from ackline.streams.errors import FatalConsumerError
+from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
@@ -94,6 +95,8 @@ class ConsumerRuntime:
         self.ledger = Ledger()
         self._buffer: list[Record] = []
         self._buffer_bytes = 0
+        # Until records are seen, assume each may be as large as a record may be.
+        self._size_hint = float(config.limits.max_bytes)
         self._decoded: list[Row | Rejection] = []  # decode results of a prefix of _buffer
         self._buffer_since = 0.0
         self._inflight: InFlight | None = None
@@ -199,7 +202,11 @@ class ConsumerRuntime:
         commit), and a ``consume`` that blocked for its timeout made every batch wait up
         to that long after its write had ended (a floor of ~20 ms per batch at half load).
         Otherwise (a lingering buffer) collect for a short while."""
-        room = min(self.cfg.batch_max_events - len(self._buffer), 1_000)
+        room = fetch_room(
+            self.cfg.batch_max_events - len(self._buffer),
+            self.cfg.batch_max_bytes - self._buffer_bytes,
+            self._size_hint,
+        )
         inflight = self._inflight
         if inflight is not None:
             queued = consumer.consume(num_messages=room, timeout=0)
@@ -253,7 +260,9 @@ class ConsumerRuntime:
         if not self._buffer:
             self._buffer_since = time.monotonic()
         self._buffer.append(record)
-        self._buffer_bytes += len(value or b"") + len(key or b"")
+        size = len(value or b"") + len(key or b"")
+        self._buffer_bytes += size
+        self._size_hint = next_size_hint(self._size_hint, size)
 
     # ---- batches ---------------------------------------------------------------------
 
