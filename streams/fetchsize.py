@@ -5,8 +5,14 @@ alone let one call overshoot a batch's byte bound by all that librdkafka had que
 flood of 1 MiB records peaked at 314 MB of RSS so). The count is also bounded by the bytes
 left in the batch over a hint of the next records' size: the largest recent record,
 decaying by :data:`DECAY` per record, so one large record makes the next calls small for a
-few hundred records and ordinary traffic soon takes whole calls again. A batch may still
-end one record past its bound: the last record taken is never split.
+few hundred records and ordinary traffic soon takes whole calls again.
+
+What this bounds: while records are no larger than the hint, a batch ends at most one
+record past ``batch_max_bytes`` (the last record taken is never split). A burst of large
+records after many small ones can still overshoot by one call's worth (at most what
+librdkafka had queued: ``queued.max.messages.kbytes`` plus a fetch response) before the
+hint catches up; records released from a hold (``streams.holds``) go back to the buffer
+whole. Headers do not count.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ GIL_SWITCH_S = 0.0005
 def _tune_switching() -> None:
     """Hand the GIL over within 0.5 ms instead of Python's 5 ms.
 
-    The consumer thread decodes the next batch (pure Python, it never waits) while the
+    While the consumer thread decodes the next batch (pure Python, holding the GIL) the
     loop thread writes the current one, a dozen round trips to PostgreSQL per batch. Each
     reply woke the loop thread, which then waited for the decoding thread to give up the
     GIL: up to 5 ms per round trip with PostgreSQL idle. Measured per 2,000-event batch
