@@ -44,6 +44,10 @@ class Record(NamedTuple):
     def header_list(self) -> Headers:
         return self.headers() if callable(self.headers) else self.headers
 
+    def size(self) -> int:
+        """What the record counts against ``batch_max_bytes``: key and value, not headers."""
+        return len(self.value or b"") + len(self.key or b"")
+
 
 @dataclass(slots=True)
 class Draft:

@@ -255,7 +255,7 @@ class ConsumerRuntime:
             count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
         key, value = msg.key(), msg.value()
         record = Record(tp[0], tp[1], offset, key, value, _headers_of(msg))
-        size = _size(record)
+        size = record.size()
         self._size_hint = next_size_hint(self._size_hint, size)  # parked records count too
         if self._holds.is_held(tp):
             self._holds.park(tp, record)  # read before the pause took effect: kept, in order
@@ -347,7 +347,7 @@ class ConsumerRuntime:
             if not self._buffer:
                 self._buffer_since = time.monotonic()
             self._buffer = records + self._buffer
-            self._buffer_bytes += sum(_size(r) for r in records)
+            self._buffer_bytes += sum(r.size() for r in records)
             self._decoded = []  # positions moved: decode again
             try:
                 consumer.resume([TopicPartition(tp[0], tp[1])])
@@ -627,7 +627,7 @@ class ConsumerRuntime:
         decoded = len(self._decoded)
         self._decoded = [self._decoded[i] for i in keep if i < decoded]
         self._buffer = [self._buffer[i] for i in keep]
-        self._buffer_bytes = sum(_size(r) for r in self._buffer)
+        self._buffer_bytes = sum(r.size() for r in self._buffer)
 
     # ---- flow control, lag and partitions not consumed ---------------------------------
 
@@ -683,11 +683,6 @@ class ConsumerRuntime:
         if not self._paused:
             consumer.resume([TopicPartition(*tp)])
         log.warning("%s[%d]: the log end reached the DB offset %d again: consuming", *tp, db_next)
-
-
-def _size(record: Record) -> int:
-    """What a record counts against ``batch_max_bytes``: its key and value (not headers)."""
-    return len(record.value or b"") + len(record.key or b"")
 
 
 def _tp_of(tp: Any) -> TP:

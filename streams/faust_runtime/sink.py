@@ -295,7 +295,7 @@ def chunks(records: list[Record], max_bytes: int) -> Iterator[list[Record]]:
     chunk: list[Record] = []
     size = 0
     for rec in records:
-        n = len(rec.value or b"") + len(rec.key or b"")
+        n = rec.size()
         if chunk and size + n > max_bytes:
             yield chunk
             chunk, size = [], 0
