@@ -244,15 +244,12 @@ class PostgresNode:
             directory.mkdir(parents=True, exist_ok=True)
         if not self.as_root:
             return
-        uid, gid = self._ensure_os_user()
+        uid, gid = ensure_system_user(self.os_user)
         for path in (self.home, self.run_dir, self.log_dir, self.log_path):
             if path.exists():
                 os.chown(path, uid, gid)
         self.home.chmod(0o755)
         self._check_traversable()
-
-    def _ensure_os_user(self) -> tuple[int, int]:
-        return ensure_system_user(self.os_user)
 
     def _check_traversable(self) -> None:
         """The server user must reach ``pg/``: every parent directory needs o+x (or so)."""
@@ -322,7 +319,7 @@ class PostgresNode:
         path = self.data_dir / "ackline.conf"
         path.write_text(text, encoding="utf-8")
         if self.as_root:
-            uid, gid = self._ensure_os_user()
+            uid, gid = ensure_system_user(self.os_user)
             os.chown(path, uid, gid)
         path.chmod(0o600)
 
