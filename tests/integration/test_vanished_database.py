@@ -300,18 +300,28 @@ def test_retrying_logs_error_after_the_bound_and_stops_on_request(
         dsn, ns = _ingest_dsn(net, netdb), net.link.client_ns
     downs: list[float | None] = []
     database = Database(dsn, connect_timeout=60, down_error_after=1.0, on_down=downs.append)
-    stop_at = time.monotonic() + 2.5
+    # Refused: stop once the ERROR is out. Backoff is jittered, so the first failure past
+    # the 1 s bound can come as late as ~3.5 s; a fixed stop time made this test flaky.
+    # Vanished: the one attempt never ends by itself, so stop after 2.5 s.
+    stop_at = time.monotonic() + (10.0 if how == "refused" else 2.5)
+    asked: list[float] = []
+
+    def stopping() -> bool:
+        erred = any(
+            r.levelname == "ERROR" and r.name == "ackline.sinks.connection" for r in caplog.records
+        )
+        if not asked and (erred or time.monotonic() > stop_at):
+            asked.append(time.monotonic())
+        return bool(asked)
 
     async def select_one(conn: asyncpg.Connection) -> int:
         return int(await conn.fetchval("SELECT 1"))
 
     async def run() -> float:
         try:
-            await database.retrying(
-                "probe", select_one, stopping=lambda: time.monotonic() > stop_at
-            )
+            await database.retrying("probe", select_one, stopping=stopping)
         except WaitStoppedError:
-            return time.monotonic() - stop_at
+            return time.monotonic() - asked[0]
         raise AssertionError("retrying returned without a database")
 
     if how == "vanished":
