@@ -171,6 +171,14 @@ class Settings(BaseSettings):
         "writer is free; 0 writes it as soon as the writer is free (group commit: batches "
         "grow only while a write is in flight)",
     )
+    writer_connections: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="default runtime: PostgreSQL connections a worker writes batches over, "
+        "each for its own share of the worker's partitions (so one batch's COPY overlaps "
+        "the next one's first statements); each holds its own buffer and batch in flight",
+    )
     batch_max_bytes: int = Field(
         # 8 MiB: a 2,000-event batch of ~1 KB events is 2 MB, so only large records feel
         # it; a flood of 1 MiB records peaked at 300 MB of RSS with it, ~500 MB at 32 MiB

@@ -1,18 +1,20 @@
 """The consumer runtime: a confluent-kafka consumer in its own thread feeding the writer.
 
 Threads: the consumer thread owns the confluent-kafka Consumer and all consumer state
-(the ownership :class:`~ackline.streams.ownership.Ledger`, the buffer); rebalance
+(the ownership :class:`~ackline.streams.ownership.Ledger`, the slots' buffers); rebalance
 callbacks run on it, inside ``consume``. The asyncio loop (the caller's) owns
 PostgreSQL. The thread hands each batch to the loop and keeps fetching the next batch
-while one is in flight; at most one batch is in flight and one is buffered, each bounded
-by ``batch_max_events`` and ``batch_max_bytes``. A batch closes when the writer is free
-(group commit, after ``batch_linger_ms`` when set): at low load a record waits for no timer,
-at high load batches grow while a write is in flight. When both are full the thread waits for
-the write; if that takes longer than a second the assignment is paused (backpressure,
-not buffering). It is not paused at once because pausing purges librdkafka's prefetched
-records, which the resume must fetch again: at every batch, that made the consumer wait
-on the broker (measured: 4.8k -> 13k events/s). librdkafka's own prefetch queue is
-bounded by ``queued.max.messages.kbytes``.
+while one is in flight. Each partition belongs to one writer slot (streams/slots.py, one
+PostgreSQL connection each, ``writer_connections`` of them): per slot at most one batch is
+in flight and one is buffered, each bounded by ``batch_max_events`` and
+``batch_max_bytes``. A batch closes when its slot's writer is free (group commit, after
+``batch_linger_ms`` when set): at low load a record waits for no timer, at high load
+batches grow while a write is in flight. When a slot's buffer is full the thread waits for
+that slot's write; if that takes longer than a second the assignment is paused
+(backpressure, not buffering). It is not paused at once because pausing purges
+librdkafka's prefetched records, which the resume must fetch again: at every batch, that
+made the consumer wait on the broker (measured: 4.8k -> 13k events/s). librdkafka's own
+prefetch queue is bounded by ``queued.max.messages.kbytes``.
 
 Buffered records are decoded ahead, a chunk per loop turn, while the previous batch is in
 flight: decoding is the consumer thread's main cost, and doing it only at dispatch left
@@ -31,7 +33,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -58,11 +60,12 @@ from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
 from ackline.streams.ownership import Admit, Ledger, Rewind, past_log_end
+from ackline.streams.slots import Slot, slot_of
 
 log = logging.getLogger(__name__)
 _CANCEL_WAIT_S = 30.0  # a cancelled write ends within this, or it is logged again
 _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check frequent
-# A full buffer waits this long for the in-flight batch before pausing the assignment:
+# A full buffer waits this long for its slot's batch in flight before pausing the assignment:
 # pausing purges librdkafka's prefetched records, which must then be fetched again.
 _PAUSE_AFTER_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
@@ -77,7 +80,7 @@ class ConsumerRuntime:
         self,
         config: RuntimeConfig,
         control_db: Database,
-        writer: BatchWriter,
+        writers: Sequence[BatchWriter],
         dead_letters: DeadLetterProducer,
         metrics: Metrics,
         loop: asyncio.AbstractEventLoop,
@@ -85,7 +88,10 @@ class ConsumerRuntime:
     ) -> None:
         self.cfg = config
         self._control_db = control_db  # claims and re-reads; the writer has its own connection
-        self._writer = writer
+        if not writers:
+            raise ValueError("a consumer runtime needs at least one writer")
+        self._slots = [Slot(w) for w in writers]
+        self._any_ended = threading.Event()  # set when any slot's write ends
         self._dlq = dead_letters
         self._metrics = metrics
         self._loop = loop
@@ -93,16 +99,9 @@ class ConsumerRuntime:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self.ledger = Ledger()
-        self._buffer: list[Record] = []
-        self._buffer_bytes = 0
         # Until records are seen, assume each may be as large as a valid record may be: the
         # first few hundred records come in small calls (once), never a whole queue at once.
         self._size_hint = float(config.limits.max_bytes)
-        self._decoded: list[Row | Rejection] = []  # decode results of a prefix of _buffer
-        self._buffer_since = 0.0
-        self._inflight: InFlight | None = None
-        self._inflight_batch: Batch | None = None
-        self._inflight_started = 0.0
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
@@ -126,9 +125,9 @@ class ConsumerRuntime:
     def run(self) -> None:
         """The consumer thread's body. Returns after a clean shutdown; raises on fatal errors.
 
-        Shutdown order: stop fetching; let the in-flight batch commit (or cancel it after
-        ``shutdown_wait_s``: the DB decides what committed); store its offsets; drop the
-        buffered, unwritten records (they are re-read from the DB offset next time);
+        Shutdown order: stop fetching; let the batches in flight commit (or cancel them
+        after ``shutdown_wait_s``: the DB decides what committed); store their offsets; drop
+        the buffered, unwritten records (they are re-read from the DB offset next time);
         close the consumer, which revokes (nothing in flight now), commits the stored
         offsets and leaves the group.
         """
@@ -147,8 +146,8 @@ class ConsumerRuntime:
                 self._step(consumer)
             self._faults.hit("shutdown")
             self._settle(self.cfg.shutdown_wait_s)
-            self._buffer.clear()
-            self._decoded.clear()
+            for slot in self._slots:
+                slot.clear()
         finally:
             consumer.close()
             self._consumer = None
@@ -157,28 +156,24 @@ class ConsumerRuntime:
     def _step(self, consumer: Consumer) -> None:
         if self._holds.held:
             self._end_holds(consumer)
-        if self._inflight is not None and self._inflight.done():
-            self._complete()
+        for slot in self._slots:
+            if slot.inflight is not None and slot.inflight.done():
+                self._complete(slot)
         self._check_group()
         self._retake(consumer)
-        full = (
-            len(self._buffer) >= self.cfg.batch_max_events
-            or self._buffer_bytes >= self.cfg.batch_max_bytes
-        )
-        # Group commit: a batch closes when the writer is free (after the linger, if one is
-        # set), and grows only while a write is in flight.
-        lingered = time.monotonic() - self._buffer_since >= self.cfg.batch_linger_ms / 1000
-        if self._buffer and self._inflight is None and (full or lingered):
-            self._dispatch()
+        now = time.monotonic()
+        ready, full = self._ready(now)
+        if ready is not None:
+            self._dispatch(ready)
             return
         if self._decode_ahead():
             return
-        if full and time.monotonic() - self._inflight_started < _PAUSE_AFTER_S:
-            self._wait_inflight(0.05)  # a normal write: keep the prefetch, do not pause
+        if full is not None and now - full.started < _PAUSE_AFTER_S:
+            self._wait_slot(full, 0.05)  # a normal write: keep the prefetch, do not pause
             return
-        if full:
-            self._pause(consumer)
-            self._wait_inflight(0.05)
+        if full is not None:
+            self._pause(consumer, full)
+            self._wait_slot(full, 0.05)
             msg = consumer.poll(0)  # serves rebalance callbacks while paused
             if msg is not None:
                 self._accept(msg)  # never drop a record of an owned partition
@@ -189,10 +184,27 @@ class ConsumerRuntime:
             self._accept(msg)
         if self._watch.due():
             self._report(consumer)
-        idle = not msgs and not self._buffer and self._inflight is None
+        idle = not msgs and not self._buffered() and not self._writing()
         if self.drain_and_stop and idle and self._drained(consumer):
             log.info("drained: every partition's position is at its high watermark")
             self._stop.set()
+
+    def _ready(self, now: float) -> tuple[Slot | None, Slot | None]:
+        """The first slot whose batch leaves now, and the first whose buffer is full.
+
+        Group commit: a batch closes when its writer is free (after the linger, if one is
+        set), and grows only while a write is in flight.
+        """
+        cfg = self.cfg
+        full: Slot | None = None
+        for slot in self._slots:
+            slot_full = slot.full(cfg.batch_max_events, cfg.batch_max_bytes)
+            lingered = now - slot.buffer_since >= cfg.batch_linger_ms / 1000
+            if slot.buffer and slot.inflight is None and (slot_full or lingered):
+                return slot, full
+            if slot_full and full is None:
+                full = slot
+        return None, full
 
     def _fetch(self, consumer: Consumer) -> list[Message]:
         """The next records. With the writer free and nothing buffered, wake at the first
@@ -203,18 +215,21 @@ class ConsumerRuntime:
         commit), and a ``consume`` that blocked for its timeout made every batch wait up
         to that long after its write had ended (a floor of ~20 ms per batch at half load).
         Otherwise (a lingering buffer) collect for a short while."""
-        room = fetch_room(
-            self.cfg.batch_max_events - len(self._buffer),
-            self.cfg.batch_max_bytes - self._buffer_bytes,
-            self._size_hint,
+        # Records of any slot may come next: take no more than the fullest slot has room for.
+        room = min(
+            fetch_room(
+                self.cfg.batch_max_events - len(slot.buffer),
+                self.cfg.batch_max_bytes - slot.buffer_bytes,
+                self._size_hint,
+            )
+            for slot in self._slots
         )
-        inflight = self._inflight
-        if inflight is not None:
+        if self._writing():
             queued = consumer.consume(num_messages=room, timeout=0)
             if not queued:
-                inflight.wait(_COLLECT_S)  # returns at once when the write ends
+                self._wait_any(_COLLECT_S)  # returns at once when a write ends
             return list(queued)
-        if self._buffer:
+        if self._buffered():
             return list(consumer.consume(num_messages=room, timeout=_COLLECT_S))
         first = consumer.poll(_IDLE_POLL_S)
         if first is None:
@@ -260,32 +275,45 @@ class ConsumerRuntime:
         if self._holds.is_held(tp):
             self._holds.park(tp, record)  # read before the pause took effect: kept, in order
             return
-        if not self._buffer:
-            self._buffer_since = time.monotonic()
-        self._buffer.append(record)
-        self._buffer_bytes += size
+        self._slots[slot_of(tp, len(self._slots))].add(record, size)
 
     # ---- batches ---------------------------------------------------------------------
 
     def _decode_ahead(self) -> bool:
-        """Decode up to _DECODE_CHUNK buffered records not decoded yet; False if none."""
-        done = len(self._decoded)
-        pending = self._buffer[done : done + _DECODE_CHUNK]
+        """Decode up to _DECODE_CHUNK buffered records not decoded yet, of the first slot
+        that has any; False if none."""
         limits = self.cfg.limits
-        self._decoded.extend([decode(rec.value, limits) for rec in pending])
-        return bool(pending)
+        for slot in self._slots:
+            done = len(slot.decoded)
+            pending = slot.buffer[done : done + _DECODE_CHUNK]
+            if pending:
+                slot.decoded.extend([decode(rec.value, limits) for rec in pending])
+                return True
+        return False
 
-    def _dispatch(self) -> None:
+    def _buffered(self) -> bool:
+        return any(slot.buffer for slot in self._slots)
+
+    def _writing(self) -> bool:
+        return any(slot.inflight is not None for slot in self._slots)
+
+    def _wait_any(self, timeout: float) -> None:
+        """Wait until a write in flight ends, at most ``timeout``."""
+        self._any_ended.clear()  # before looking: an end after this sets it again
+        if any(s.inflight is not None and s.inflight.done() for s in self._slots):
+            return
+        self._any_ended.wait(timeout)
+
+    def _dispatch(self, slot: Slot) -> None:
         """Decode the buffer, write its poison to the dead-letter topic, submit the batch.
 
         Order of effects: after_fetch point; decode (pure); dead-letter records produced
         and acknowledged; then the batch is handed to the writer. A crash before the
         hand-off loses nothing (the DB offset has not moved); a crash after the dead-letter
         acknowledgement repeats those dead-letter records on redelivery, never loses them.
+        The batch holds only ``slot``'s partitions, none of which is in flight.
         """
-        records, self._buffer = self._buffer, []
-        results, self._decoded = self._decoded, []
-        self._buffer_bytes = 0
+        records, results = slot.take()
         self._faults.hit("after_fetch")
         limits = self.cfg.limits
         results.extend([decode(rec.value, limits) for rec in records[len(results) :]])
@@ -302,9 +330,9 @@ class ConsumerRuntime:
             self._faults.hit("before_dlq")
             draft.batch.rejects = self._dlq.send_all(draft.poison, should_stop=self._stop.is_set)
             self._metrics.dead_letters.inc(len(draft.poison))
-        self._inflight_batch = draft.batch
-        self._inflight_started = time.monotonic()
-        self._inflight = InFlight(self._loop, self._writer.write(draft.batch))
+        slot.batch = draft.batch
+        slot.started = time.monotonic()
+        slot.inflight = InFlight(self._loop, slot.writer.write(draft.batch), self._any_ended)
 
     def _held_back(self, rec: Record, decoded: Row | Rejection) -> bool:
         """Park ``rec`` if its partition is held, or if it starts a hold (streams.holds).
@@ -344,41 +372,42 @@ class ConsumerRuntime:
                 tp[0],
                 tp[1],
             )
-            if not self._buffer:
-                self._buffer_since = time.monotonic()
-            self._buffer = records + self._buffer
-            self._buffer_bytes += sum(r.size() for r in records)
-            self._decoded = []  # positions moved: decode again
+            self._slots[slot_of(tp, len(self._slots))].put_back(records)
             try:
                 consumer.resume([TopicPartition(tp[0], tp[1])])
             except KafkaException as exc:
                 log.info("resume %s: %s", tp, exc)
 
-    def _wait_inflight(self, timeout: float) -> bool:
-        return self._inflight is None or self._inflight.wait(timeout)
+    @staticmethod
+    def _wait_slot(slot: Slot, timeout: float) -> bool:
+        return slot.inflight is None or slot.inflight.wait(timeout)
 
     def _settle(self, wait_s: float) -> None:
-        """Let the in-flight batch end (commit, roll back, or be cancelled), then record it.
+        """Let the batches in flight end (commit, roll back, or be cancelled), then record
+        them, slot by slot.
 
-        A cancelled write is waited for until its task has really ended (the writer drops
-        its connection on cancel, so that is quick): nothing may run on its partitions or
-        its connection while it could still be committing.
+        Within ``wait_s`` in all; a write still running then is cancelled and waited for
+        until its task has really ended (the writer drops its connection on cancel, so that
+        is quick): nothing may run on its partitions or its connection while it could still
+        be committing.
         """
-        if self._inflight is None:
-            return
-        if not self._wait_inflight(wait_s):
-            log.warning(
-                "batch %s still in flight after %.0fs: cancelling it",
-                self._inflight_batch.describe() if self._inflight_batch else "?",
-                wait_s,
-            )
-            self._inflight.cancel()
-            while not self._wait_inflight(_CANCEL_WAIT_S):
-                log.error("a cancelled batch write has not ended after %.0fs", _CANCEL_WAIT_S)
-        self._complete()
+        deadline = time.monotonic() + wait_s
+        for slot in self._slots:
+            if slot.inflight is None:
+                continue
+            if not self._wait_slot(slot, max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "batch %s still in flight after %.0fs: cancelling it",
+                    slot.batch.describe() if slot.batch else "?",
+                    wait_s,
+                )
+                slot.inflight.cancel()
+                while not self._wait_slot(slot, _CANCEL_WAIT_S):
+                    log.error("a cancelled batch write has not ended after %.0fs", _CANCEL_WAIT_S)
+            self._complete(slot)
 
-    def _complete(self) -> None:
-        """Record the outcome of the finished in-flight batch.
+    def _complete(self, slot: Slot) -> None:
+        """Record the outcome of ``slot``'s finished in-flight batch.
 
         Order of effects: read the outcome; if committed, the after_commit point, then the
         ledger's DB offsets advance and the offsets are stored in the Kafka consumer for
@@ -388,8 +417,8 @@ class ConsumerRuntime:
         the partition resumes. A batch that did not commit (or may not have) goes to
         :meth:`_not_committed`.
         """
-        future, batch = self._inflight, self._inflight_batch
-        self._inflight, self._inflight_batch = None, None
+        future, batch = slot.inflight, slot.batch
+        slot.inflight, slot.batch = None, None
         if future is None or batch is None:
             return
         try:
@@ -406,7 +435,7 @@ class ConsumerRuntime:
             self._not_committed(batch)
             return
         self._faults.hit("after_commit")
-        seconds = time.monotonic() - self._inflight_started
+        seconds = time.monotonic() - slot.started
         record_committed(self.ledger, self._metrics, batch, result, seconds)
         self._store(batch)
         self.committed_batches += 1
@@ -577,21 +606,25 @@ class ConsumerRuntime:
         return self._admin_client
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Stop dispatching (we are inside consume), let the in-flight batch finish or roll
-        back, drop buffered records of the revoked partitions, then unassign them."""
+        """Stop dispatching (we are inside consume), let every batch in flight finish or
+        roll back (a batch of kept partitions too: simpler, and a revoke is rare), drop
+        buffered records of the revoked partitions, then unassign them."""
         self._release(consumer, partitions, lost=False)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """As revoke; the in-flight batch is likely fenced by the new owner's claim."""
+        """As revoke; a batch in flight of the lost partitions is likely fenced by the new
+        owner's claim."""
         self._release(consumer, partitions, lost=True)
 
     def _release(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool) -> None:
-        if self._inflight is not None:
-            log.info(
-                "%s with batch %s in flight: letting it finish",
-                "lost" if lost else "revoked",
-                self._inflight_batch.describe() if self._inflight_batch else "?",
-            )
+        if self._writing():
+            for slot in self._slots:
+                if slot.batch is not None:
+                    log.info(
+                        "%s with batch %s in flight: letting it finish",
+                        "lost" if lost else "revoked",
+                        slot.batch.describe(),
+                    )
             self._faults.hit("lost_in_flight" if lost else "revoke_in_flight")
             self._settle(self.cfg.revoke_wait_s)
         tps = [_tp_of(tp) for tp in partitions]
@@ -623,23 +656,20 @@ class ConsumerRuntime:
         self._holds.forget(gone)
         if resume and self._consumer is not None and not self._paused:
             self._consumer.resume(resume)  # a hold had paused them
-        keep = [i for i, r in enumerate(self._buffer) if r.tp not in gone]
-        decoded = len(self._decoded)
-        self._decoded = [self._decoded[i] for i in keep if i < decoded]
-        self._buffer = [self._buffer[i] for i in keep]
-        self._buffer_bytes = sum(r.size() for r in self._buffer)
+        for slot in self._slots:
+            slot.drop(gone)
 
     # ---- flow control, lag and partitions not consumed ---------------------------------
 
-    def _pause(self, consumer: Consumer) -> None:
+    def _pause(self, consumer: Consumer, full: Slot) -> None:
         if not self._paused:
             assignment = consumer.assignment()
             consumer.pause(assignment)
             self._paused = True
             log.info(
-                "paused %s: the buffer is full and the write in flight has taken %.1fs",
+                "paused %s: a buffer is full and its write in flight has taken %.1fs",
                 sorted(p.partition for p in assignment),
-                time.monotonic() - self._inflight_started,
+                time.monotonic() - full.started,
             )
 
     def _resume(self, consumer: Consumer) -> None:
@@ -650,9 +680,10 @@ class ConsumerRuntime:
 
     def _report(self, consumer: Consumer) -> None:
         """Set the lag gauges and the not-consumed gauge; unblock what caught up."""
-        pending = {r.tp for r in self._buffer} | set(self._holds.held)
-        if self._inflight_batch is not None:
-            pending |= {(r.topic, r.partition) for r in self._inflight_batch.ranges}
+        pending = {r.tp for s in self._slots for r in s.buffer} | set(self._holds.held)
+        for slot in self._slots:
+            if slot.batch is not None:
+                pending |= {(r.topic, r.partition) for r in slot.batch.ranges}
         blocked = self.ledger.blocked()
         owned = self.ledger.tracked()  # lag is reported for suspended and blocked ones too
         try:

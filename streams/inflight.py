@@ -27,16 +27,27 @@ class InFlight:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, WriteResult]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, WriteResult],
+        any_ended: threading.Event | None = None,
     ) -> None:
+        """``any_ended`` (shared by several writes) is set too when this one ends, so a
+        thread can wait for whichever of its writes ends first."""
         self._loop = loop
         self._ended = threading.Event()
+        self._any = any_ended
         self._task: asyncio.Task[WriteResult] | None = None
         loop.call_soon_threadsafe(self._start, coro)  # callbacks run in order: before cancel
 
     def _start(self, coro: Coroutine[Any, Any, WriteResult]) -> None:
         self._task = self._loop.create_task(coro)
-        self._task.add_done_callback(lambda _: self._ended.set())
+        self._task.add_done_callback(self._on_end)
+
+    def _on_end(self, _: object) -> None:
+        self._ended.set()
+        if self._any is not None:
+            self._any.set()
 
     def done(self) -> bool:
         return self._ended.is_set()

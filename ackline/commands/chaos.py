@@ -31,6 +31,7 @@ def cmd_chaos(args: argparse.Namespace, settings: Settings) -> int:
         runtime=args.runtime,
         state_dir=Path(args.state_dir) if args.state_dir else settings.state_dir / "chaos",
         batch_max_events=args.batch_max_events,
+        writer_connections=_connections(args.writer_connections),
         produce_rate=args.produce_rate or 0.0,
         keep_stack=args.keep,
         processor_kills=args.processor_kills,
@@ -47,6 +48,8 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.load.chaos.infra_model import InfraConfig
     from ackline.load.chaos.infra_plan import CLASSES, Minimums
 
+    if args.writer_connections != "1":
+        raise SettingsError("--writer-connections", "not taken with --faults (infra chaos)")
     classes = tuple(c for c in (x.strip() for x in args.faults.split(",")) if c)
     unknown = sorted(set(classes) - set(CLASSES))
     if unknown or not classes:
@@ -85,6 +88,18 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report.ok else 1
 
 
+def _connections(text: str) -> tuple[int, ...]:
+    from ackline.core.errors import SettingsError
+
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or not all(1 <= c <= 8 for c in counts):
+        raise SettingsError("--writer-connections", f"{text!r}: a comma list of counts from 1 to 8")
+    return counts
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -116,6 +131,12 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--batch-max-events", type=int, default=1000, help="the workers' ACKLINE_BATCH_MAX_EVENTS"
+    )
+    p.add_argument(
+        "--writer-connections",
+        default="1",
+        help="the workers' ACKLINE_WRITER_CONNECTIONS, a comma list given to the workers in "
+        "turn (1,2: half of them write over two connections; not for --faults)",
     )
     p.add_argument(
         "--produce-rate",

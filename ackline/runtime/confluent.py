@@ -55,7 +55,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     handle SIGTERM/SIGINT; check the topic exists and create the dead-letter topic if
     missing; serve /metrics, /healthz, /readyz (when metrics_port is set); start the
     PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
-    SIGTERM or SIGINT: the consumer thread finishes or cancels the in-flight batch, stores
+    SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
     and the status is 0.
 
@@ -68,7 +68,7 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     runtime = ConsumerRuntime(
         runtime_config(settings, bootstrap),
         ingest.control_db,
-        ingest.writer,
+        ingest.writers,
         ingest.dead_letters,
         ingest.metrics,
         loop,

@@ -61,9 +61,9 @@ class Ingest:
     kafka_conf: dict[str, object]
     metrics: Metrics
     faults: Faults
-    db: Database  # the writer's connection
-    control_db: Database  # claims and re-reads of offset rows, apart from the writer's
-    writer: BatchWriter
+    dbs: tuple[Database, ...]  # the writers' connections, one per writer
+    control_db: Database  # claims and re-reads of offset rows, apart from the writers'
+    writers: tuple[BatchWriter, ...]  # settings.writer_connections of them
     dead_letters: DeadLetterProducer
     limits: Limits
     server: StatusServer
@@ -101,8 +101,14 @@ class Ingest:
         """Stop the status server, flush the dead-letter producer, close the connections."""
         self.server.close()
         self.dead_letters.close()
-        await self.db.close()
+        for db in self.dbs:
+            await db.close()
         await self.control_db.close()
+
+    @property
+    def writer(self) -> BatchWriter:
+        """The first writer: the faust runtime writes over one connection."""
+        return self.writers[0]
 
 
 def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
@@ -132,7 +138,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
 
         return note
 
-    def database(kind: str) -> Database:
+    def database(kind: str, name: str | None = None) -> Database:
         return Database(
             worker_dsn,
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
@@ -140,20 +146,29 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             statement_timeout=settings.db_statement_timeout_s,
             commit_timeout=settings.db_commit_timeout_s,
             down_error_after=settings.db_down_error_after_s,
-            application_name=f"{kind}:{settings.worker_id}"[:63],
+            application_name=f"{name or kind}:{settings.worker_id}"[:63],
             on_down=on_down(kind),
         )
 
-    db = database("ackline")
-    writer = BatchWriter(
-        db,
-        settings.group_id,
-        settings.worker_id,
-        faults,
-        on_retry=lambda cause: metrics.retries.labels(cause).inc(),
-        upkeep=Upkeep(
-            settings.partition_interval, settings.partitions_ahead, settings.retention_keep()
-        ),
+    # All writer connections carry the worker's one application_name ("ackline:<worker>");
+    # readiness tells their outages apart. One upkeep: it is due once, whichever runs it.
+    dbs = tuple(
+        database("ackline" if i == 0 else f"ackline-{i + 1}", "ackline")
+        for i in range(settings.writer_connections)
+    )
+    upkeep = Upkeep(
+        settings.partition_interval, settings.partitions_ahead, settings.retention_keep()
+    )
+    writers = tuple(
+        BatchWriter(
+            db,
+            settings.group_id,
+            settings.worker_id,
+            faults,
+            on_retry=lambda cause: metrics.retries.labels(cause).inc(),
+            upkeep=upkeep,
+        )
+        for db in dbs
     )
     return Ingest(
         settings=settings,
@@ -162,9 +177,9 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         kafka_conf=kafka_conf,
         metrics=metrics,
         faults=faults,
-        db=db,
+        dbs=dbs,
         control_db=database("ackline-control"),
-        writer=writer,
+        writers=writers,
         dead_letters=DeadLetterProducer(
             bootstrap, settings.dlq_topic, kafka_conf, reject_max_bytes=settings.batch_max_bytes
         ),

@@ -8,9 +8,9 @@ each chunk one transaction on its own connection, the N transactions at once. On
 COPYs and COMMITs are timed (wall time of each round of N) and counted as CPU. Prints one
 JSON line with the results.
 
-The limit the bench reports is the best rate of 1 or N parallel connections, N being the most
-connections one ackline worker writes over (:data:`WRITER_CONNECTIONS`): a worker that wrote
-over two connections would otherwise be compared with a ceiling it could pass.
+The limit the bench reports is the best rate of 1 or N parallel connections, N being the
+connections the bench's ackline worker writes over (:func:`writer_connections`): a worker
+that wrote over two connections would otherwise be compared with a ceiling it could pass.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any, Final
 
 import asyncpg
 
+from ackline.core.errors import SettingsError
 from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.ingest.rows import (
@@ -39,10 +41,22 @@ from ackline.sinks.ingest.rows import (
 )
 
 CHUNK: Final = 10_000
-WRITER_CONNECTIONS: Final = 1
-"""The most PostgreSQL connections one ackline worker writes rows over. One today: a
-worker's writer (sinks/ingest/writer.py) holds one connection and writes one batch at a
-time. Raise it with the worker; the bench then also times N parallel COPY connections."""
+DEFAULT_WRITER_CONNECTIONS: Final = 1
+"""``ACKLINE_WRITER_CONNECTIONS``'s default (the load floor may not import the settings;
+tests/unit/test_bench_logic.py keeps the two equal)."""
+
+
+def writer_connections() -> int:
+    """The PostgreSQL connections the bench's ackline workers write rows over:
+    ``ACKLINE_WRITER_CONNECTIONS`` when set (the bench passes it on to them), else the
+    setting's default."""
+    raw = os.environ.get("ACKLINE_WRITER_CONNECTIONS", "")
+    if not raw:
+        return DEFAULT_WRITER_CONNECTIONS
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError("ACKLINE_WRITER_CONNECTIONS", f"{raw!r} is not a count") from None
 
 
 def _cpu() -> float:

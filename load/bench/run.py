@@ -66,7 +66,7 @@ from ackline.load.bench.common import (
     wait_for,
 )
 from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
-from ackline.load.bench.limit import WRITER_CONNECTIONS
+from ackline.load.bench.limit import writer_connections
 from ackline.load.bench.measure import Measured, kill_all, percentile
 from ackline.load.bench.peers import PEER_SETTINGS, ensure_connect_jars, ensure_python_peers
 from ackline.load.bench.systems import (
@@ -101,7 +101,7 @@ class Bench:
 
     # -- the limit --------------------------------------------------------------------
 
-    def limit(self, writers: int = WRITER_CONNECTIONS) -> Phase:
+    def limit(self, writers: int = 1) -> Phase:
         """The best of 1 and ``writers`` parallel COPY connections (each a fresh database)."""
         best: Phase | None = None
         tried: dict[str, float] = {}
@@ -411,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--limit-connections",
         type=int,
-        default=WRITER_CONNECTIONS,
+        default=None,
         help="the limit is the best of 1 and this many parallel COPY connections (default: "
-        "the most one ackline worker writes over)",
+        "the connections the bench's ackline worker writes over, ACKLINE_WRITER_CONNECTIONS)",
     )
     p.add_argument("--flood-records", type=int, default=flood.FLOOD_RECORDS)
     p.add_argument("--keep", action="store_true", help="leave the bench stack running")
@@ -542,7 +542,8 @@ def _first_ingest(
     env, out = bench.env, summary["systems"]
     systems: dict[str, System] = {}
     if "limit" in only:
-        out["limit"] = {"ingest": bench.limit(args.limit_connections).to_json()}
+        width = args.limit_connections or writer_connections()
+        out["limit"] = {"ingest": bench.limit(width).to_json()}
     if "ackline" in only or "scale" in only:
         ingested = Ackline("ackline", env)
         systems["ackline"] = ingested

@@ -238,6 +238,7 @@ _ACKLINE_KEYS = frozenset(
         "ACKLINE_WORKER_ID",
         "ACKLINE_LOG_FORMAT",
         "ACKLINE_RUNTIME",
+        "ACKLINE_WRITER_CONNECTIONS",
     }
 )
 

@@ -273,7 +273,16 @@ class _Run:
             "ACKLINE_STATE_DIR": str(self.state_dir),
         }
         self.env = env
-        self.pool = WorkerPool(self.run_dir, env, self.cfg.workers)
+        wc = self.cfg.writer_connections
+        self.pool = WorkerPool(
+            self.run_dir,
+            env,
+            self.cfg.workers,
+            slot_env={
+                s: {"ACKLINE_WRITER_CONNECTIONS": str(wc[s % len(wc)])}
+                for s in range(self.cfg.workers)
+            },
+        )
         for slot in range(self.cfg.workers):
             self.pool.start(slot)
         self.watch = OffsetWatch(self.bootstrap, self.name, self.name, self.cfg.partitions)

@@ -1,7 +1,8 @@
 """A short chaos run in `make test`, once per runtime: the `make chaos` harness
 (ackline.load.chaos.harness), scaled down.
 
-100,000 events with the full fault mix, 3 workers on 12 partitions, at least 10 SIGKILLs
+100,000 events with the full fault mix, 3 workers on 12 partitions (on the default runtime
+workers 0 and 2 write over one PostgreSQL connection, worker 1 over two), at least 10 SIGKILLs
 (some at armed injection points), a zombie that must be fenced, a broker restart, a
 PostgreSQL restart and writer backends terminated at COMMIT, and the `runs` processor
 beside them killed twice (its rows recomputed from activity at the end), on a stack of its own (a
@@ -51,6 +52,8 @@ def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
     # 1,500/s (67 s) the schedule's stalls and restarts (~70 s) outlasted it once workers
     # kept up with production (group commit), and the last COMMIT faults found no work
     argv += ["--batch-max-events", "500", "--produce-rate", "1000", "--state-dir", str(state)]
+    if runtime == "confluent":  # one group of workers writing over one and two connections
+        argv += ["--writer-connections", "1,2"]
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}

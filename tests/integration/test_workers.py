@@ -93,3 +93,30 @@ def test_two_workers_through_rebalances(
     verify_mixed_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT max(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)
     assert epochs[0]["e"] >= 2  # partitions changed hands and were re-claimed
+
+
+def test_a_worker_writing_over_two_connections(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """ACKLINE_WRITER_CONNECTIONS=2: the worker opens two writer connections, every batch
+    holds the partitions of one of them only (a partition's batches stay in order on one
+    connection), both write, and the mix is ingested exactly once."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 20_000, seed=17)
+    group = f"g-{topic}"
+    w = Worker(services, dsn, topic, tmp_path, name="w", batch_max_events=200, writer_connections=2)
+    wait_drained(dsn, manifest, group, [w], 120)
+    writers = db(
+        dsn,
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'ackline:w'",
+    )
+    assert writers[0]["n"] == 2
+    assert w.stop() == 0
+    verify_mixed_ok(dsn, manifest, group)
+    parities = [
+        {int(key.rsplit(":", 1)[1]) % 2 for key in r["parts"]}
+        for r in db(
+            dsn, "SELECT array(SELECT jsonb_object_keys(ranges)) AS parts FROM ingest_batches"
+        )
+    ]
+    assert all(len(p) == 1 for p in parities), parities  # one connection's partitions each
+    assert {p for s in parities for p in s} == {0, 1}  # and both connections wrote

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from ackline.core.errors import SettingsError
 from ackline.dev.kafka import server_properties
 from ackline.load.bench import flood, readme, report, rtt
-from ackline.load.bench.limit import rounds
+from ackline.load.bench.limit import DEFAULT_WRITER_CONNECTIONS, rounds, writer_connections
 from ackline.schemas.decode import Rejection, Row, decode
+from ackline.settings import Settings
 
 # -- the limit ---------------------------------------------------------------------------
 
@@ -207,3 +209,18 @@ def test_the_page_block_shows_per_event_cpu_the_flood_and_the_rtt_runs() -> None
     assert "The limit is the best of 1 and N parallel COPY connections" in block
     assert "≥ 0.8 x loopback at 1 ms RTT" in block
     assert "same count of tasks: 1 task 12,000/s, 2 tasks 19,000/s." in block
+
+
+def test_the_limit_is_taken_over_the_worker_s_writer_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The limit's widest COPY round is as wide as the bench's worker writes: its
+    ACKLINE_WRITER_CONNECTIONS, else the setting's default (which the load floor repeats)."""
+    assert Settings.model_fields["writer_connections"].default == DEFAULT_WRITER_CONNECTIONS
+    monkeypatch.delenv("ACKLINE_WRITER_CONNECTIONS", raising=False)
+    assert writer_connections() == DEFAULT_WRITER_CONNECTIONS
+    monkeypatch.setenv("ACKLINE_WRITER_CONNECTIONS", "2")
+    assert writer_connections() == 2
+    monkeypatch.setenv("ACKLINE_WRITER_CONNECTIONS", "two")
+    with pytest.raises(SettingsError, match="ACKLINE_WRITER_CONNECTIONS"):
+        writer_connections()

@@ -1,0 +1,85 @@
+"""Writer slots: one writer connection each, and the buffered records of its partitions.
+
+A worker writes over ``writer_connections`` connections at once, each batch in one
+transaction (sinks/ingest/writer.py). Two batches of one partition must never be in flight
+together: the fence of the later one would either wait on the earlier one's row lock or
+commit first and fence the earlier one out. So every partition belongs to one slot
+(:func:`slot_of`, fixed for the life of the process) and a slot writes one batch at a
+time: a partition's batches commit in offset order, and batches of different slots never
+touch the same offset row. While one slot's COPY runs, the other's batch can begin, fence
+and classify: PostgreSQL is no longer idle between two batches.
+
+Each slot keeps its own buffer, bounded by ``batch_max_events`` and ``batch_max_bytes``
+like a one-slot worker's, so a worker holds at most ``writer_connections`` batches in
+flight and as many buffered.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ackline.schemas.decode import Rejection, Row
+from ackline.sinks.ingest.batch import TP, Batch
+from ackline.sinks.ingest.writer import BatchWriter
+from ackline.streams.assemble import Record
+from ackline.streams.inflight import InFlight
+
+
+def slot_of(tp: TP, slots: int) -> int:
+    """The slot that writes partition ``tp``: by partition number, so a worker's
+    partitions spread evenly (pure; the same answer for the life of the process)."""
+    return tp[1] % slots
+
+
+@dataclass(eq=False)
+class Slot:
+    """One writer and what waits for it; owned by the consumer thread."""
+
+    writer: BatchWriter
+    buffer: list[Record] = field(default_factory=list)
+    decoded: list[Row | Rejection] = field(default_factory=list)  # of a prefix of buffer
+    buffer_bytes: int = 0
+    buffer_since: float = 0.0
+    inflight: InFlight | None = None
+    batch: Batch | None = None  # the batch in flight
+    started: float = 0.0  # when it was handed to the writer
+
+    def full(self, max_events: int, max_bytes: int) -> bool:
+        return len(self.buffer) >= max_events or self.buffer_bytes >= max_bytes
+
+    def add(self, record: Record, size: int) -> None:
+        if not self.buffer:
+            self.buffer_since = time.monotonic()
+        self.buffer.append(record)
+        self.buffer_bytes += size
+
+    def take(self) -> tuple[list[Record], list[Row | Rejection]]:
+        """Empty the buffer: its records and the decode results of a prefix of them."""
+        records, self.buffer = self.buffer, []
+        decoded, self.decoded = self.decoded, []
+        self.buffer_bytes = 0
+        return records, decoded
+
+    def put_back(self, records: list[Record]) -> None:
+        """Released records go first, in order; positions moved, so decode again."""
+        if not records:
+            return
+        if not self.buffer:
+            self.buffer_since = time.monotonic()
+        self.buffer = records + self.buffer
+        self.buffer_bytes += sum(r.size() for r in records)
+        self.decoded = []
+
+    def drop(self, gone: set[TP]) -> None:
+        """Drop the buffered and decoded records of ``gone``."""
+        keep = [i for i, r in enumerate(self.buffer) if r.tp not in gone]
+        if len(keep) == len(self.buffer):
+            return
+        decoded = len(self.decoded)
+        self.decoded = [self.decoded[i] for i in keep if i < decoded]
+        self.buffer = [self.buffer[i] for i in keep]
+        self.buffer_bytes = sum(r.size() for r in self.buffer)
+
+    def clear(self) -> None:
+        self.buffer, self.decoded, self.buffer_bytes = [], [], 0
