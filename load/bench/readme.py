@@ -194,11 +194,11 @@ def _rtt_rows(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "One worker, the same backlog on a second broker, through Toxiproxy to Kafka and "
-        "PostgreSQL:",
+        "PostgreSQL (a run made twice shows its best, then every run's rate in order):",
         "",
         "| run | events/s | / loopback | worker CPU µs/event | PostgreSQL µs/event "
-        "| Toxiproxy CPU s | `SELECT 1` ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| Toxiproxy CPU s | `SELECT 1` ms | runs, events/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     labels = {
         "loopback": "loopback (no proxy)",
@@ -217,7 +217,8 @@ def _rtt_rows(summary: dict[str, Any]) -> list[str]:
             f"| {fmt(per_event_us(ph, 'cpu_client_s'), ',.1f')} "
             f"| {fmt(per_event_us(ph, 'cpu_pg_s'), ',.1f')} "
             f"| {fmt(ph.get('notes', {}).get('toxiproxy_cpu_s'), ',.1f')} "
-            f"| {fmt(rt.get(f'{run}_select1_ms'), '.2f')} |"
+            f"| {fmt(rt.get(f'{run}_select1_ms'), '.2f')} "
+            f"| {' / '.join(fmt(r) for r in ph.get('rates') or [rate])} |"
         )
     return lines
 

@@ -98,6 +98,27 @@ def test_proxied_properties_need_the_listener_lines() -> None:
         rtt.proxied_properties("node.id=1\n", 1, 2)
 
 
+def test_rtt_best_runs_take_each_run_s_fastest_and_keep_every_rate() -> None:
+    done = [
+        ("loopback", {"events_per_s": 30_000.0, "cpu_client_s": 1}),
+        ("proxied", {"events_per_s": 28_000.0}),
+        ("rtt_1ms", {"events_per_s": 25_000.0}),
+        ("loopback", {"events_per_s": 36_000.0, "cpu_client_s": 2}),
+        ("rtt_1ms", {"events_per_s": 24_000.0}),
+    ]
+    best = rtt.best_runs(done)
+    assert best["loopback"] == {
+        "events_per_s": 36_000.0,
+        "cpu_client_s": 2,
+        "rates": [30_000.0, 36_000.0],
+    }
+    assert best["rtt_1ms"]["events_per_s"] == 25_000.0
+    assert best["rtt_1ms"]["rates"] == [25_000.0, 24_000.0]
+    assert best["proxied"]["rates"] == [28_000.0]
+    assert rtt.ratios(best)["ratio_at_1ms_rtt"] == round(25_000 / 36_000, 3)
+    assert rtt.SEQUENCE.count("loopback") == rtt.SEQUENCE.count("rtt_1ms") == 2
+
+
 def test_rtt_ratios() -> None:
     runs = {
         "loopback": {"events_per_s": 10_000.0},
