@@ -48,7 +48,7 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.load.chaos.infra_model import InfraConfig
     from ackline.load.chaos.infra_plan import CLASSES, Minimums
 
-    if args.writer_connections != "1":
+    if args.writer_connections:
         raise SettingsError("--writer-connections", "not taken with --faults (infra chaos)")
     classes = tuple(c for c in (x.strip() for x in args.faults.split(",")) if c)
     unknown = sorted(set(classes) - set(CLASSES))
@@ -91,6 +91,8 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
 def _connections(text: str) -> tuple[int, ...]:
     from ackline.core.errors import SettingsError
 
+    if not text:
+        return ()
     try:
         counts = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -134,9 +136,10 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--writer-connections",
-        default="1",
+        default="",
         help="the workers' ACKLINE_WRITER_CONNECTIONS, a comma list given to the workers in "
-        "turn (1,2: half of them write over two connections; not for --faults)",
+        "turn (1,2: a group mixing one and two connections; default: the setting's default; "
+        "not for --faults)",
     )
     p.add_argument(
         "--produce-rate",

@@ -41,7 +41,7 @@ from ackline.sinks.ingest.rows import (
 )
 
 CHUNK: Final = 10_000
-DEFAULT_WRITER_CONNECTIONS: Final = 1
+DEFAULT_WRITER_CONNECTIONS: Final = 2
 """``ACKLINE_WRITER_CONNECTIONS``'s default (the load floor may not import the settings;
 tests/unit/test_bench_logic.py keeps the two equal)."""
 

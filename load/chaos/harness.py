@@ -281,7 +281,9 @@ class _Run:
             slot_env={
                 s: {"ACKLINE_WRITER_CONNECTIONS": str(wc[s % len(wc)])}
                 for s in range(self.cfg.workers)
-            },
+            }
+            if wc
+            else {},
         )
         for slot in range(self.cfg.workers):
             self.pool.start(slot)

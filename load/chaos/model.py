@@ -37,9 +37,9 @@ class ChaosConfig:
     runtime: str = "confluent"  # `ackline run --runtime` (docs/faust.md)
     state_dir: Path = Path(".ackline/chaos")
     batch_max_events: int = 1000
-    writer_connections: tuple[int, ...] = (1,)
+    writer_connections: tuple[int, ...] = ()
     """The workers' ACKLINE_WRITER_CONNECTIONS, by worker slot in turn: (1, 2) runs a
-    group that mixes one-connection and two-connection workers."""
+    group that mixes one-connection and two-connection workers; empty: their default."""
     produce_rate: float = 0.0
     """Events per second the producer is held to (0: as fast as it goes); a short run uses
     it to keep a backlog while its faults happen."""
@@ -57,8 +57,12 @@ class ChaosConfig:
             f"--broker-restarts {self.broker_restarts} --pg-restarts {self.pg_restarts} "
             f"--commit-faults {self.commit_faults} --group-protocol {self.group_protocol} "
             f"--batch-max-events {self.batch_max_events} --produce-rate {self.produce_rate:g} "
-            f"--runtime {self.runtime} --processor-kills {self.processor_kills} "
-            f"--writer-connections {','.join(map(str, self.writer_connections))}"
+            f"--runtime {self.runtime} --processor-kills {self.processor_kills}"
+            + (
+                f" --writer-connections {','.join(map(str, self.writer_connections))}"
+                if self.writer_connections
+                else ""
+            )
         )
 
     def knobs(self) -> Knobs:

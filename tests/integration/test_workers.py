@@ -21,7 +21,10 @@ def test_sigkill_mid_stream_then_restart(
 ) -> None:
     manifest = produce_worker_mix(services, topic, tmp_path, 20_000, seed=11)
     group = f"g-{topic}"
-    first = Worker(services, dsn, topic, tmp_path, name="w1", batch_max_events=500)
+    # the first writes over one connection, its heir over the default two
+    first = Worker(
+        services, dsn, topic, tmp_path, name="w1", batch_max_events=500, writer_connections=1
+    )
     wait_until(lambda: batches(dsn) >= 3, 60, "three committed batches")
     first.kill()  # SIGKILL, mid-stream
     assert not run_async(drained(dsn, manifest, group))
@@ -98,9 +101,10 @@ def test_two_workers_through_rebalances(
 def test_a_worker_writing_over_two_connections(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    """ACKLINE_WRITER_CONNECTIONS=2: the worker opens two writer connections, every batch
-    holds the partitions of one of them only (a partition's batches stay in order on one
-    connection), both write, and the mix is ingested exactly once."""
+    """ACKLINE_WRITER_CONNECTIONS=2 (the default, set here all the same): the worker opens
+    two writer connections, every batch holds the partitions of one of them only (a
+    partition's batches stay in order on one connection), both write, and the mix is
+    ingested exactly once."""
     manifest = produce_worker_mix(services, topic, tmp_path, 20_000, seed=17)
     group = f"g-{topic}"
     w = Worker(services, dsn, topic, tmp_path, name="w", batch_max_events=200, writer_connections=2)
