@@ -188,7 +188,8 @@ class Settings(BaseSettings):
         ge=1_048_576,
         le=512 * 1_048_576,
         description="a batch is written at this many bytes of record keys and values; also "
-        "bounds what is buffered ahead (a worker's memory, a transaction's size)",
+        "bounds what is buffered ahead, per writer connection (a worker's memory, a "
+        "transaction's size)",
     )
     max_message_bytes: int = Field(
         default=1_048_576,
@@ -254,13 +255,13 @@ class Settings(BaseSettings):
     revoke_wait_s: float = Field(
         default=20.0,
         gt=0,
-        description="how long a revoke waits for the batch in flight before cancelling it",
+        description="how long a revoke waits for the batches in flight before cancelling them",
     )
     shutdown_wait_s: float = Field(
         default=30.0,
         gt=0,
-        description="how long SIGTERM waits for the batch in flight (or a changefeed read) "
-        "before cancelling it",
+        description="how long SIGTERM waits for the batches in flight (or a changefeed "
+        "read) before cancelling them",
     )
     db_idle_in_transaction_timeout_ms: int = Field(
         default=15_000,

@@ -60,7 +60,7 @@ from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
 from ackline.streams.ownership import Admit, Ledger, Rewind, past_log_end
-from ackline.streams.slots import Slot, slot_of
+from ackline.streams.slots import Slot, SlotMap
 
 log = logging.getLogger(__name__)
 _CANCEL_WAIT_S = 30.0  # a cancelled write ends within this, or it is logged again
@@ -91,6 +91,7 @@ class ConsumerRuntime:
         if not writers:
             raise ValueError("a consumer runtime needs at least one writer")
         self._slots = [Slot(w) for w in writers]
+        self._slot_map = SlotMap(len(self._slots))
         self._any_ended = threading.Event()  # set when any slot's write ends
         self._dlq = dead_letters
         self._metrics = metrics
@@ -275,7 +276,7 @@ class ConsumerRuntime:
         if self._holds.is_held(tp):
             self._holds.park(tp, record)  # read before the pause took effect: kept, in order
             return
-        self._slots[slot_of(tp, len(self._slots))].add(record, size)
+        self._slots[self._slot_map.of(tp)].add(record, size)
 
     # ---- batches ---------------------------------------------------------------------
 
@@ -372,7 +373,7 @@ class ConsumerRuntime:
                 tp[0],
                 tp[1],
             )
-            self._slots[slot_of(tp, len(self._slots))].put_back(records)
+            self._slots[self._slot_map.of(tp)].put_back(records)
             try:
                 consumer.resume([TopicPartition(tp[0], tp[1])])
             except KafkaException as exc:
@@ -579,8 +580,9 @@ class ConsumerRuntime:
         self._faults.hit("after_claim")
         self.ledger.claimed(claims)
         assign, blocked = [], []
-        for c in claims:
+        for c in sorted(claims, key=lambda c: (c.topic, c.partition)):
             tp = (c.topic, c.partition)
+            self._slot_map.of(tp)  # spread over the slots in partition order
             offset = c.next_offset if c.next_offset is not None else OFFSET_BEGINNING
             assign.append(TopicPartition(c.topic, c.partition, offset))
             high = marks.get(tp, (0, -1))[1]
@@ -644,10 +646,13 @@ class ConsumerRuntime:
         log.info("%s %s", "lost" if lost else "revoked", [p for _, p in tps])
 
     def _forget(self, tps: Collection[TP]) -> None:
+        """Give up ``tps``; called with nothing in flight (:meth:`_release` settles first),
+        so once their buffered records are dropped they may change slots."""
         gone = set(tps)
         self.ledger.release(gone)
         self._watch.forget(gone)
         self._drop_buffered(gone)
+        self._slot_map.release(gone)
         self._metrics.assigned.set(len(self.ledger.owned()))
 
     def _drop_buffered(self, gone: set[TP]) -> None:

@@ -4,9 +4,13 @@ A worker writes over ``writer_connections`` connections at once, each batch in o
 transaction (sinks/ingest/writer.py). Two batches of one partition must never be in flight
 together: the fence of the later one would either wait on the earlier one's row lock or
 commit first and fence the earlier one out. So every partition belongs to one slot
-(:func:`slot_of`, fixed for the life of the process) and a slot writes one batch at a
-time: a partition's batches commit in offset order, and batches of different slots never
-touch the same offset row. While one slot's COPY runs, the other's batch can begin, fence
+(:class:`SlotMap`: from its first record until the worker gives it up, when nothing of it
+is buffered or in flight) and a slot writes one batch at a time: a partition's batches
+commit in offset order, and batches of different slots never touch the same offset row.
+A partition goes to the slot with the fewest partitions, not to ``partition % slots``:
+Kafka's assignors deal partitions out in turn, so with an even number of workers each
+worker's partitions would all have one parity and one connection would do all the
+writing. While one slot's COPY runs, the other's batch can begin, fence
 and classify: PostgreSQL is no longer idle between two batches.
 
 Each slot keeps its own buffer, bounded by ``batch_max_events`` and ``batch_max_bytes``
@@ -17,6 +21,7 @@ flight and as many buffered.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ackline.schemas.decode import Rejection, Row
@@ -26,10 +31,32 @@ from ackline.streams.assemble import Record
 from ackline.streams.inflight import InFlight
 
 
-def slot_of(tp: TP, slots: int) -> int:
-    """The slot that writes partition ``tp``: by partition number, so a worker's
-    partitions spread evenly (pure; the same answer for the life of the process)."""
-    return tp[1] % slots
+class SlotMap:
+    """Which slot writes each partition the worker holds (pure, no I/O)."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a worker needs at least one writer slot, not {slots}")
+        self._of: dict[TP, int] = {}
+        self._load = [0] * slots
+
+    def of(self, tp: TP) -> int:
+        """``tp``'s slot; a partition not seen yet goes to the least loaded slot (the
+        lowest on a tie) and stays there until :meth:`release`."""
+        slot = self._of.get(tp)
+        if slot is None:
+            slot = min(range(len(self._load)), key=self._load.__getitem__)
+            self._of[tp] = slot
+            self._load[slot] += 1
+        return slot
+
+    def release(self, tps: Iterable[TP]) -> None:
+        """Forget ``tps``. Only once nothing of them is buffered or in flight: taken again,
+        a partition may go to another slot."""
+        for tp in tps:
+            slot = self._of.pop(tp, None)
+            if slot is not None:
+                self._load[slot] -= 1
 
 
 @dataclass(eq=False)

@@ -151,7 +151,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         )
 
     # All writer connections carry the worker's one application_name ("ackline:<worker>");
-    # readiness tells their outages apart. One upkeep: it is due once, whichever runs it.
+    # readiness tells their outages apart. One upkeep, shared: one writer at a time runs it.
     dbs = tuple(
         database("ackline" if i == 0 else f"ackline-{i + 1}", "ackline")
         for i in range(settings.writer_connections)

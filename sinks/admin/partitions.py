@@ -14,7 +14,7 @@ them at the same time.
   drops every partition whose rows were all ingested before ``now - keep``; the dedup keys
   stay in ``txn_ledger`` and ``event_keys``. A partition that a changefeed reader has not
   finished is kept (and named) unless ``force``.
-* :class:`Upkeep` is what a worker does between two batches: partitions ahead, and its
+* :class:`Upkeep` is what a worker's writers do between their batches: partitions ahead, and its
   ``ACKLINE_RETENTION`` if the operator has set a policy (never below it).
 """
 
@@ -201,7 +201,9 @@ async def apply_retention(
 
 @dataclass
 class Upkeep:
-    """A worker's partition and retention upkeep, run between two batches.
+    """A worker's partition and retention upkeep, run by its writers between two of their
+    batches (one writer at a time: the others skip it while it runs; a writer's batch
+    may be in flight on another connection meanwhile).
 
     ``run_if_due`` makes the partitions ahead at the first batch and every ``every_s``
     after (an interval ahead, that is at least a day of margin), and applies ``retention``
@@ -218,11 +220,18 @@ class Upkeep:
     clock: Callable[[], float] = time.monotonic
     _next: float = 0.0
     _warned: bool = False
+    _running: bool = False
 
     async def run_if_due(self, conn: asyncpg.Connection) -> None:
-        """Autocommitted statements on ``conn``, outside any batch transaction."""
-        if self.clock() < self._next:
+        """Autocommitted statements on ``conn``, outside any batch transaction.
+
+        Skipped while another writer of the worker runs it: two at once only queued on
+        the functions' advisory lock, and a retention drop waiting up to its lock timeout
+        then held both connections' batches back instead of one.
+        """
+        if self._running or self.clock() < self._next:
             return
+        self._running = True
         try:
             await self.ensure_now(conn)
             if self.retention is not None:
@@ -234,6 +243,8 @@ class Upkeep:
                 log.warning("partition upkeep failed, retrying in 60 s: %s", exc)
             self._next = self.clock() + 60.0
             return
+        finally:
+            self._running = False
         self._next = self.clock() + self.every_s
 
     async def ensure_now(self, conn: asyncpg.Connection) -> None:

@@ -44,8 +44,9 @@ reconcile (:meth:`BatchWriter._reconcile`), which first ends the old server sess
 host that vanished never closes it, and until it ends it holds the batch's row locks and
 could still commit.
 
-Between two batches, outside any transaction, the writer's :class:`Upkeep` makes the
-partitions ahead and applies the worker's retention when they are due.
+Between two of its batches, outside any transaction, a writer runs the worker's shared
+:class:`Upkeep` (one writer at a time; another connection's batch may be in flight): it
+makes the partitions ahead and applies the worker's retention when they are due.
 
 Where this writer left each partition: an asynchronous failover can lose commits that
 were acknowledged. Rows and offset rows roll back together (the new primary holds a
@@ -690,8 +691,9 @@ def reconciled(ranges: Sequence[PartitionRange], rows: Sequence[Claim]) -> str:
     """What an unknown COMMIT did, from the batch's offset rows read after it ended. Pure.
 
     "committed" when every partition's row holds the batch's epoch and the offset after
-    the batch: only this batch could have put that offset there under that epoch (one
-    batch of a worker is in flight at a time, and its batches move forward). "fenced"
+    the batch: only this batch could have put that offset there under that epoch (a
+    partition's batches are written by one writer of its worker, one at a time, and they
+    move forward). "fenced"
     when a partition's row holds another epoch (or is gone): another worker claimed it,
     whatever this batch did. Otherwise "rolled back": the batch may be written again
     under the same epoch (its fence then checks where the partitions really are).

@@ -104,3 +104,35 @@ def test_an_erasure_notice_carries_keys_only() -> None:
     assert line["payload"] == {} and line["agent_id"] == ""
     plain = dataclasses.replace(notice, type="agent.step", erasure_id=None)
     assert not plain.erased and "erasure_id" not in event_json(plain)
+
+
+def test_upkeep_runs_on_one_writer_at_a_time() -> None:
+    """A worker's writers share one Upkeep: while one runs it, another that finds it due
+    skips it (it used to run it too, queueing on the advisory lock behind the first)."""
+    import asyncio
+    from typing import Any
+
+    from ackline.sinks.admin.partitions import Upkeep
+
+    ran: list[str] = []
+
+    @dataclasses.dataclass
+    class Gated(Upkeep):  # the partition functions need PostgreSQL: held at a gate here
+        gate: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+        async def ensure_now(self, conn: Any) -> None:
+            ran.append(conn)
+            await self.gate.wait()
+
+    async def scenario() -> None:
+        upkeep = Gated(clock=lambda: 100.0)
+        first = asyncio.create_task(upkeep.run_if_due("a"))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(upkeep.run_if_due("b"), 5)  # returns at once: a runs it
+        assert ran == ["a"]
+        upkeep.gate.set()
+        await first
+        await upkeep.run_if_due("c")  # not due for another hour
+        assert ran == ["a"]
+
+    asyncio.run(scenario())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,7 +12,7 @@ from ackline.schemas.decode import Rejection, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.assemble import Record
-from ackline.streams.slots import Slot, slot_of
+from ackline.streams.slots import Slot, SlotMap
 
 
 def _slot() -> Slot:  # nothing connects: the writer is never used here
@@ -22,19 +23,40 @@ def _rec(partition: int, offset: int, size: int = 10) -> Record:
     return Record("t", partition, offset, None, b"x" * size, [])
 
 
-@given(st.integers(1, 8), st.sets(st.integers(0, 500), min_size=1, max_size=64))
-def test_a_partition_has_one_slot_and_partitions_spread(slots: int, parts: set[int]) -> None:
-    """Fixed per partition (a partition's batches then commit in order) and even: the
-    slots' shares of consecutive partitions differ by at most one."""
-    for p in parts:
-        assert 0 <= slot_of(("t", p), slots) < slots
-        assert slot_of(("t", p), slots) == slot_of(("other", p), slots)
-    shares = Counter(slot_of(("t", p), slots) for p in range(slots * 3 + 1))
-    assert max(shares.values()) - min(shares.values()) <= 1
+@given(st.integers(1, 8), st.lists(st.integers(0, 500), min_size=1, max_size=64, unique=True))
+def test_partitions_spread_evenly_whatever_their_numbers(slots: int, parts: list[int]) -> None:
+    """Least loaded first: the slots' shares differ by at most one, even when every
+    partition number has one parity (Kafka deals partitions to workers in turn, so with
+    two workers each one's partitions are all even or all odd)."""
+    m = SlotMap(slots)
+    got = [m.of(("t", p)) for p in parts]
+    assert all(0 <= s < slots for s in got)
+    shares = Counter(got)
+    assert max(shares.values()) - min(shares.values(), default=0) <= 1
+    if len(parts) >= slots:
+        assert len(shares) == slots
+    assert [m.of(("t", p)) for p in parts] == got  # fixed until released
+
+
+def test_two_slots_share_a_worker_s_even_partitions() -> None:
+    m = SlotMap(2)
+    assert [m.of(("t", p)) for p in (0, 2, 4, 6, 8, 10)] == [0, 1, 0, 1, 0, 1]
+
+
+def test_a_released_partition_frees_its_place_and_may_come_back_elsewhere() -> None:
+    m = SlotMap(2)
+    assert (m.of(("t", 0)), m.of(("t", 1)), m.of(("t", 2))) == (0, 1, 0)
+    m.release([("t", 0), ("t", 9)])  # 9 was never seen: nothing happens
+    assert m.of(("t", 3)) == 0  # slot 0 now holds one partition, as slot 1 does
+    m.release([("t", 1)])
+    assert m.of(("t", 0)) == 1
 
 
 def test_one_slot_takes_every_partition() -> None:
-    assert {slot_of(("t", p), 1) for p in range(50)} == {0}
+    m = SlotMap(1)
+    assert {m.of(("t", p)) for p in range(50)} == {0}
+    with pytest.raises(ValueError):
+        SlotMap(0)
 
 
 def test_full_by_events_or_by_bytes() -> None:
