@@ -42,7 +42,14 @@ from typing import Any
 
 import asyncpg
 
-from ackline.load.bench.common import PARTITIONS, ROOT, Cluster, ensure_stack, say
+from ackline.load.bench.common import (
+    PARTITIONS,
+    ROOT,
+    Cluster,
+    drop_run_topics,
+    ensure_stack,
+    say,
+)
 from ackline.load.bench.data import ensure_topic_patiently, prepare
 from ackline.load.bench.measure import descendants, kill_all, rss_kb
 from ackline.load.bench.systems import Ackline, Env
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = ok and lines[-1].get("ratio_at_30m", 0.0) >= 0.8
     finally:
         kill_all()
+        drop_run_topics(info.kafka_bootstrap, run_id)
         if started_here:
             from ackline.dev import stack
 

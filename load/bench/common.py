@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +20,7 @@ from ackline.dev import stack
 from ackline.load.bench.measure import ProcessResult, cpu_seconds_of, descendants, steady_rate
 from ackline.load.bench.systems import Env, System, query, run_sql
 from ackline.load.errors import LoadError
+from ackline.streams.admin import admin_client
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 PARTITIONS: Final = 12
@@ -202,6 +203,32 @@ def ensure_stack(state_dir: Path) -> tuple[stack.StackInfo, bool]:
     return info, not was_running
 
 
+def run_topics(names: Iterable[str], run_id: str) -> list[str]:
+    """The topics a bench run made: every name that holds its run id (its input topics,
+    their ``.connect`` copies and dead-letter topics, the latency, flood and backlog topics).
+    Pure."""
+    return sorted(n for n in names if run_id in n)
+
+
+def drop_run_topics(bootstrap: str, run_id: str) -> list[str]:
+    """Delete the topics of run ``run_id`` (each run writes gigabytes under fresh names,
+    which the broker would otherwise keep: repeated runs filled a disk). Returns what it
+    asked the broker to delete; a failure is reported, never raised, so the run's results
+    still count."""
+    try:
+        with admin_client(bootstrap) as client:
+            gone = run_topics(client.list_topics(timeout=10).topics, run_id)
+            if gone:
+                for future in client.delete_topics(gone, operation_timeout=30).values():
+                    future.result(timeout=60)
+    except Exception as exc:  # cleanup must not fail a finished run
+        say(f"could not delete this run's topics: {exc}")
+        return []
+    if gone:
+        say(f"deleted this run's {len(gone)} topics")
+    return gone
+
+
 def host_port(dsn: str) -> tuple[str, int]:
     """``postgresql://user@host:port/db`` -> (host, port)."""
     host, port = dsn.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
@@ -215,10 +242,12 @@ __all__ = [
     "Cluster",
     "Phase",
     "drain_backlog",
+    "drop_run_topics",
     "ensure_stack",
     "fill",
     "host_port",
     "load_avg",
+    "run_topics",
     "say",
     "settle_disk",
     "stop_all",

@@ -56,6 +56,7 @@ from ackline.load.bench.common import (
     Cluster,
     Phase,
     drain_backlog,
+    drop_run_topics,
     ensure_stack,
     fill,
     host_port,
@@ -430,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = _run(args, state_dir, logs, run_id, info)
     finally:
         kill_all()  # whatever a failed phase left running
+        if not args.keep:
+            drop_run_topics(info.kafka_bootstrap, run_id)
         if started_here and not args.keep:
             say("stopping the bench stack")
             stack.down(state_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from ackline.core.errors import SettingsError
 from ackline.dev.kafka import server_properties
-from ackline.load.bench import flood, readme, report, rtt
+from ackline.load.bench import common, flood, readme, report, rtt
 from ackline.load.bench.limit import DEFAULT_WRITER_CONNECTIONS, rounds, writer_connections
 from ackline.schemas.decode import Rejection, Row, decode
 from ackline.settings import Settings
@@ -245,3 +245,20 @@ def test_the_limit_is_taken_over_the_worker_s_writer_connections(
     monkeypatch.setenv("ACKLINE_WRITER_CONNECTIONS", "two")
     with pytest.raises(SettingsError, match="ACKLINE_WRITER_CONNECTIONS"):
         writer_connections()
+
+
+def test_run_topics_are_the_names_holding_the_run_id() -> None:
+    names = [
+        "bench-events-ab12cd34",
+        "bench-events-ab12cd34.connect",
+        "lat-ackline-ab12cd34",
+        "bench-events-ab12cd34.dlq",
+        "bench-events-ffff0000",
+        "__consumer_offsets",
+    ]
+    assert common.run_topics(names, "ab12cd34") == [
+        "bench-events-ab12cd34",
+        "bench-events-ab12cd34.connect",
+        "bench-events-ab12cd34.dlq",
+        "lat-ackline-ab12cd34",
+    ]
