@@ -13,10 +13,13 @@ Nothing here is a second schema. The payload checks are compiled at first use fr
 pydantic models' ``model_fields`` (the registry :data:`ackline.schemas.envelope.ENVELOPES`),
 by recognising the field types of ``envelope.py`` (``Text``, ``Ident``, bounded ``int``,
 ``bool``, a ``Literal`` of strs, ``list[Text|Ident]``, ``JsonObject``); ``event_id`` goes
-through a pydantic TypeAdapter of the model's own UUID type and ``occurred_at`` through the
-model's own parser. A model it does not recognise (a plugin with defaults, validators or
-other field types) always takes the slow path: :func:`fast_path_models` tells which. If the
-envelope's fields ever differ from the ones this module assumes, the fast path is off.
+through a pydantic TypeAdapter of the model's own UUID type unless it is spelled canonically
+(:data:`_PLAIN_UUID`: then any UUID parser reads the same 16 bytes), and ``occurred_at``
+through the model's own parser unless it is canonical UTC already (then the parser's result
+is ``datetime.fromisoformat``'s, which is all it costs). A model it does not recognise (a
+plugin with defaults, validators or other field types) always takes the slow path:
+:func:`fast_path_models` tells which. If the envelope's fields ever differ from the ones
+this module assumes, the fast path is off.
 
 Parsing is msgspec's (C). It keeps integers exact like ``json`` (same 4300-digit limit),
 refuses NaN/Infinity, lone-surrogate escapes, invalid UTF-8, BOM and leading zeros, and
@@ -57,6 +60,7 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypeVar
 
 import annotated_types
 import msgspec
+from asyncpg.pgproto.pgproto import UUID as _PgUUID
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -74,6 +78,12 @@ from ackline.schemas.envelope import (
     format_timestamp,
 )
 from ackline.schemas.errors import SchemaError
+
+EventUUID: Final = _PgUUID
+"""The type of a Row's ``event_id`` (both paths): asyncpg's C subclass of ``uuid.UUID``,
+equal and hash-equal to it. The writer COPYs the id three times per event; asyncpg writes
+this type's 16 bytes as they are, where a plain ``uuid.UUID`` costs a ``.bytes`` each
+time, and it parses a canonical id text in a third of pydantic's time."""
 
 FAST_DEPTH_CAP: Final = 64
 """Deepest document the fast path decodes itself: realistic events nest 3-6 deep, and it
@@ -115,9 +125,9 @@ FieldSpec = tuple[str, int, Any, Any]
 
 @dataclass(frozen=True, slots=True)
 class PayloadSpec:
-    """A payload model compiled to the checks the fast path runs."""
+    """A payload model compiled to the checks the fast path runs: one per field, names
+    distinct (so a document with as many keys, each of them found, has exactly these)."""
 
-    keys: frozenset[str]
     fields: tuple[FieldSpec, ...]
 
 
@@ -200,7 +210,7 @@ def _compile(payload: type[Payload]) -> PayloadSpec | None:
         if kind is None:
             return None
         fields.append((name, *kind))
-    return PayloadSpec(frozenset(payload.model_fields), tuple(fields))
+    return PayloadSpec(tuple(fields))
 
 
 _ENVELOPE_KEYS: Final = frozenset(
@@ -275,6 +285,8 @@ def fast_path_models() -> Mapping[tuple[str, int], bool]:
 
 # --- the checks -----------------------------------------------------------------------------
 
+_MISSING: Final = object()
+"""A payload field not in the document: its type matches no kind, so the scan says _BAD."""
 _BAD: Final = -1
 _PLAIN: Final = 0
 _FLOATS: Final = 1
@@ -302,17 +314,18 @@ def _json_scan(container: Any, room: int) -> int:
 def _payload_scan(payload: Any, spec: PayloadSpec, depth_room: int) -> int:  # noqa: C901
     """_BAD unless ``payload`` passes the compiled spec; else _FLOATS or _PLAIN.
     ``depth_room``: container levels that may still nest below the payload object."""
-    if type(payload) is not dict or payload.keys() != spec.keys:
+    # As many keys as fields, each field found: exactly the model's keys.
+    if type(payload) is not dict or len(payload) != len(spec.fields):
         return _BAD
     found = _PLAIN
     for name, kind, a, b in spec.fields:
-        value = payload[name]
+        value = payload.get(name, _MISSING)
         vtype = type(value)
-        if kind == _TEXT:
-            if vtype is not str:
-                return _BAD
-        elif kind == _IDENT:
+        if kind == _IDENT:  # the commonest kind first
             if vtype is not str or not 0 < len(value) <= MAX_ID_CHARS:
+                return _BAD
+        elif kind == _TEXT:
+            if vtype is not str:
                 return _BAD
         elif kind == _INT:
             if vtype is not int or not a <= value <= b:
@@ -351,6 +364,9 @@ _CANONICAL_STAMP: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", 
 """An occurred_at already in canonical form: once ``_parse_timestamp`` accepted it, its
 canonical text is itself (every field is fixed-width; 'Z' is UTC, nothing to convert)."""
 
+_PLAIN_UUID: Final = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}", re.ASCII)
+"""An event_id in the canonical text (lower-case, hyphenated): pydantic accepts it, and it
+means the same 16 bytes to both parsers; any other spelling goes through pydantic."""
 _ESCAPE: Final = re.compile(rb"\\u")
 """A ``\\u`` escape (or text with a backslash before a ``u``): rare in real traffic.
 ``re.search`` finds it faster than ``bytes.__contains__``."""
@@ -396,10 +412,13 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
     parse_stamp = _parse_timestamp
     canonical_stamp = _CANONICAL_STAMP.fullmatch
     find_escape = _ESCAPE.search
+    plain_uuid = _PLAIN_UUID.fullmatch
+    fast_uuid = EventUUID
+    from_iso = datetime.fromisoformat
     enc = json.encoder.encode_basestring  # the canonical encoder's str encoder
     specs = _SPECS
     envelopes = ENVELOPES  # the registry itself (plugins add to it at start)
-    envelope_keys = _ENVELOPE_KEYS
+    envelope_size = len(_ENVELOPE_KEYS)
     ident = _ident
     payload_scan = _payload_scan
     enabled = FAST_ENABLED
@@ -412,10 +431,20 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
             obj = loads(value)
         except Exception:  # msgspec's errors, a float_hook refusal, RecursionError
             return slow(value, limits)
-        if type(obj) is not dict or obj.keys() != envelope_keys:
+        # Eight distinct keys, each one found: exactly the envelope's keys.
+        if type(obj) is not dict or len(obj) != envelope_size:
             return slow(value, limits)
-        event_type = obj["type"]
-        version = obj["schema_version"]
+        try:
+            event_type = obj["type"]
+            version = obj["schema_version"]
+            txn_id = obj["txn_id"]
+            agent_id = obj["agent_id"]
+            request_id = obj["request_id"]
+            raw_event_id = obj["event_id"]
+            raw_stamp = obj["occurred_at"]
+            payload = obj["payload"]
+        except KeyError:
+            return slow(value, limits)
         if type(event_type) is not str or type(version) is not int:
             return slow(value, limits)
         model = envelopes.get((event_type, version))
@@ -438,12 +467,6 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
         depth_room = min(limits.max_depth, depth_cap) - 2
         if depth_room < 0:
             return slow(value, limits)
-        txn_id = obj["txn_id"]
-        agent_id = obj["agent_id"]
-        request_id = obj["request_id"]
-        raw_event_id = obj["event_id"]
-        raw_stamp = obj["occurred_at"]
-        payload = obj["payload"]
         if not (ident(txn_id) and ident(agent_id) and ident(request_id)):
             return slow(value, limits)
         if type(raw_event_id) is not str or type(raw_stamp) is not str:
@@ -452,8 +475,12 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
             found = payload_scan(payload, spec, depth_room)
             if found == _BAD:
                 return slow(value, limits)
-            event_id = validate_event_id(raw_event_id)
-            occurred_at: datetime = parse_stamp(raw_stamp)
+            if plain_uuid(raw_event_id):
+                event_id = fast_uuid(raw_event_id)
+            else:
+                event_id = fast_uuid(validate_event_id(raw_event_id).bytes)
+            canonical = canonical_stamp(raw_stamp) is not None
+            occurred_at: datetime = from_iso(raw_stamp) if canonical else parse_stamp(raw_stamp)
             if found == _PLAIN:
                 payload_json = dumps_sorted(payload).decode("utf-8")
             else:  # floats: only the canonical encoder writes them canonically
@@ -472,7 +499,7 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
         )
         if not _no_duplicates(value, accounted, escapes):
             return slow(value, limits)
-        stamp = raw_stamp if canonical_stamp(raw_stamp) else format_timestamp(occurred_at)
+        stamp = raw_stamp if canonical else format_timestamp(occurred_at)
         # The body's keys in sorted order; strings through the canonical encoder's own.
         body_json = (
             f'{{"agent_id":{enc(agent_id)},"occurred_at":"{stamp}","payload":{payload_json},'
