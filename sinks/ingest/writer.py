@@ -23,11 +23,11 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    makes the partitions (:class:`ackline.sinks.admin.partitions.Upkeep`) and retries it;
 
    While batches meet no stored key (a first ingest), steps 2-4 become one probe per
-   key: classify against nothing stored, SAVEPOINT, COPY; the unique indexes are the
-   probe. There a unique violation is the normal sign of a stored key (a replay, or a
-   concurrent writer's): the transaction rolls back to the savepoint only, and steps
-   2-4 run as above (:meth:`BatchWriter._insert_new`). Measured on 500,000 new events
-   (the writer alone): PostgreSQL 27.5 -> 22-23 us per event;
+   key: classify against nothing stored, COPY; the unique indexes are the probe. There
+   a unique violation is the normal sign of a stored key (a replay, or a concurrent
+   writer's): the transaction rolls back and the batch is retried at once, with steps
+   2-4 as above (:meth:`BatchWriter._insert_new`). Measured on 500,000 new events (the
+   writer alone): PostgreSQL 27.5 -> 22-23 us per event;
 5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...) (a conflict with an
    erased event keeps its keys and hashes but not its incoming body: a replay must not
    bring erased content back);
@@ -247,6 +247,10 @@ class _PartitionMissingError(Exception):
     """A COPY found no partition for this transaction's day: make it, retry the batch."""
 
 
+class _StoredKeyMetError(Exception):
+    """An unread batch met a stored key: roll back, retry it reading the keys first."""
+
+
 class _SchemaMovedError(Exception):
     """Migration 0008 committed under a batch that began before it: retry the batch."""
 
@@ -374,6 +378,8 @@ class BatchWriter:
             except _SchemaMovedError:
                 self._retrying("schema_moved")
                 continue
+            except _StoredKeyMetError:
+                continue  # not a retry: how a replay's first batch learns to read first
             except _CommitUncertainError as uncertain:
                 self._retrying("commit_uncertain")
                 log.warning(
@@ -501,8 +507,8 @@ class BatchWriter:
 
         A key that exists (committed by a concurrent writer after the keys were read, or
         stored, when they were not read) fails the COPY with UniqueViolationError: raised
-        as RaceLostError; after a read the caller rolls back and retries the batch, which
-        re-reads the keys, before one it rolls back to its savepoint. A missing partition
+        as RaceLostError; the caller rolls back and retries the batch, which reads the
+        keys (again, if it had read them). A missing partition
         (CheckViolationError "no partition of relation") and a batch that began before
         migration 0008 and met the partitioned table (its rows carry no ingested_on,
         which has no default there) roll back and are retried too.
@@ -555,14 +561,16 @@ class BatchWriter:
         docstring), probing each key once when the keys are expected to be new.
 
         Unread (while the last batch met no stored key): classify against nothing stored,
-        SAVEPOINT, COPY. The unique indexes are the probe: if the COPY succeeds, no key
-        it wrote was stored, so that classification is the one a read would have given
+        COPY. The unique indexes are the probe: if the COPY succeeds, no key it wrote was
+        stored, so that classification is the one a read would have given
         (:func:`_proven_by_copy` says when the COPY writes every key that matters). If a
         key was stored (a replay, or a concurrent writer that committed it: the COPY waits
-        for that writer first), the COPY fails with a unique violation, everything since
-        the savepoint is rolled back (the ledger rows of a COPY that failed on event_keys
-        included), and the batch is read, classified and COPYed as below; the next
-        batches read first until one meets no stored key.
+        for that writer first), the COPY fails with a unique violation and
+        :class:`_StoredKeyMetError` rolls the whole transaction back (the ledger rows of a
+        COPY that failed on event_keys included); the batch is retried at once, read first,
+        and the next batches read first until one meets no stored key. The whole
+        transaction, not a savepoint: a savepoint cost a round trip on every batch of a
+        first ingest to spare a fence on the one batch where a replay begins.
 
         Read first: read the stored keys, classify, COPY the new events.
 
@@ -570,14 +578,12 @@ class BatchWriter:
         """
         fresh = classify(batch.events, {}, {}) if self._unread and batch.events else None
         if fresh is not None and _proven_by_copy(fresh):
-            await conn.execute("SAVEPOINT unread")
             try:
                 await self._copy_inserts(conn, fenced, fresh)
-            except RaceLostError:  # a stored key: read them all
-                await conn.execute("ROLLBACK TO SAVEPOINT unread")
+            except RaceLostError as exc:  # a stored key: retry the batch, reading them all
                 self._unread = False
-            else:
-                return fresh
+                raise _StoredKeyMetError() from exc
+            return fresh
         verdict, stored = await self._classify(conn, batch, fenced.keyed)
         self._unread = not stored
         if verdict.inserts:

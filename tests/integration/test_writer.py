@@ -150,8 +150,9 @@ def test_connection_killed_mid_batch_is_retried(dsn: str) -> None:
 def test_concurrent_inserter_race_is_rechecked(dsn: str, mode: str) -> None:
     """Another transaction holds the key when we insert: we roll back, re-read, and see
     a duplicate (window 14). Unread (the writer's last batch met no stored key): the COPY
-    is the probe, and rolls back to its savepoint; read first (it met one): the COPY
-    after the read fails and the batch is retried."""
+    is the probe, and the batch is retried at once, reading first (not counted as a
+    retry); read first (it met one): the COPY after the read fails and the batch is
+    retried."""
 
     async def go() -> None:
         epochs = await _take(dsn, "w", [0, 1])
@@ -349,7 +350,7 @@ def test_an_unread_batch_judges_a_stored_txn_id_before_an_earlier_copy_of_its_ev
 
 def test_an_unread_batch_whose_event_id_alone_is_stored_keeps_no_ledger_row(dsn: str) -> None:
     """A stored event_id under a new txn_id is found by the event_keys COPY, after the
-    ledger COPY succeeded: rolling back to the savepoint must take the ledger rows back."""
+    ledger COPY succeeded: rolling the batch back must take the ledger rows back."""
 
     async def go() -> None:
         epoch = (await _take(dsn, "first", [0]))[0]
