@@ -161,10 +161,14 @@ def _limit_line(summary: dict[str, Any]) -> list[str]:
     tried = notes.get("events_per_s_by_connections")
     if not tried:
         return []
+    runs = notes.get("runs_by_connections") or {}
     parts = ", ".join(
-        f"{n} connection{'s' if n != '1' else ''} {fmt(v)}/s" for n, v in tried.items()
+        f"{n} connection{'s' if n != '1' else ''} {fmt(v)}/s"
+        + (f" (runs {' / '.join(fmt(r) for r in runs[n])})" if len(runs.get(n, [])) > 1 else "")
+        for n, v in tried.items()
     )
-    return ["", f"The limit is the best of 1 and N parallel COPY connections ({parts})."]
+    what = "the best run" if any(len(r) > 1 for r in runs.values()) else "the best"
+    return ["", f"The limit is {what} of 1 and N parallel COPY connections ({parts})."]
 
 
 def _flood_rows(summary: dict[str, Any]) -> list[str]:

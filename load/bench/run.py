@@ -90,6 +90,8 @@ from ackline.streams.admin import ensure_topic
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 CHART = Path(__file__).resolve().parent / "results.png"
+LIMIT_TRIES = 2
+"""Runs of the limit at each connection count (its rate is the best): about a minute each."""
 
 
 @dataclass
@@ -102,17 +104,25 @@ class Bench:
 
     # -- the limit --------------------------------------------------------------------
 
-    def limit(self, writers: int = 1) -> Phase:
-        """The best of 1 and ``writers`` parallel COPY connections (each a fresh database)."""
+    def limit(self, writers: int = 1, tries: int = LIMIT_TRIES) -> Phase:
+        """The best of ``tries`` runs each of 1 and ``writers`` parallel COPY connections
+        (each run a fresh database). A ceiling is its best run: one slow spell of the
+        host during a single run made the limit 23,325/s on one connection where the
+        same code had made 80,261, and ackline's ratio to it looked better than it is."""
         best: Phase | None = None
         tried: dict[str, float] = {}
+        runs: dict[str, list[float]] = {}
         for width in sorted({1, writers}):
-            phase = self._limit(width)
-            tried[str(width)] = round(phase.events_per_s)
-            if best is None or phase.events_per_s > best.events_per_s:
-                best = phase
+            for _ in range(max(tries, 1)):
+                phase = self._limit(width)
+                rate = round(phase.events_per_s)
+                runs.setdefault(str(width), []).append(rate)
+                tried[str(width)] = max(tried.get(str(width), 0), rate)
+                if best is None or phase.events_per_s > best.events_per_s:
+                    best = phase
         assert best is not None
         best.notes["events_per_s_by_connections"] = tried
+        best.notes["runs_by_connections"] = runs
         return best
 
     def _limit(self, connections: int) -> Phase:
@@ -416,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the limit is the best of 1 and this many parallel COPY connections (default: "
         "the connections the bench's ackline worker writes over, ACKLINE_WRITER_CONNECTIONS)",
     )
+    p.add_argument(
+        "--limit-tries",
+        type=int,
+        default=LIMIT_TRIES,
+        help=f"runs of the limit at each connection count; it is the best (default: {LIMIT_TRIES})",
+    )
     p.add_argument("--flood-records", type=int, default=flood.FLOOD_RECORDS)
     p.add_argument("--keep", action="store_true", help="leave the bench stack running")
     p.add_argument("--results", default=str(RESULTS))
@@ -546,7 +562,7 @@ def _first_ingest(
     systems: dict[str, System] = {}
     if "limit" in only:
         width = args.limit_connections or writer_connections()
-        out["limit"] = {"ingest": bench.limit(width).to_json()}
+        out["limit"] = {"ingest": bench.limit(width, args.limit_tries).to_json()}
     if "ackline" in only or "scale" in only:
         ingested = Ackline("ackline", env)
         systems["ackline"] = ingested

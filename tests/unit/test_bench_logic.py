@@ -232,6 +232,19 @@ def test_the_page_block_shows_per_event_cpu_the_flood_and_the_rtt_runs() -> None
     assert "same count of tasks: 1 task 12,000/s, 2 tasks 19,000/s." in block
 
 
+def test_the_page_block_shows_every_run_of_the_limit_when_it_ran_more_than_once() -> None:
+    summary = _summary()
+    summary["systems"]["limit"]["ingest"]["notes"] = {
+        "events_per_s_by_connections": {"1": 80_261, "2": 109_864},
+        "runs_by_connections": {"1": [23_325, 80_261], "2": [109_864, 60_156]},
+    }
+    block = readme.block(summary)
+    assert (
+        "The limit is the best run of 1 and N parallel COPY connections (1 connection "
+        "80,261/s (runs 23,325 / 80,261), 2 connections 109,864/s (runs 109,864 / 60,156))."
+    ) in block
+
+
 def test_the_limit_is_taken_over_the_worker_s_writer_connections(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
