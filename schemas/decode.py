@@ -76,7 +76,7 @@ from typing import Any, Final, NamedTuple
 from pydantic import ValidationError
 
 from ackline.schemas.canonical import canonical_texts
-from ackline.schemas.decode_fast import FAST_DEPTH_CAP, EventUUID, make_fast_decoder
+from ackline.schemas.decode_fast import FAST_DEPTH_CAP, make_fast_decoder
 from ackline.schemas.envelope import (
     PARSED_JSON_CONTEXT,
     describe_validation_error,
@@ -124,7 +124,7 @@ class Row(NamedTuple):
     through ``object.__setattr__``). Immutable all the same.
     """
 
-    event_id: uuid.UUID  # an EventUUID
+    event_id: uuid.UUID
     txn_id: str
     type: str
     agent_id: str
@@ -414,7 +414,7 @@ def reference_decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Ro
         # Not expected after validation; rejecting beats crashing the consumer on it.
         return Rejection(SCHEMA_INVALID, _clip(f"{type(exc).__name__}: {exc}"))
     return Row(  # positional: measurably cheaper per event than keywords
-        EventUUID(env.event_id.bytes),
+        env.event_id,
         env.txn_id,
         env.type,
         env.agent_id,

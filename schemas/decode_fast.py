@@ -13,10 +13,9 @@ Nothing here is a second schema. The payload checks are compiled at first use fr
 pydantic models' ``model_fields`` (the registry :data:`ackline.schemas.envelope.ENVELOPES`),
 by recognising the field types of ``envelope.py`` (``Text``, ``Ident``, bounded ``int``,
 ``bool``, a ``Literal`` of strs, ``list[Text|Ident]``, ``JsonObject``); ``event_id`` goes
-through a pydantic TypeAdapter of the model's own UUID type unless it is spelled canonically
-(:data:`_PLAIN_UUID`: then any UUID parser reads the same 16 bytes), and ``occurred_at``
-through the model's own parser unless it is canonical UTC already (then the parser's result
-is ``datetime.fromisoformat``'s, which is all it costs). A model it does not recognise (a
+through a pydantic TypeAdapter of the model's own UUID type, and ``occurred_at`` through
+the model's own parser unless it is canonical UTC already (then the parser's result is
+``datetime.fromisoformat``'s, which is all it costs). A model it does not recognise (a
 plugin with defaults, validators or other field types) always takes the slow path:
 :func:`fast_path_models` tells which. If the envelope's fields ever differ from the ones
 this module assumes, the fast path is off.
@@ -60,7 +59,6 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypeVar
 
 import annotated_types
 import msgspec
-from asyncpg.pgproto.pgproto import UUID as _PgUUID
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -78,12 +76,6 @@ from ackline.schemas.envelope import (
     format_timestamp,
 )
 from ackline.schemas.errors import SchemaError
-
-EventUUID: Final = _PgUUID
-"""The type of a Row's ``event_id`` (both paths): asyncpg's C subclass of ``uuid.UUID``,
-equal and hash-equal to it. The writer COPYs the id three times per event; asyncpg writes
-this type's 16 bytes as they are, where a plain ``uuid.UUID`` costs a ``.bytes`` each
-time, and it parses a canonical id text in a third of pydantic's time."""
 
 FAST_DEPTH_CAP: Final = 64
 """Deepest document the fast path decodes itself: realistic events nest 3-6 deep, and it
@@ -364,9 +356,6 @@ _CANONICAL_STAMP: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", 
 """An occurred_at already in canonical form: once ``_parse_timestamp`` accepted it, its
 canonical text is itself (every field is fixed-width; 'Z' is UTC, nothing to convert)."""
 
-_PLAIN_UUID: Final = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}", re.ASCII)
-"""An event_id in the canonical text (lower-case, hyphenated): pydantic accepts it, and it
-means the same 16 bytes to both parsers; any other spelling goes through pydantic."""
 _ESCAPE: Final = re.compile(rb"\\u")
 """A ``\\u`` escape (or text with a backslash before a ``u``): rare in real traffic.
 ``re.search`` finds it faster than ``bytes.__contains__``."""
@@ -412,8 +401,6 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
     parse_stamp = _parse_timestamp
     canonical_stamp = _CANONICAL_STAMP.fullmatch
     find_escape = _ESCAPE.search
-    plain_uuid = _PLAIN_UUID.fullmatch
-    fast_uuid = EventUUID
     from_iso = datetime.fromisoformat
     enc = json.encoder.encode_basestring  # the canonical encoder's str encoder
     specs = _SPECS
@@ -475,10 +462,7 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
             found = payload_scan(payload, spec, depth_room)
             if found == _BAD:
                 return slow(value, limits)
-            if plain_uuid(raw_event_id):
-                event_id = fast_uuid(raw_event_id)
-            else:
-                event_id = fast_uuid(validate_event_id(raw_event_id).bytes)
+            event_id = validate_event_id(raw_event_id)
             canonical = canonical_stamp(raw_stamp) is not None
             occurred_at: datetime = from_iso(raw_stamp) if canonical else parse_stamp(raw_stamp)
             if found == _PLAIN:

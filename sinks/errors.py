@@ -28,8 +28,8 @@ class RaceLostError(SinkError):
     """A COPY met a key it was not told of: a concurrent writer's, or (before the keys
     were read, docs/design.md "One probe per key") a stored one.
 
-    After a read, the transaction is rolled back and retrying the batch re-reads the
-    stored keys; before one, the writer rolls back to its savepoint and reads them.
+    Either way the transaction is rolled back and the batch retried, reading the stored
+    keys first (again, if it had read them).
     """
 
 

@@ -113,7 +113,7 @@ class Bench:
         tried: dict[str, float] = {}
         runs: dict[str, list[float]] = {}
         for width in sorted({1, writers}):
-            for _ in range(max(tries, 1)):
+            for _ in range(tries):
                 phase = self._limit(width)
                 rate = round(phase.events_per_s)
                 runs.setdefault(str(width), []).append(rate)
@@ -436,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the bench stack running")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
+    if args.limit_tries < 1:
+        p.error(f"--limit-tries must be at least 1, not {args.limit_tries}")
     state_dir = ROOT / ".ackline" / "bench"
     run_id = uuid.uuid4().hex[:8]
     logs = state_dir / "logs" / run_id

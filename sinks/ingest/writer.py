@@ -248,7 +248,8 @@ class _PartitionMissingError(Exception):
 
 
 class _StoredKeyMetError(Exception):
-    """An unread batch met a stored key: roll back, retry it reading the keys first."""
+    """An unread batch met a stored key: roll back, retry it reading the keys first (a
+    second attempt of the batch, so its fault points are reached again)."""
 
 
 class _SchemaMovedError(Exception):

@@ -245,6 +245,17 @@ def test_the_page_block_shows_every_run_of_the_limit_when_it_ran_more_than_once(
     ) in block
 
 
+def test_a_limit_run_count_below_one_stops_the_bench_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ackline.load.bench import run
+
+    with pytest.raises(SystemExit) as stopped:
+        run.main(["--limit-tries", "0"])
+    assert stopped.value.code == 2
+    assert "--limit-tries must be at least 1, not 0" in capsys.readouterr().err
+
+
 def test_the_limit_is_taken_over_the_worker_s_writer_connections(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

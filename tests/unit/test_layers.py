@@ -104,6 +104,33 @@ def test_imports_only_go_down() -> None:
     assert upward == []
 
 
+DRIVERS = ("asyncpg", "confluent_kafka", "faust", "aiokafka")
+"""Clients of PostgreSQL and Kafka: the floors below ``ackline.sinks`` know neither."""
+
+
+def _third_party(path: Path) -> set[str]:
+    """The top-level names of every absolute import in ``path`` (functions included)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_schema_and_the_ground_floor_know_no_database_or_broker_client() -> None:
+    """docs/design.md: schemas know nothing of Kafka or PostgreSQL. The decoder once took
+    asyncpg's UUID type for its rows (0.4 us per event), which made the producer SDK load
+    the database driver and hand users asyncpg's type."""
+    low = [m for m in MODULES if m != "ackline" and floor(m) < floor("ackline.sinks")]
+    assert "ackline.schemas.decode_fast" in low
+    found = sorted(
+        f"{m} imports {name}" for m in low for name in _third_party(MODULES[m]) if name in DRIVERS
+    )
+    assert found == []
+
+
 def test_a_worker_never_loads_the_dev_stack() -> None:
     seen: set[str] = set()
     todo = [m for m in MODULES if m.startswith(PRODUCTION)]
