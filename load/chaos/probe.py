@@ -10,15 +10,25 @@ only grow, so a sample can never show Kafka ahead when it was not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 _ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+T = TypeVar("T")
+
+
+def _outcome_taken(task: asyncio.Task[Any]) -> None:
+    """Take a cut call's outcome: it was abandoned on purpose, so it is not news."""
+    if not task.cancelled():
+        task.exception()
+
 
 GHOST_STANDBY = "ackline_chaos_ghost"
 """A synchronous standby that never exists: while it is configured, every COMMIT that
@@ -32,15 +42,36 @@ class Pg:
         self.dsn = dsn
         self._loop = asyncio.new_event_loop()
         self._conn: asyncpg.Connection | None = None
+        self._cut: asyncio.Task[Any] | None = None  # a call a stop request cut short
 
     def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        """Run ``sql``; reconnect and raise the error when the connection fails."""
+        """Run ``sql``; reconnect and raise the error when the connection fails.
+
+        A stop request (SIGTERM's Terminated, Ctrl-C) raised while the loop waits leaves
+        the connection mid-protocol: it is dropped too, never reused, and the cut call's
+        task is cancelled with its outcome taken, so nothing logs a traceback about it.
+        """
         try:
             if self._conn is None or self._conn.is_closed():
-                self._conn = self._loop.run_until_complete(asyncpg.connect(self.dsn, timeout=10))
-            return self._loop.run_until_complete(self._conn.fetch(sql, *args, timeout=60))
-        except _ERRORS:
+                self._conn = self._run(asyncpg.connect(self.dsn, timeout=10))
+            return self._run(self._conn.fetch(sql, *args, timeout=60))
+        except BaseException:
             self._drop()
+            cut, self._cut = self._cut, None
+            if cut is not None:  # its transport is closed now: it ends at the next turn
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(asyncio.wait([cut], timeout=1))
+            raise
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        task = self._loop.create_task(call)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():
+                task.add_done_callback(_outcome_taken)
+                task.cancel()
+                self._cut = task
             raise
 
     def try_fetch(self, sql: str, *args: Any) -> list[asyncpg.Record] | None:

@@ -351,3 +351,37 @@ def test_a_worker_claiming_through_a_database_outage_stops(
             proc.wait(30)
     # the faust runtime stops with faust's own status; either way it stopped, not killed
     assert status >= 0, log.read_text(errors="replace")[-3000:]
+
+
+def test_a_chaos_probe_cut_mid_query_by_a_stop_drops_its_connection(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop request (SIGTERM raises Terminated in the main thread) that lands while the
+    chaos harness's probe waits on PostgreSQL leaves that connection mid-protocol. Reused,
+    it failed with "got result for unknown protocol state", and the abandoned query's task
+    was logged as "Task exception was never retrieved" with a traceback, on a run the
+    operator had stopped cleanly (tests above: no traceback after a stop)."""
+    import gc
+    import logging
+
+    from ackline.load.chaos.probe import Pg
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    pg = Pg(services.database_url)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert pg.fetch("SELECT 1 AS one")[0]["one"] == 1
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(KeyboardInterrupt):
+            pg.fetch("SELECT pg_sleep(3)")
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            assert pg.fetch("SELECT 2 AS two")[0]["two"] == 2  # a fresh connection
+            pg.close()
+            gc.collect()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
