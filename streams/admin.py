@@ -147,14 +147,21 @@ def ensure_topic(
 
 
 def delete_topic(bootstrap: str, topic: str, *, conf: Mapping[str, Any] | None = None) -> None:
-    client = admin(bootstrap, conf)
-    futures = client.delete_topics([topic], operation_timeout=30)
-    try:
-        futures[topic].result(timeout=60)
-    except KafkaException as exc:
-        raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
-    finally:
-        drain(client)
+    delete_topics(bootstrap, [topic], conf=conf)
+
+
+def delete_topics(
+    bootstrap: str, topics: list[str], *, conf: Mapping[str, Any] | None = None
+) -> None:
+    """Delete ``topics`` in one request; TopicError names the first that was not deleted."""
+    if not topics:
+        return
+    with admin_client(bootstrap, conf) as client:
+        for topic, future in client.delete_topics(topics, operation_timeout=30).items():
+            try:
+                future.result(timeout=60)
+            except KafkaException as exc:
+                raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
 
 
 def stable_ends(

@@ -20,7 +20,7 @@ from ackline.dev import stack
 from ackline.load.bench.measure import ProcessResult, cpu_seconds_of, descendants, steady_rate
 from ackline.load.bench.systems import Env, System, query, run_sql
 from ackline.load.errors import LoadError
-from ackline.streams.admin import admin_client
+from ackline.streams.admin import admin_client, delete_topics
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 PARTITIONS: Final = 12
@@ -218,9 +218,7 @@ def drop_run_topics(bootstrap: str, run_id: str) -> list[str]:
     try:
         with admin_client(bootstrap) as client:
             gone = run_topics(client.list_topics(timeout=10).topics, run_id)
-            if gone:
-                for future in client.delete_topics(gone, operation_timeout=30).values():
-                    future.result(timeout=60)
+        delete_topics(bootstrap, gone)
     except Exception as exc:  # cleanup must not fail a finished run
         say(f"could not delete this run's topics: {exc}")
         return []

@@ -42,7 +42,6 @@ class Pg:
         self.dsn = dsn
         self._loop = asyncio.new_event_loop()
         self._conn: asyncpg.Connection | None = None
-        self._cut: asyncio.Task[Any] | None = None  # a call a stop request cut short
 
     def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Run ``sql``; reconnect and raise the error when the connection fails.
@@ -57,10 +56,6 @@ class Pg:
             return self._run(self._conn.fetch(sql, *args, timeout=60))
         except BaseException:
             self._drop()
-            cut, self._cut = self._cut, None
-            if cut is not None:  # its transport is closed now: it ends at the next turn
-                with contextlib.suppress(Exception):
-                    self._loop.run_until_complete(asyncio.wait([cut], timeout=1))
             raise
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
@@ -68,10 +63,12 @@ class Pg:
         try:
             return self._loop.run_until_complete(task)
         except BaseException:
-            if not task.done():
+            if not task.done():  # cut short by a stop request: mid-protocol
                 task.add_done_callback(_outcome_taken)
                 task.cancel()
-                self._cut = task
+                self._drop()  # its transport closed, the task ends at the next turn
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(asyncio.wait([task], timeout=1))
             raise
 
     def try_fetch(self, sql: str, *args: Any) -> list[asyncpg.Record] | None:
