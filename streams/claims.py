@@ -39,13 +39,22 @@ class Claims:
 
     def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
         """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim`: one autocommitted
-        statement bumping the epochs, storing ``starts`` where no offset is stored);
+        statement bumping the epochs, storing ``starts`` where no offset is stored; a previous
+        owner stuck mid-batch on them is ended after the statement bound);
         None when stopping, and then nothing was claimed or the claim is abandoned (a
         claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
 
         async def take() -> list[Claim]:
             return await self._db.retrying(
-                "claim", lambda conn: claim(conn, self._group, self._worker, tps, starts)
+                "claim",
+                lambda conn: claim(
+                    conn,
+                    self._group,
+                    self._worker,
+                    tps,
+                    starts,
+                    stuck_after_s=self._db.bounds.statement_s,
+                ),
             )
 
         try:

@@ -145,7 +145,15 @@ class FaustSink:
 
     async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
         return await self._control_db.retrying(
-            "claim", lambda conn: claim(conn, self._group, self._worker, partitions, starts)
+            "claim",
+            lambda conn: claim(
+                conn,
+                self._group,
+                self._worker,
+                partitions,
+                starts,
+                stuck_after_s=self._control_db.bounds.statement_s,
+            ),
         )
 
     async def retake(self) -> None:

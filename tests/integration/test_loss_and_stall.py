@@ -7,7 +7,11 @@ reported as not consumed (metric, /readyz, an ERROR line) — never silently idl
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -226,3 +230,106 @@ def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
     assert "past the log end" in w.log()
     assert offset_rows(dsn, group)[0].next_offset == 5000  # nothing skipped or rewritten
     assert w.stop() == 0
+
+
+# A previous owner stopped inside a COPY: it claims, fences (the UPDATE that holds the offset
+# rows' locks until its transaction ends), starts a COPY, and SIGSTOPs itself once the server
+# waits for the COPY's data. Run as ackline_ingest, the workers' own role.
+_STUCK_MID_COPY = """
+import asyncio, os, signal, sys
+import asyncpg
+from ackline.sinks.ingest.offsets import claim
+
+async def main(dsn, group, topic):
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": "ackline:gone"})
+    await claim(conn, group, "gone", [(topic, p) for p in range(3)])
+    await conn.execute("CREATE TEMP TABLE stuck (n int)")
+    await conn.execute("BEGIN")
+    await conn.execute(
+        "UPDATE consumer_offsets SET updated_at = now() WHERE group_id = $1", group
+    )
+
+    async def rows():
+        yield (1,)
+        print(conn.get_server_pid(), flush=True)  # the server now waits for COPY data
+        os.kill(os.getpid(), signal.SIGSTOP)
+        yield (2,)
+
+    await conn.copy_records_to_table("stuck", records=rows())
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """A worker stopped (SIGSTOP, a paused VM) while its COPY waits for data holds its
+    fence's row locks for ever: PostgreSQL ends neither a COPY FROM STDIN waiting on its
+    client (statement_timeout is not acted on while it reads from the client) nor the
+    transaction (it is not idle), and the client's kernel keeps the socket alive. Before
+    the fix, the heir's claim waited on those locks for ever: the chaos harness saw a
+    zombie's partitions unclaimed for 180 s. The heir now ends a session that holds its
+    partitions' rows while waiting on its client for longer than the statement bound."""
+    group = f"g-{topic}"
+    manifest = produce_mix(services, topic, tmp_path, 600, seed=241)
+    ingest = dsn.replace("postgres@", "ackline_ingest@", 1)
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_MID_COPY, ingest, group, topic],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stuck.stdout is not None
+        pid = int(stuck.stdout.readline())
+        rows = db(dsn, "SELECT state, wait_event FROM pg_stat_activity WHERE pid = $1", pid)
+        assert [tuple(r) for r in rows] == [("active", "ClientRead")]
+        w = Worker(
+            services,
+            dsn,
+            topic,
+            tmp_path,
+            name="w",
+            runtime=runtime,
+            db_statement_timeout_s=3,
+            **FAST,
+        )
+        wait_drained(dsn, manifest, group, [w], timeout=60)
+        assert not db(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
+        assert f"ended session {pid}" in w.log(), w.log()[-3000:]
+        assert w.stop() == 0, w.log()[-3000:]
+    finally:
+        stuck.kill()
+        stuck.communicate(timeout=30)
+    verify_ok(dsn, manifest, group)
+    assert {r.owner for r in offset_rows(dsn, group).values()} == {"w"}
+
+
+def test_a_claim_waits_for_a_previous_owner_that_is_working(dsn: str, topic: str) -> None:
+    """Only a holder waiting on its client is ended: one running a statement (here a
+    sleep, as a slow statement would) is waited for, and its transaction commits first."""
+    group = f"g-{topic}"
+    tps = [(topic, p) for p in range(3)]
+
+    async def go() -> tuple[float, str, list[int | None]]:
+        holder, heir = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+        try:
+            await claim(holder, group, "slow", tps)
+            await holder.execute("BEGIN")
+            await holder.execute(
+                "UPDATE consumer_offsets SET next_offset = 7 WHERE group_id = $1", group
+            )
+            working = asyncio.create_task(holder.execute("SELECT pg_sleep(4); COMMIT"))
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            claimed = await asyncio.wait_for(claim(heir, group, "heir", tps, stuck_after_s=1), 30)
+            waited = time.monotonic() - started
+            assert [c.epoch for c in claimed] == [2, 2, 2]
+            return waited, await working, [c.next_offset for c in claimed]
+        finally:
+            await holder.close()
+            await heir.close()
+
+    waited, done, offsets = run_async(go())
+    assert done == "COMMIT" and offsets == [7, 7, 7] and waited > 3, (waited, done, offsets)
