@@ -52,6 +52,7 @@ from tests.integration.windows import (
     offset_rows,
     produce_mix,
     read_topic,
+    split_by_retention,
     step,
     terminate,
     verify_ok,
@@ -706,14 +707,9 @@ def test_window_17_first_start_and_offset_deleted_by_retention(
         watermarks(services.bootstrap, topic, 3)[p][0] == cut[p] for p in range(3) if gaps[p]
     )
 
-    deleted = {r.seq for r in records if stored[r.partition] <= r.offset < cut[r.partition]}
-    lost_by_retention = sum(r.committed for r in records if r.seq in deleted)
+    kept, lost_by_retention = split_by_retention(records, stored, cut)
     assert lost_by_retention > 0
-    readable = write_manifest(
-        tmp_path / "readable.jsonl.gz",
-        loaded.header,
-        [r for r in records if r.seq not in deleted],
-    )
+    readable = write_manifest(tmp_path / "readable.jsonl.gz", loaded.header, kept)
     w2 = Worker(services, dsn, topic, tmp_path, name="w2", **FAST)
     wait_drained(dsn, readable, group, [w2])
     assert w2.metric("ackline_retention_skipped_offsets_total") == sum(gaps.values())

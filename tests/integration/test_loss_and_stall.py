@@ -34,6 +34,7 @@ from tests.integration.windows import (
     killed_by_point,
     offset_rows,
     produce_mix,
+    split_by_retention,
     step,
     verify_ok,
     wait_drained,
@@ -158,13 +159,9 @@ def test_item_2_latest_after_retention_resumes_at_the_log_start(
     doomed = [TopicPartition(topic, p, o) for p, o in cut.items()]
     for future in admin.delete_records(doomed).values():
         future.result(30)
-    records = read_manifest(manifest).records
-    deleted = {r.seq for r in records if stored[r.partition] <= r.offset < cut[r.partition]}
-    readable = write_manifest(
-        tmp_path / "readable.jsonl.gz",
-        read_manifest(manifest).header,
-        [r for r in records if r.seq not in deleted],
-    )
+    loaded = read_manifest(manifest)
+    kept, _ = split_by_retention(loaded.records, stored, cut)
+    readable = write_manifest(tmp_path / "readable.jsonl.gz", loaded.header, kept)
     w2 = Worker(services, dsn, topic, tmp_path, name="w2", start_from="latest", **FAST)
     wait_drained(dsn, readable, group, [w2])
     assert w2.metric("ackline_retention_skipped_offsets_total") == sum(gaps.values())
