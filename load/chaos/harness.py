@@ -55,6 +55,7 @@ from typing import IO, Any, TextIO, TypeVar
 import asyncpg
 
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
+from ackline.load.chaos.pacing import Pacer
 from ackline.load.chaos.plan import Fault, plan
 from ackline.load.chaos.probe import OffsetWatch, Pg
 from ackline.load.chaos.runs_check import RunsCheck, check_runs_at
@@ -591,7 +592,14 @@ class _Run:
         self.counts.stops += 1
         owned = self.pg.owned_by(self.name, z.worker_id)
         self.say(f"{z.worker_id} stopped holding a batch; it owned partitions {sorted(owned)}")
-        taken = wait_for(lambda: not self.pg.owned_by(self.name, z.worker_id), 180, self._tick)
+        # Production parks while the partitions move (a session timeout, and up to the
+        # statement bound when the zombie stopped inside a COPY): the faults planned after
+        # this one still find production going.
+        self.pause_file.touch()
+        try:
+            taken = wait_for(lambda: not self.pg.owned_by(self.name, z.worker_id), 180, self._tick)
+        finally:
+            self.pause_file.unlink(missing_ok=True)
         pool.cont(z)
         if not taken:
             self.say(f"{z.worker_id}: its partitions were not all re-claimed")
@@ -762,20 +770,7 @@ def _produce_child(args: dict[str, Any]) -> None:
     """The production child process: produce, then record what was committed."""
     from ackline.load.produce import produce
 
-    rate, started = float(args["rate"]), time.monotonic()
-    pause, paused = Path(args["pause"]), Path(args["paused"])
-
-    def pace(sent: int) -> None:
-        """Between two transactions: hold the rate; park while the harness asks to."""
-        ahead = sent / rate - (time.monotonic() - started) if rate > 0 else 0.0
-        if ahead > 0:
-            time.sleep(ahead)
-        if pause.exists():
-            paused.touch()
-            while pause.exists():
-                time.sleep(0.1)
-            paused.unlink()
-
+    pace = Pacer(float(args["rate"]), Path(args["pause"]), Path(args["paused"]))
     summary = produce(
         args["bootstrap"],
         args["topic"],
