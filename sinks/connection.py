@@ -246,6 +246,19 @@ class Database:
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         self._conn = self._session = None
+        conn = await self._open()
+        try:
+            started = await conn.fetchval(_BACKEND_START)
+            await self._end_orphan(conn)
+        except BaseException:
+            drop(conn)
+            raise
+        self._conn = conn
+        self._session = Session(conn.get_server_pid(), started)
+        return conn
+
+    async def _open(self) -> asyncpg.Connection:
+        """A new connection with this database's settings and bounds."""
         try:
             conn = await asyncio.wait_for(
                 asyncpg.connect(
@@ -264,14 +277,15 @@ class Database:
             raise
         try:
             _bound_socket(conn, self.bounds)
-            started = await conn.fetchval(_BACKEND_START)
-            await self._end_orphan(conn)
         except BaseException:
             drop(conn)
             raise
-        self._conn = conn
-        self._session = Session(conn.get_server_pid(), started)
         return conn
+
+    async def connect_aside(self) -> asyncpg.Connection:
+        """A second connection, to look at the server while this one waits (a claim
+        watching what it waits for); the caller terminates it."""
+        return await self._open()
 
     async def _end_orphan(self, conn: asyncpg.Connection) -> None:
         """Terminate the session dropped last, and wait until it is gone: until then it may

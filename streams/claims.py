@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.batch import TP
-from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
+from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets, stuck_watch
 from ackline.streams.errors import StoppingError
 from ackline.streams.inflight import call_on_loop
 
@@ -40,7 +40,7 @@ class Claims:
     def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
         """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim`: one autocommitted
         statement bumping the epochs, storing ``starts`` where no offset is stored; a previous
-        owner stuck mid-batch on them is ended after the statement bound);
+        owner stuck on its client with their rows locked is ended, see its ``watch``);
         None when stopping, and then nothing was claimed or the claim is abandoned (a
         claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
 
@@ -53,7 +53,7 @@ class Claims:
                     self._worker,
                     tps,
                     starts,
-                    stuck_after_s=self._db.bounds.statement_s,
+                    watch=stuck_watch(self._db),
                 ),
             )
 

@@ -8,11 +8,16 @@ partition can no longer advance it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import asyncpg
+
+from ackline.sinks.connection import Database
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ async def claim(
     partitions: list[tuple[str, int]],
     starts: Mapping[tuple[str, int], int] | None = None,
     *,
-    stuck_after_s: float | None = None,
+    watch: StuckWatch | None = None,
 ) -> list[Claim]:
     """Take ``partitions`` for ``owner``: bump each epoch and return where to resume.
 
@@ -54,103 +59,190 @@ async def claim(
     skip what was produced in between). Partitions missing from it keep no offset (they
     are read from the log start).
 
-    Order of effects: one statement that inserts missing offset rows and increments the
-    epoch of existing ones (storing the start where no offset is stored, and waiting for
-    the row lock of any batch still in flight under the previous epoch, so that batch
-    commits or rolls back first), then returns next_offset and the new epoch. A crash
-    before the statement commits changes nothing; a crash after it (before the consumer
-    assigns) leaves a higher epoch that no one holds, which the next claim simply bumps
-    again: nothing can be written under it.
+    Order of effects: one autocommitted statement that inserts missing offset rows and
+    increments the epoch of existing ones (storing the start where no offset is stored,
+    and waiting for the row lock of any batch still in flight under the previous epoch,
+    so that batch commits or rolls back first), then returns next_offset and the new
+    epoch. A crash before the statement commits changes nothing; a crash after it
+    (before the consumer assigns) leaves a higher epoch that no one holds, which the next
+    claim simply bumps again: nothing can be written under it.
 
-    ``stuck_after_s`` (the workers' statement bound): the wait for a row lock is cut into
-    slices (see :func:`_claim_past_stuck_holders`), so that a previous owner stopped mid-batch,
-    whose locks PostgreSQL would never free, is ended instead of waited for for ever.
+    ``watch``: while the statement waits, a second connection looks at what it waits for
+    and ends a previous owner stuck on its client (:func:`_claim_watched`), which
+    PostgreSQL would never end.
     """
     given = starts or {}
-    topics, numbers = [t for t, _ in partitions], [p for _, p in partitions]
+    numbers = [p for _, p in partitions]
+    topics = [t for t, _ in partitions]
     args = (group_id, topics, numbers, owner, [given.get(tp) for tp in partitions])
-    if stuck_after_s is None:
+    if watch is None:
         rows = await conn.fetch(_CLAIM, *args)
     else:
-        rows = await _claim_past_stuck_holders(conn, args, stuck_after_s)
+        rows = await _claim_watched(conn, args, watch, numbers)
     return [
         Claim(str(r["topic"]), int(r["partition"]), r["next_offset"], int(r["epoch"])) for r in rows
     ]
 
 
-_LOCK_WAIT = "SELECT set_config('lock_timeout', $1, true)"
+@dataclass(frozen=True)
+class StuckWatch:
+    """How a claim looks past a previous owner that will never let its rows go."""
 
-# The sessions holding an UPDATE's lock on these partitions' offset rows (a batch's
-# fence: the row's xmax is its transaction, and it holds RowExclusiveLock on the table)
-# that have waited on their client for longer than $4 seconds, terminated. A role may
-# terminate its own sessions; other roles' sessions show no backend_xid and never match.
-_END_STUCK = """
-SELECT s.pid, s.application_name, s.waited_s, pg_terminate_backend(s.pid) AS ended
-FROM (
-    SELECT DISTINCT a.pid, a.application_name,
-           extract(epoch FROM now() - a.state_change)::float8 AS waited_s
-    FROM consumer_offsets AS o
-    JOIN unnest($2::text[], $3::int[]) AS u(topic, partition)
-      ON o.topic = u.topic AND o.partition = u.partition
-    JOIN pg_stat_activity AS a ON a.backend_xid = o.xmax
-    WHERE o.group_id = $1
-      AND a.wait_event = 'ClientRead'
-      AND a.state_change < now() - make_interval(secs => $4)
-      AND EXISTS (SELECT 1 FROM pg_locks AS l
-                  WHERE l.pid = a.pid AND l.granted AND l.mode = 'RowExclusiveLock'
-                    AND l.relation = 'consumer_offsets'::regclass)
-) AS s
+    connect: Callable[[], Awaitable[asyncpg.Connection]]
+    """Opens a second connection (the claim's own is busy waiting); closed after use."""
+    stuck_after_s: float
+    """A blocker that has waited on its client within one statement for longer than
+    this is stuck: twice the workers' statement bound, which ends any live writer's
+    statement (asyncpg's command_timeout bounds a COPY too)."""
+    every_s: float = 1.0
+    """How often the waiting claim is looked at (from its first second on)."""
+
+
+def stuck_watch(db: Database) -> StuckWatch:
+    """The watch of a worker's claims over ``db``: a second connection like its own,
+    stuck past twice its statement bound."""
+    return StuckWatch(db.connect_aside, 2 * db.bounds.statement_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """A session the claim waits for (pg_stat_activity; fields another role's session
+    hides without pg_read_all_stats are None)."""
+
+    pid: int
+    backend_start: datetime | None
+    user: str | None
+    application_name: str | None
+    state: str | None
+    wait_event: str | None
+    state_change: datetime | None
+    waited_s: float | None
+
+
+CLIENT_WAITS = frozenset({"ClientRead", "ClientWrite"})
+
+
+def is_stuck(blocker: Blocker, stuck_after_s: float) -> bool:
+    """A blocker running one statement that has waited on its client (for a COPY's data,
+    or to take a result) for longer than ``stuck_after_s``.
+
+    PostgreSQL ends neither: it does not act on statement_timeout while it reads from or
+    writes to its client, the transaction is not idle (an idle one is ended by
+    idle_in_transaction_session_timeout, so it is left to the server), and a stopped
+    client's kernel keeps the socket alive."""
+    return (
+        blocker.state == "active"
+        and blocker.wait_event in CLIENT_WAITS
+        and blocker.waited_s is not None
+        and blocker.waited_s > stuck_after_s
+    )
+
+
+_BLOCKERS = """
+SELECT a.pid, a.backend_start, a.usename, a.application_name, a.state, a.wait_event,
+       a.state_change, extract(epoch FROM now() - a.state_change)::float8 AS waited_s
+FROM pg_stat_activity AS a
+WHERE a.pid = ANY (pg_blocking_pids($1))
+"""
+
+# Ends the session only if it is still the same one, in the same statement, still waiting
+# on its client: a pid can be reused, and a holder that resumed may be committing.
+_END_BLOCKER = """
+SELECT pg_terminate_backend(a.pid) AS ended
+FROM pg_stat_activity AS a
+WHERE a.pid = $1 AND a.backend_start = $2 AND a.state_change = $3
+  AND a.state = 'active' AND a.wait_event IN ('ClientRead', 'ClientWrite')
 """
 
 
-async def _claim_past_stuck_holders(
-    conn: asyncpg.Connection, args: tuple[object, ...], stuck_after_s: float
+async def _claim_watched(
+    conn: asyncpg.Connection, args: tuple[object, ...], watch: StuckWatch, numbers: list[int]
 ) -> list[asyncpg.Record]:
-    """Run the claim statement (its first three arguments: group, topics, partition
-    numbers), which waits for the offset rows' locks, past a holder that never lets go.
+    """The claim statement, watched while it waits.
 
     A worker stopped (SIGSTOP, a paused VM, a hung process) while its COPY waits for data
-    holds its fence's row locks for ever: PostgreSQL does not act on statement_timeout
-    while a COPY FROM STDIN reads from its client, the transaction is not idle, and the
-    client's kernel keeps the socket alive. A live writer's statements end within its
-    statement bound, so a holder that has waited on its client for longer than
-    ``stuck_after_s`` is not running.
-
-    Order of effects: in a transaction whose lock_timeout is a third of
-    ``stuck_after_s``, the claim; COMMIT. When the lock wait runs out, the statement
-    rolled back (nothing changed) and the holders stuck on their client for longer than
-    ``stuck_after_s`` are terminated: their transactions roll back, so the batch the
-    previous owner had fenced commits nothing and its records are read again from the
-    stored offset. Then the claim is tried again. A holder that is working (running a
-    statement) is waited for. A crash at any step leaves what the claim alone leaves.
+    holds its fence's row locks for ever (:func:`is_stuck`), and the claim would wait for
+    them for ever. So every ``every_s`` while the claim has not returned, a second
+    connection reads what the claim waits for (``pg_blocking_pids``) and terminates the
+    sessions stuck on their client. Order of effects: the claim statement is sent; each
+    look reads the blockers, then terminates each stuck one (if it is still the same
+    session in the same statement); its transaction rolls back, so the batch the previous
+    owner had fenced commits nothing and its records are read again from the stored
+    offset; the claim, no longer blocked, commits. A crash at any step leaves what the
+    claim alone leaves. Any other blocker is waited for, up to the claim's own statement
+    bound (then the caller retries, and says so). Cancelling this cancels the claim at
+    once.
     """
-    wait = f"{max(200, int(stuck_after_s * 1000 / 3))}ms"
-    said = False
-    while True:
-        try:
-            async with conn.transaction():
-                await conn.execute(_LOCK_WAIT, wait)
-                return await conn.fetch(_CLAIM, *args)
-        except asyncpg.LockNotAvailableError:
-            pass
-        group, topics, numbers = args[0], args[1], args[2]
-        if not said:
-            said = True
-            log.warning("claim of partitions %s waits for a batch still in flight on them", numbers)
-        try:
-            ended = await conn.fetch(_END_STUCK, group, topics, numbers, stuck_after_s)
-        except asyncpg.InsufficientPrivilegeError as exc:
-            log.error("claim: cannot end a session stuck on partitions %s: %s", numbers, exc)
+    claiming = asyncio.ensure_future(conn.fetch(_CLAIM, *args))
+    claiming.add_done_callback(_settled)
+    side: asyncpg.Connection | None = None
+    told: set[int] = set()
+    try:
+        while True:
+            done, _ = await asyncio.wait((claiming,), timeout=watch.every_s)
+            if done:
+                return claiming.result()
+            try:
+                if side is None:
+                    side = await watch.connect()
+                await _end_stuck(side, conn.get_server_pid(), watch, numbers, told)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+                log.warning("claim: cannot see what partitions %s wait for: %s", numbers, exc)
+                if side is not None:
+                    side.terminate()
+                    side = None
+    finally:
+        claiming.cancel()
+        if side is not None:
+            side.terminate()
+
+
+def _settled(task: asyncio.Future[Any]) -> None:
+    """Retrieve a cancelled claim's outcome, so that asyncio logs nothing about it."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _end_stuck(
+    side: asyncpg.Connection, pid: int, watch: StuckWatch, numbers: list[int], told: set[int]
+) -> None:
+    for r in await side.fetch(_BLOCKERS, pid):
+        b = Blocker(
+            int(r["pid"]),
+            r["backend_start"],
+            r["usename"],
+            r["application_name"],
+            r["state"],
+            r["wait_event"],
+            r["state_change"],
+            r["waited_s"],
+        )
+        if not is_stuck(b, watch.stuck_after_s):
             continue
-        for r in ended:
+        who = f"session {b.pid} ({b.user}, {b.application_name})"
+        try:
+            ended = await side.fetchval(_END_BLOCKER, b.pid, b.backend_start, b.state_change)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            if b.pid not in told:
+                told.add(b.pid)
+                log.error(
+                    "claim of partitions %s is blocked by %s, stuck on its client for %.0f s, "
+                    "which this role may not end (%s): end it, or run every worker of the "
+                    "group as one role",
+                    numbers,
+                    who,
+                    b.waited_s,
+                    exc,
+                )
+            continue
+        if ended:
             log.warning(
-                "claim: ended session %d (%s), which held the offset rows of partitions %s "
-                "while waiting on its client for %.0f s (a previous owner stopped "
-                "mid-batch: its transaction rolls back, nothing of it is committed)",
-                r["pid"],
-                r["application_name"],
+                "claim: ended %s, which held the offset rows of partitions %s while waiting "
+                "on its client for %.0f s (a previous owner stopped mid-batch: its "
+                "transaction rolls back, nothing of it is committed)",
+                who,
                 numbers,
-                r["waited_s"],
+                b.waited_s,
             )
 
 

@@ -32,7 +32,7 @@ from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
 from ackline.sinks.ingest.batch import TP, Batch
-from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets
+from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets, stuck_watch
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
@@ -152,7 +152,7 @@ class FaustSink:
                 self._worker,
                 partitions,
                 starts,
-                stuck_after_s=self._control_db.bounds.statement_s,
+                watch=stuck_watch(self._control_db),
             ),
         )
 

@@ -8,7 +8,10 @@ reported as not consumed (metric, /readyz, an ERROR line) — never silently idl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ackline.load.manifest import read_manifest
-from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.offsets import StuckWatch, claim
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 from tests.integration.windows import (
     Item,
@@ -235,7 +238,7 @@ def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
 _STUCK_MID_COPY = """
 import asyncio, os, signal, sys
 import asyncpg
-from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.offsets import StuckWatch, claim
 
 async def main(dsn, group, topic):
     conn = await asyncpg.connect(dsn, server_settings={"application_name": "ackline:gone"})
@@ -303,11 +306,12 @@ def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
     assert {r.owner for r in offset_rows(dsn, group).values()} == {"w"}
 
 
-def test_a_claim_waits_for_a_previous_owner_that_is_working(dsn: str, topic: str) -> None:
-    """Only a holder waiting on its client is ended: one running a statement (here a
-    sleep, as a slow statement would) is waited for, and its transaction commits first."""
+def test_a_claim_waits_for_a_previous_owner_running_a_statement(dsn: str, topic: str) -> None:
+    """Only a holder stuck on its client is ended: one running a statement (here a sleep)
+    is waited for, however long, and its transaction commits first."""
     group = f"g-{topic}"
     tps = [(topic, p) for p in range(3)]
+    watch = StuckWatch(lambda: asyncpg.connect(dsn), stuck_after_s=1, every_s=0.2)
 
     async def go() -> tuple[float, str, list[int | None]]:
         holder, heir = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
@@ -320,7 +324,7 @@ def test_a_claim_waits_for_a_previous_owner_that_is_working(dsn: str, topic: str
             working = asyncio.create_task(holder.execute("SELECT pg_sleep(4); COMMIT"))
             await asyncio.sleep(0.5)
             started = time.monotonic()
-            claimed = await asyncio.wait_for(claim(heir, group, "heir", tps, stuck_after_s=1), 30)
+            claimed = await asyncio.wait_for(claim(heir, group, "heir", tps, watch=watch), 30)
             waited = time.monotonic() - started
             assert [c.epoch for c in claimed] == [2, 2, 2]
             return waited, await working, [c.next_offset for c in claimed]
@@ -329,4 +333,29 @@ def test_a_claim_waits_for_a_previous_owner_that_is_working(dsn: str, topic: str
             await heir.close()
 
     waited, done, offsets = run_async(go())
-    assert done == "COMMIT" and offsets == [7, 7, 7] and waited > 3, (waited, done, offsets)
+    assert done == "COMMIT" and offsets == [7, 7, 7] and waited > 2, (waited, done, offsets)
+
+
+def test_a_watched_claim_is_cancelled_at_once_when_its_backend_stops(dsn: str, topic: str) -> None:
+    """A claim whose server process stops answering (SIGSTOP: a black hole, a failover)
+    must still give way to a cancellation (a stop request, faust's claim deadline) at
+    once: a review found that a first version, in a transaction, waited for asyncpg's
+    ROLLBACK until the statement bound and then retried, losing the cancellation."""
+    group = f"g-{topic}"
+    watch = StuckWatch(lambda: asyncpg.connect(dsn), stuck_after_s=1, every_s=0.2)
+
+    async def go() -> float:
+        heir = await asyncpg.connect(dsn, command_timeout=60)
+        backend = heir.get_server_pid()
+        os.kill(backend, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(claim(heir, group, "heir", [(topic, 0)], watch=watch), 2)
+            return time.monotonic() - started
+        finally:
+            os.kill(backend, signal.SIGCONT)
+            heir.terminate()
+
+    took = run_async(go())
+    assert 1.9 < took < 3.0, took
