@@ -260,15 +260,16 @@ class Database:
     async def _open(self) -> asyncpg.Connection:
         """A new connection with this database's settings and bounds."""
         try:
-            conn = await asyncio.wait_for(
-                asyncpg.connect(
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the connection
+            # and drops a cancellation that lands as the connect completes (a stop request
+            # or a claim's deadline would be lost).
+            async with asyncio.timeout(self.bounds.connect_s + 1.0):  # asyncpg's fires first
+                conn = await asyncpg.connect(
                     self._dsn,
                     timeout=self.bounds.connect_s,
                     command_timeout=self.bounds.statement_s,
                     server_settings=self._settings,
-                ),
-                self.bounds.connect_s + 1.0,  # asyncpg's own bound should fire first
-            )
+                )
         except BaseException as exc:
             if isinstance(exc, Exception) and is_transient(exc):
                 raise TransientDatabaseError(

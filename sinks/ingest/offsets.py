@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,19 +90,21 @@ class StuckWatch:
     """How a claim looks past a previous owner that will never let its rows go."""
 
     connect: Callable[[], Awaitable[asyncpg.Connection]]
-    """Opens a second connection (the claim's own is busy waiting); closed after use."""
+    """Opens a second connection (the claim's own is busy waiting); terminated after use."""
     stuck_after_s: float
     """A blocker that has waited on its client within one statement for longer than
-    this is stuck: twice the workers' statement bound, which ends any live writer's
-    statement (asyncpg's command_timeout bounds a COPY too)."""
+    this is stuck: the workers' statement bound. By then a live writer has given that
+    statement up (asyncpg sends a cancel at the bound, and drops the connection when the
+    cancel goes unanswered), so ending it costs nothing a live writer would have kept."""
     every_s: float = 1.0
     """How often the waiting claim is looked at (from its first second on)."""
 
 
 def stuck_watch(db: Database) -> StuckWatch:
     """The watch of a worker's claims over ``db``: a second connection like its own,
-    stuck past twice its statement bound."""
-    return StuckWatch(db.connect_aside, 2 * db.bounds.statement_s)
+    stuck past its statement bound (so a stuck holder is ended within the first claim
+    attempt, which the same bound cuts)."""
+    return StuckWatch(db.connect_aside, db.bounds.statement_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +141,13 @@ def is_stuck(blocker: Blocker, stuck_after_s: float) -> bool:
     )
 
 
+_VISIBLE = "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)"
+
 _BLOCKERS = """
 SELECT a.pid, a.backend_start, a.usename, a.application_name, a.state, a.wait_event,
        a.state_change, extract(epoch FROM now() - a.state_change)::float8 AS waited_s
-FROM pg_stat_activity AS a
-WHERE a.pid = ANY (pg_blocking_pids($1))
+FROM unnest(pg_blocking_pids($1)) AS b(pid)
+JOIN pg_stat_activity AS a ON a.pid = b.pid
 """
 
 # Ends the session only if it is still the same one, in the same statement, still waiting
@@ -162,88 +167,150 @@ async def _claim_watched(
 
     A worker stopped (SIGSTOP, a paused VM, a hung process) while its COPY waits for data
     holds its fence's row locks for ever (:func:`is_stuck`), and the claim would wait for
-    them for ever. So every ``every_s`` while the claim has not returned, a second
-    connection reads what the claim waits for (``pg_blocking_pids``) and terminates the
-    sessions stuck on their client. Order of effects: the claim statement is sent; each
-    look reads the blockers, then terminates each stuck one (if it is still the same
-    session in the same statement); its transaction rolls back, so the batch the previous
-    owner had fenced commits nothing and its records are read again from the stored
-    offset; the claim, no longer blocked, commits. A crash at any step leaves what the
-    claim alone leaves. Any other blocker is waited for, up to the claim's own statement
-    bound (then the caller retries, and says so). Cancelling this cancels the claim at
-    once.
+    them for ever. So while the claim has not returned, every ``every_s`` a look (a task
+    of its own, on a second connection) reads what the claim waits for
+    (``pg_blocking_pids``) and terminates the sessions stuck on their client.
+
+    Order of effects: the claim statement is sent; each look reads the blockers, then
+    terminates each stuck one if it is still the same session in the same statement; its
+    transaction rolls back, so the batch the previous owner had fenced commits nothing
+    and its records are read again from the stored offset; the claim, no longer blocked,
+    commits. A crash at any step leaves what the claim alone leaves. Any other blocker is
+    waited for, up to the claim's own statement bound (then the caller retries, and says
+    so). Only ``asyncio.wait`` is awaited here, so a cancellation is never lost: it
+    cancels the claim and the look at once.
     """
     claiming = asyncio.ensure_future(conn.fetch(_CLAIM, *args))
     claiming.add_done_callback(_settled)
-    side: asyncpg.Connection | None = None
-    told: set[int] = set()
+    eye = _Eye(watch, conn.get_server_pid(), numbers)
+    look: asyncio.Future[None] | None = None
     try:
         while True:
-            done, _ = await asyncio.wait((claiming,), timeout=watch.every_s)
+            done, _ = await asyncio.wait((claiming,), timeout=eye.next_look_in())
             if done:
                 return claiming.result()
-            try:
-                if side is None:
-                    side = await watch.connect()
-                await _end_stuck(side, conn.get_server_pid(), watch, numbers, told)
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-                log.warning("claim: cannot see what partitions %s wait for: %s", numbers, exc)
-                if side is not None:
-                    side.terminate()
-                    side = None
+            look = asyncio.ensure_future(eye.look())
+            look.add_done_callback(_settled)
+            await asyncio.wait((claiming, look), return_when=asyncio.FIRST_COMPLETED)
+            if claiming.done():
+                return claiming.result()
     finally:
         claiming.cancel()
-        if side is not None:
-            side.terminate()
+        if look is not None:
+            look.cancel()
+        eye.close()
 
 
 def _settled(task: asyncio.Future[Any]) -> None:
-    """Retrieve a cancelled claim's outcome, so that asyncio logs nothing about it."""
+    """Retrieve a cancelled task's outcome, so that asyncio logs nothing about it."""
     if not task.cancelled():
         task.exception()
 
 
-async def _end_stuck(
-    side: asyncpg.Connection, pid: int, watch: StuckWatch, numbers: list[int], told: set[int]
-) -> None:
-    for r in await side.fetch(_BLOCKERS, pid):
-        b = Blocker(
-            int(r["pid"]),
-            r["backend_start"],
-            r["usename"],
-            r["application_name"],
-            r["state"],
-            r["wait_event"],
-            r["state_change"],
-            r["waited_s"],
-        )
-        if not is_stuck(b, watch.stuck_after_s):
-            continue
-        who = f"session {b.pid} ({b.user}, {b.application_name})"
+class _Eye:
+    """The looks of one watched claim attempt, and their second connection."""
+
+    def __init__(self, watch: StuckWatch, pid: int, numbers: list[int]) -> None:
+        self._watch = watch
+        self._pid = pid
+        self._numbers = numbers
+        self._side: asyncpg.Connection | None = None
+        self._closed = False
+        self._failures = 0
+        self._visible: bool | None = None
+        self._told: set[int] = set()
+        self._started = time.monotonic()
+
+    def next_look_in(self) -> float:
+        """``every_s``, doubled after each failed look (up to 32 times): a database that
+        does not answer is not hammered with connections."""
+        return float(self._watch.every_s * 2 ** min(self._failures, 5))
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
+        side, self._side = self._side, None
+        if side is not None:
+            side.terminate()
+
+    async def look(self) -> None:
         try:
-            ended = await side.fetchval(_END_BLOCKER, b.pid, b.backend_start, b.state_change)
-        except asyncpg.InsufficientPrivilegeError as exc:
-            if b.pid not in told:
-                told.add(b.pid)
+            if self._side is None:
+                side = await self._watch.connect()
+                if self._closed:  # the claim ended while this connected
+                    side.terminate()
+                    return
+                self._side = side
+            await self._end_stuck(self._side)
+            self._failures = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the look is best effort: the claim goes on waiting
+            if self._failures == 0:
+                log.warning("claim: cannot see what partitions %s wait for: %s", self._numbers, exc)
+            self._failures += 1
+            self._drop()
+
+    async def _end_stuck(self, side: asyncpg.Connection) -> None:
+        if self._visible is None:
+            self._visible = bool(await side.fetchval(_VISIBLE, self._pid))
+            if not self._visible:
                 log.error(
-                    "claim of partitions %s is blocked by %s, stuck on its client for %.0f s, "
-                    "which this role may not end (%s): end it, or run every worker of the "
-                    "group as one role",
-                    numbers,
-                    who,
-                    b.waited_s,
-                    exc,
+                    "claim of partitions %s cannot be watched: its session (pid %d) is not "
+                    "in pg_stat_activity (a pooler between the worker and PostgreSQL?); "
+                    "a previous owner stuck mid-batch would not be ended",
+                    self._numbers,
+                    self._pid,
                 )
-            continue
-        if ended:
-            log.warning(
-                "claim: ended %s, which held the offset rows of partitions %s while waiting "
-                "on its client for %.0f s (a previous owner stopped mid-batch: its "
-                "transaction rolls back, nothing of it is committed)",
-                who,
-                numbers,
-                b.waited_s,
+        if not self._visible:
+            return
+        waited = time.monotonic() - self._started
+        for r in await side.fetch(_BLOCKERS, self._pid):
+            b = Blocker(
+                int(r["pid"]),
+                r["backend_start"],
+                r["usename"],
+                r["application_name"],
+                r["state"],
+                r["wait_event"],
+                r["state_change"],
+                r["waited_s"],
             )
+            who = f"session {b.pid} ({b.user}, {b.application_name})"
+            if b.state is None:
+                if waited > self._watch.stuck_after_s / 2:
+                    self._tell(b.pid, f"{who} of another role, whose state this role may not read")
+                continue
+            if not is_stuck(b, self._watch.stuck_after_s):
+                continue
+            try:
+                ended = await side.fetchval(_END_BLOCKER, b.pid, b.backend_start, b.state_change)
+            except asyncpg.InsufficientPrivilegeError as exc:
+                self._tell(b.pid, f"{who}, stuck on its client for {b.waited_s:.0f} s ({exc})")
+                continue
+            if ended:
+                log.warning(
+                    "claim: ended %s, which held the offset rows of partitions %s while "
+                    "waiting on its client for %.0f s (a previous owner stopped mid-batch: "
+                    "its transaction rolls back, nothing of it is committed)",
+                    who,
+                    self._numbers,
+                    b.waited_s,
+                )
+
+    def _tell(self, pid: int, what: str) -> None:
+        """One ERROR line per blocker this worker may not end."""
+        if pid in self._told:
+            return
+        self._told.add(pid)
+        log.error(
+            "claim of partitions %s waits for %s: end it if it is stuck (this role may not), "
+            "or run every worker of the group as one role",
+            self._numbers,
+            what,
+        )
 
 
 async def read_offsets(conn: asyncpg.Connection, group_id: str) -> list[asyncpg.Record]:
