@@ -334,7 +334,8 @@ class Database:
         self._session = None
         if conn is not None and not conn.is_closed():
             try:
-                await asyncio.wait_for(conn.close(), timeout=self.bounds.connect_s)
+                async with asyncio.timeout(self.bounds.connect_s):  # not wait_for: see _open
+                    await conn.close()
             except Exception:
                 drop(conn)
 

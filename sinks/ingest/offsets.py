@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from ackline.sinks.connection import Database
+from ackline.sinks.connection import Database, describe
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,8 @@ class _Eye:
             side.terminate()
 
     async def look(self) -> None:
+        if self._visible is False:
+            return  # the claim's session cannot be seen (said once): nothing to look at
         try:
             if self._side is None:
                 side = await self._watch.connect()
@@ -249,7 +251,11 @@ class _Eye:
             raise
         except Exception as exc:  # the look is best effort: the claim goes on waiting
             if self._failures == 0:
-                log.warning("claim: cannot see what partitions %s wait for: %s", self._numbers, exc)
+                log.warning(
+                    "claim: cannot see what partitions %s wait for: %s",
+                    self._numbers,
+                    describe(exc),
+                )
             self._failures += 1
             self._drop()
 
@@ -265,6 +271,7 @@ class _Eye:
                     self._pid,
                 )
         if not self._visible:
+            self._drop()
             return
         waited = time.monotonic() - self._started
         for r in await side.fetch(_BLOCKERS, self._pid):
@@ -301,7 +308,7 @@ class _Eye:
                 )
 
     def _tell(self, pid: int, what: str) -> None:
-        """One ERROR line per blocker this worker may not end."""
+        """One ERROR line per claim attempt for each blocker this worker may not end."""
         if pid in self._told:
             return
         self._told.add(pid)

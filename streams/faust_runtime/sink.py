@@ -120,9 +120,8 @@ class FaustSink:
         pick = 1 if start_from == "latest" else 0
         starts = {tp: m[pick] for tp, m in marks.items()}
         try:
-            claims = await asyncio.wait_for(
-                self._claim(partitions, starts), timeout=self.claim_deadline_s
-            )
+            async with asyncio.timeout(self.claim_deadline_s):  # not wait_for: see _open
+                claims = await self._claim(partitions, starts)
             await self._faults.ahit("after_claim")
         except asyncio.CancelledError:
             raise

@@ -237,8 +237,7 @@ def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
 _STUCK_MID_COPY = """
 import asyncio, os, signal, sys
 import asyncpg
-from ackline.sinks.connection import Database
-from ackline.sinks.ingest.offsets import StuckWatch, claim
+from ackline.sinks.ingest.offsets import claim
 
 async def main(dsn, group, topic):
     conn = await asyncpg.connect(dsn, server_settings={"application_name": "ackline:gone"})
@@ -347,10 +346,17 @@ def test_a_watched_claim_gives_way_to_every_cancellation(dsn: str, topic: str) -
     tps = [(topic, 0)]
     rng = random.Random(20261201)
 
-    async def go() -> tuple[int, int]:
+    async def go() -> tuple[int, int, int]:
         holder = await asyncpg.connect(dsn)
-        db = Database(dsn, statement_timeout=30)
-        watch = StuckWatch(db.connect_aside, stuck_after_s=60, every_s=0.01)
+        database = Database(dsn, statement_timeout=30, application_name="ackline:cancelled")
+        looks = 0
+
+        async def look() -> asyncpg.Connection:
+            nonlocal looks
+            looks += 1
+            return await database.connect_aside()
+
+        watch = StuckWatch(look, stuck_after_s=60, every_s=0.01)
         tries = 0
         try:
             await claim(holder, group, "slow", tps)
@@ -364,7 +370,7 @@ def test_a_watched_claim_gives_way_to_every_cancellation(dsn: str, topic: str) -
                 deadline = rng.uniform(0.005, 0.05)
                 attempt = asyncio.ensure_future(
                     asyncio.wait_for(
-                        db.retrying(
+                        database.retrying(
                             "claim", lambda conn: claim(conn, group, "heir", tps, watch=watch)
                         ),
                         deadline,
@@ -373,13 +379,15 @@ def test_a_watched_claim_gives_way_to_every_cancellation(dsn: str, topic: str) -
                 done, _ = await asyncio.wait((attempt,), timeout=deadline + 5)
                 if not done:
                     attempt.cancel()
-                    return tries, 1
+                    return tries, 1, looks
                 assert isinstance(attempt.exception(), TimeoutError), attempt.exception()
-            return tries, 0
+            return tries, 0, looks
         finally:
-            await db.close()
+            await database.close()
             holder.terminate()
 
-    tries, lost = run_async(go())
+    tries, lost, looks = run_async(go())
     assert lost == 0, f"a cancellation was lost after {tries} cancelled claims"
-    assert tries > 50, tries
+    assert tries > 50 and looks > 10, (tries, looks)  # cancellations also landed in looks
+    left = "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'ackline:cancelled'"
+    wait_until(lambda: db(dsn, left)[0]["n"] == 0, 15, "no session of the claims left")
