@@ -365,16 +365,23 @@ def test_retention_drop_then_replay_of_the_dropped_range_is_all_duplicates(
             finally:
                 await conn.close()
 
+        # The days the rows went to: one, or two when the run crossed midnight UTC (a
+        # fresh-clone make test once did, and the partition made ahead for the day before
+        # was dropped empty, unforced).
+        busy = {
+            f"activity_p{r[0]:%Y%m%d}" for r in db(dsn, "SELECT DISTINCT ingested_on FROM activity")
+        }
         kept = asyncio.run(drop(False))
-        assert [(d.name, d.dropped, d.readers_behind) for d in kept] == [
-            (f"activity_p{today:%Y%m%d}", False, ("lagging",))
-        ]
+        assert {d.name for d in kept if not d.dropped} == busy, kept
+        for d in kept:
+            assert d.readers_behind == (("lagging",) if d.name in busy else ()), kept
         assert _one(dsn, "SELECT count(*) FROM activity") == unique
         gone = asyncio.run(drop(True))
-        assert [(d.dropped, d.readers_behind) for d in gone] == [(True, ("lagging",))]
+        assert sorted(d.name for d in gone) == sorted(busy), gone
+        assert all(d.dropped and d.readers_behind == ("lagging",) for d in gone), gone
         assert _one(dsn, "SELECT count(*) FROM activity") == 0
         assert _one(dsn, "SELECT count(*) FROM event_keys") == unique  # the keys stay
-        assert _one(dsn, "SELECT forced FROM retention_drops") is True
+        assert _one(dsn, "SELECT count(*) FROM retention_drops WHERE forced") == len(busy)
         verdict = run_async(verify(dsn, manifest, group))
         assert verdict.ok and verdict.dropped_by_retention == unique, verdict.to_json()
 
