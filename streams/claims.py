@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.batch import TP
-from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets, stuck_watch
+from ackline.sinks.ingest.offsets import Claim, claim_over, locked_offsets
 from ackline.streams.errors import StoppingError
 from ackline.streams.inflight import call_on_loop
 
@@ -38,27 +38,14 @@ class Claims:
         self._stopping = stopping
 
     def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
-        """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim`: one autocommitted
+        """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim_over`: one autocommitted
         statement bumping the epochs, storing ``starts`` where no offset is stored; a previous
-        owner stuck on its client with their rows locked is ended, see its ``watch``);
+        owner stuck on its client with their rows locked is ended);
         None when stopping, and then nothing was claimed or the claim is abandoned (a
         claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
-
-        async def take() -> list[Claim]:
-            return await self._db.retrying(
-                "claim",
-                lambda conn: claim(
-                    conn,
-                    self._group,
-                    self._worker,
-                    tps,
-                    starts,
-                    watch=stuck_watch(self._db),
-                ),
-            )
-
         try:
-            return call_on_loop(self._loop, take(), self._stopping)
+            taking = claim_over(self._db, self._group, self._worker, tps, starts)
+            return call_on_loop(self._loop, taking, self._stopping)
         except StoppingError:
             log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
             return None

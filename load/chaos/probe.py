@@ -20,14 +20,10 @@ from typing import Any, TypeVar
 import asyncpg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from ackline.core.tasks import take_outcome
+
 _ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 T = TypeVar("T")
-
-
-def _outcome_taken(task: asyncio.Task[Any]) -> None:
-    """Take a cut call's outcome: it was abandoned on purpose, so it is not news."""
-    if not task.cancelled():
-        task.exception()
 
 
 GHOST_STANDBY = "ackline_chaos_ghost"
@@ -64,7 +60,7 @@ class Pg:
             return self._loop.run_until_complete(task)
         except BaseException:
             if not task.done():  # cut short by a stop request: mid-protocol
-                task.add_done_callback(_outcome_taken)
+                task.add_done_callback(take_outcome)
                 task.cancel()
                 self._drop()  # its transport closed, the task ends at the next turn
                 with contextlib.suppress(Exception):

@@ -14,10 +14,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
+from ackline.core.tasks import take_outcome
 from ackline.sinks.connection import Database, describe
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,21 @@ class StuckWatch:
     """How often the waiting claim is looked at (from its first second on)."""
 
 
-def stuck_watch(db: Database) -> StuckWatch:
-    """The watch of a worker's claims over ``db``: a second connection like its own,
-    stuck past its statement bound (so a stuck holder is ended within the first claim
-    attempt, which the same bound cuts)."""
-    return StuckWatch(db.connect_aside, db.bounds.statement_s)
+async def claim_over(
+    db: Database,
+    group_id: str,
+    owner: str,
+    partitions: list[tuple[str, int]],
+    starts: Mapping[tuple[str, int], int] | None = None,
+) -> list[Claim]:
+    """A worker's :func:`claim` over ``db``, retried through outages (both runtimes), and
+    watched: a second connection like ``db``'s looks at what it waits for, and a holder
+    stuck past ``db``'s statement bound is ended (within the first claim attempt, which
+    the same bound cuts)."""
+    watch = StuckWatch(db.connect_aside, db.bounds.statement_s)
+    return await db.retrying(
+        "claim", lambda conn: claim(conn, group_id, owner, partitions, starts, watch=watch)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +191,7 @@ async def _claim_watched(
     cancels the claim and the look at once.
     """
     claiming = asyncio.ensure_future(conn.fetch(_CLAIM, *args))
-    claiming.add_done_callback(_settled)
+    claiming.add_done_callback(take_outcome)
     eye = _Eye(watch, conn.get_server_pid(), numbers)
     look: asyncio.Future[None] | None = None
     try:
@@ -190,7 +200,7 @@ async def _claim_watched(
             if done:
                 return claiming.result()
             look = asyncio.ensure_future(eye.look())
-            look.add_done_callback(_settled)
+            look.add_done_callback(take_outcome)
             await asyncio.wait((claiming, look), return_when=asyncio.FIRST_COMPLETED)
             if claiming.done():
                 return claiming.result()
@@ -199,12 +209,6 @@ async def _claim_watched(
         if look is not None:
             look.cancel()
         eye.close()
-
-
-def _settled(task: asyncio.Future[Any]) -> None:
-    """Retrieve a cancelled task's outcome, so that asyncio logs nothing about it."""
-    if not task.cancelled():
-        task.exception()
 
 
 class _Eye:

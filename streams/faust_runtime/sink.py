@@ -32,7 +32,7 @@ from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
 from ackline.sinks.ingest.batch import TP, Batch
-from ackline.sinks.ingest.offsets import Claim, claim, locked_offsets, stuck_watch
+from ackline.sinks.ingest.offsets import Claim, claim_over, locked_offsets
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
@@ -143,17 +143,7 @@ class FaustSink:
         )
 
     async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
-        return await self._control_db.retrying(
-            "claim",
-            lambda conn: claim(
-                conn,
-                self._group,
-                self._worker,
-                partitions,
-                starts,
-                watch=stuck_watch(self._control_db),
-            ),
-        )
+        return await claim_over(self._control_db, self._group, self._worker, partitions, starts)
 
     async def retake(self) -> None:
         """Take back the fenced partitions that Kafka still assigns to this worker.

@@ -17,7 +17,7 @@ import ackline
 ROOT = Path(ackline.__file__).parent
 
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("ackline.core",),  # the ground floor: errors, faults, logs, metrics, progress
+    ("ackline.core",),  # the ground floor: errors, faults, logs, metrics, progress, tasks
     ("ackline.schemas",),  # the event schema, canonical hash, decoder
     ("ackline.sinks",),  # PostgreSQL: ingest, changefeed, administration
     ("ackline.streams",),  # Kafka: the runtimes' shared parts, producer SDK, dead letters
