@@ -37,7 +37,8 @@ async def _ingest_progress(dsn: str, group: str, total: int, stop: asyncio.Event
             )
             bar.update(int(done))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=0.5)
+                async with asyncio.timeout(0.5):
+                    await stop.wait()
         done = await conn.fetchval(
             "SELECT coalesce(sum(events), 0) FROM ingest_batches WHERE group_id = $1", group
         )

@@ -136,7 +136,8 @@ async def probe_database(dsn: str, metrics: Metrics, interval: float, name: str)
                         timeout=interval,
                         server_settings={"application_name": f"ackline-health:{name}"[:63]},
                     )
-                await asyncio.wait_for(conn.fetchval("SELECT 1"), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await conn.fetchval("SELECT 1")
             except _DOWN as exc:
                 up = False
                 if was_up is not False:

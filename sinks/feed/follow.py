@@ -186,7 +186,8 @@ class _Follower:
         if conn is None or conn.is_closed():
             return
         try:
-            await asyncio.wait_for(conn.close(), timeout=5)
+            async with asyncio.timeout(5):
+                await conn.close()
         except Exception:
             conn.terminate()
 

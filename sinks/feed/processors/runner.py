@@ -298,7 +298,8 @@ class ProcessorRunner:
             return None
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await conn.close()
 
     async def _stop(self, connect: Connect, failure: Failure) -> Report:
         """Record where the processor stopped (best effort: the log line is the fallback)."""
@@ -383,7 +384,8 @@ async def watch(
             was_up = up
             metrics.db_up.set(1 if up else 0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await stop.wait()
     finally:
         if conn is not None and not conn.is_closed():
             conn.terminate()
