@@ -40,18 +40,22 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from confluent_kafka import KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.aio import AIOProducer
 
 from ackline.schemas.envelope import Envelope
-from ackline.streams.errors import OutcomeUnknownError, ProduceError
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     RETRY_PAUSE_S,
     Delivery,
     KeyBy,
     Outgoing,
+    check_fits,
     kafka_error,
+    max_message_bytes,
+    not_committed,
     prepare,
+    record_size,
     settle,
     transactional_config,
     txn_action,
@@ -62,6 +66,8 @@ T = TypeVar("T")
 
 _CALL_SLICE_S = 10.0
 """The longest single flush/commit call; the loop around it honours the overall timeout."""
+_DRAIN_S = 60.0
+"""How long :meth:`AsyncActivityProducer.send` waits for the local queue to drain."""
 
 
 class AsyncActivityProducer:
@@ -85,6 +91,15 @@ class AsyncActivityProducer:
         self.key_by: KeyBy = key_by
         self.transactional_id = transactional_id
         self._conf = transactional_config(bootstrap, transactional_id, extra)
+        self._max_bytes = max_message_bytes(self._conf)
+        # Half of librdkafka's local queue: past it, send() waits for a flush first.
+        # AIOProducer fails a record that meets a full queue on its own (its future only),
+        # and a transaction committed around it would lack it.
+        self._room = max(1, int(self._conf.get("queue.buffering.max.messages", 100_000)) // 2)
+        self._room_bytes = int(self._conf.get("queue.buffering.max.kbytes", 1_048_576)) * 512
+        self._sent: list[asyncio.Future[Message]] = []
+        """The delivery futures of the open transaction's records."""
+        self._unflushed = self._unflushed_bytes = 0
         self._threads = threads
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._aio: AIOProducer | None = None
@@ -152,22 +167,34 @@ class AsyncActivityProducer:
         confirmed (close this instance, start a new one with the same transactional.id,
         resend the same records: ackline drops the copies), :class:`ProducerFencedError`
         when a newer instance took over, :class:`ProduceError` when nothing was committed
-        (a record the broker refuses for good). A crash before the commit marker leaves
-        nothing visible to ackline.
+        (a record refused: over ``message.max.bytes``, or by the broker for good), and its
+        subclass :class:`TransientProduceError` when nothing was committed because the
+        broker was away (send the same records again, later). Before the commit every
+        record's delivery is checked: one that failed aborts the whole transaction. A
+        crash before the commit marker leaves nothing visible to ackline.
         """
+        check_fits(records, self._max_bytes)
         loop = asyncio.get_running_loop()
         for attempt in range(1, rounds + 1):
             await self._begin()
-            futures = [await self._produce(record) for record in records]
+            try:
+                futures = [await self._produce(record) for record in records]
+            except BaseException:
+                if self._broken is None:
+                    await self.abort(timeout)
+                raise
             try:
                 await self._commit(loop.time() + timeout)
+            except _Undelivered as exc:
+                await self.abort(timeout)
+                raise not_committed(exc.errors) from None
             except _AbortRequired as exc:
                 await self.abort(timeout)
-                failed = await _refused(futures)
-                if failed or attempt == rounds:
-                    raise ProduceError(
-                        f"transaction aborted, nothing committed: {failed or exc}"
-                    ) from None
+                errors = _errors(futures)
+                if errors:
+                    raise not_committed(errors) from None
+                if attempt == rounds:
+                    raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
                 log.warning("transaction aborted (%s); sending the same records again", exc)
                 continue
             return await _deliveries(futures)
@@ -178,8 +205,9 @@ class AsyncActivityProducer:
         """Begin; run the block (its :meth:`send` calls); flush and commit.
 
         An exception in the block aborts instead. Commit errors raise as in
-        :meth:`send_transaction`; an abortable one is aborted and raised as
-        :class:`ProduceError` (the block is not run again).
+        :meth:`send_transaction`: a record whose delivery failed, or an abortable commit
+        error, aborts the whole transaction and raises :class:`ProduceError` (or
+        :class:`TransientProduceError`; the block is not run again).
         """
         await self._begin()
         try:
@@ -190,15 +218,23 @@ class AsyncActivityProducer:
             raise
         try:
             await self._commit(asyncio.get_running_loop().time() + timeout)
+        except _Undelivered as exc:
+            await self.abort(timeout)
+            raise not_committed(exc.errors) from None
         except _AbortRequired as exc:
             await self.abort(timeout)
+            errors = _errors(self._sent)
+            if errors:
+                raise not_committed(errors) from None
             raise ProduceError(f"transaction aborted: {exc}") from None
 
     async def send(self, item: Envelope | Outgoing) -> asyncio.Future[Message]:
         """Queue one envelope (prepared here) or prepared record in the open transaction.
 
         Returns its delivery future, resolved once the record is flushed (the commit
-        flushes). Prepare records yourself when a retry may need them again.
+        flushes). Prepare records yourself when a retry may need them again. Raises
+        :class:`ProduceError` for a record over ``message.max.bytes``, before queueing it
+        (the ``transaction`` block's exception then aborts the transaction whole).
         """
         record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
         return await self._produce(record)
@@ -251,15 +287,36 @@ class AsyncActivityProducer:
             await self._guard(aio.begin_transaction())
         except (KafkaException, SystemError) as exc:
             raise self._settled(exc, "begin_transaction") from exc
+        self._sent = []
+        self._unflushed = self._unflushed_bytes = 0
 
     async def _produce(self, record: Outgoing) -> asyncio.Future[Message]:
+        """Queue ``record`` in the open transaction, after a flush when the local queue
+        is half full (so that it never refuses a record for want of room)."""
+        check_fits([record], self._max_bytes)
         aio = self._client()
+        size = record_size(record)
+        if self._unflushed >= self._room or self._unflushed_bytes + size > self._room_bytes:
+            loop = asyncio.get_running_loop()
+            try:
+                await self._guard(self._bounded_flush(aio, loop.time() + _DRAIN_S))
+            except OutcomeUnknownError:
+                raise TransientProduceError(
+                    f"the local queue did not drain in {_DRAIN_S:.0f} s; nothing of the "
+                    "transaction is committed: send the same records again"
+                ) from None
+            except (KafkaException, SystemError) as exc:
+                raise self._settled(exc, "flush") from exc
+            self._unflushed = self._unflushed_bytes = 0
         try:
             future: asyncio.Future[Message] = await aio.produce(
                 self.topic, value=record.value, key=record.key
             )
         except (KafkaException, SystemError) as exc:
             raise self._settled(exc, "produce") from exc
+        self._sent.append(future)
+        self._unflushed += 1
+        self._unflushed_bytes += size
         return future
 
     async def _bounded_flush(self, aio: AIOProducer, deadline: float) -> None:
@@ -273,17 +330,27 @@ class AsyncActivityProducer:
                 return
 
     async def _commit(self, deadline: float) -> None:
-        """Flush (bounded), then commit_transaction, again while it fails retriably.
+        """Flush (bounded); check every record's delivery; commit_transaction, again while
+        it fails retriably.
 
-        AIOProducer.commit_transaction flushes without a timeout first; flushing here
-        with the time left keeps a frozen broker from holding the caller past
-        ``deadline``.
+        Order of effects: the flush delivers every record into the open transaction; a
+        record that failed (its future holds the error) raises :class:`_Undelivered`
+        before any commit is asked for, so the caller aborts and nothing is visible (the
+        broker's transaction never held a record the client refused, and would commit
+        the others without it); then the commit. A crash before the commit request
+        leaves the transaction to be aborted by the broker (its timeout, or the next
+        instance's ``init_transactions``). AIOProducer.commit_transaction flushes without
+        a timeout first; flushing here with the time left keeps a frozen broker from
+        holding the caller past ``deadline``.
         """
         aio = self._client()
         loop = asyncio.get_running_loop()
         while True:
             try:
                 await self._guard(self._bounded_flush(aio, deadline))
+                errors = _errors(self._sent)
+                if errors:
+                    raise _Undelivered(errors)
                 left_s = deadline - loop.time()
                 if left_s <= 0:
                     raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
@@ -320,18 +387,23 @@ class _AbortRequired(Exception):
     """A commit failed with an error that requires abort_transaction."""
 
 
-async def _refused(futures: Sequence[asyncio.Future[Message]]) -> str:
-    """After an abort: the first record the broker refused, if any (consumes every future)."""
-    done = [f for f in futures if f.done()]
+class _Undelivered(Exception):
+    """Records of the open transaction failed delivery: it must be aborted, not committed."""
+
+    def __init__(self, errors: list[KafkaError]) -> None:
+        super().__init__(f"{len(errors)} record(s) not delivered")
+        self.errors = errors
+
+
+def _errors(futures: Sequence[asyncio.Future[Message]]) -> list[KafkaError]:
+    """The delivery errors among ``futures`` that are done (each one retrieved, so asyncio
+    logs no "exception was never retrieved")."""
+    out = []
     for f in futures:
-        if not f.done():
-            f.cancel()
-    errors = [f.exception() for f in done if not f.cancelled() and f.exception() is not None]
-    if not errors:
-        return ""
-    err = kafka_error(errors[0]) if errors[0] is not None else None
-    first = f"{err.name()}: {err.str()}" if err is not None else repr(errors[0])
-    return f"{len(errors)} record(s) refused, first: {first}"
+        if f.done() and not f.cancelled() and (exc := f.exception()) is not None:
+            err = kafka_error(exc)
+            out.append(err if err is not None else KafkaError(KafkaError._FAIL, repr(exc)))
+    return out
 
 
 async def _deliveries(futures: Sequence[asyncio.Future[Message]]) -> list[Delivery]:

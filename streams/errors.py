@@ -21,6 +21,15 @@ class ProduceError(StreamError):
     """A record was not acknowledged by the broker."""
 
 
+class TransientProduceError(ProduceError):
+    """Nothing of a transaction was committed, for a cause that may pass: records not
+    delivered within ``message.timeout.ms`` (the broker away), the connection lost.
+
+    Send the same records again, later (docs/producing.md): nothing of them is visible, so
+    the resend is their first copy.
+    """
+
+
 class StoppingError(StreamError):
     """A wait was given up because the process is stopping (SIGTERM/SIGINT)."""
 

@@ -26,16 +26,21 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ackline.core.logs import kafka_logger
 from ackline.schemas.canonical import canonical_json
-from ackline.schemas.decode import Rejection, decode
+from ackline.schemas.decode import DEFAULT_LIMITS, Rejection, decode
 from ackline.schemas.envelope import Envelope
 from ackline.schemas.errors import SchemaError
-from ackline.streams.errors import OutcomeUnknownError, ProduceError, ProducerFencedError
+from ackline.streams.errors import (
+    OutcomeUnknownError,
+    ProduceError,
+    ProducerFencedError,
+    TransientProduceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,27 @@ Headers = tuple[tuple[str, bytes], ...]
 CONTENT_TYPE = b"application/json"
 RETRY_PAUSE_S = 0.1
 """Pause between two attempts of a transactional call that failed retriably."""
+SDK_MESSAGE_MAX_BYTES: Final = DEFAULT_LIMITS.max_bytes + 65_536
+"""librdkafka's ``message.max.bytes`` in the SDK's producers: every value ackline's decoder
+accepts by default (1 MiB) fits with its key and headers. librdkafka's own default
+(1,000,000) refused, before they reached the broker, events that :func:`prepare` had
+accepted."""
+_TRANSIENT: Final = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._QUEUE_FULL,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+"""Delivery errors of a broker that is away or busy, not of a record it refuses."""
 
 
 def serialize(envelope: Envelope) -> bytes:
@@ -112,6 +138,54 @@ class Delivery:
     offset: int
 
 
+def record_size(record: Outgoing) -> int:
+    """What librdkafka weighs against ``message.max.bytes``: key, value and headers."""
+    return (
+        len(record.key)
+        + len(record.value)
+        + sum(len(name.encode()) + len(value) for name, value in record.headers)
+    )
+
+
+def check_fits(records: Sequence[Outgoing], max_bytes: int) -> None:
+    """Raise :class:`ProduceError` if a record is over ``max_bytes`` (``message.max.bytes``).
+
+    Checked before anything is sent: librdkafka refuses such a record in the client,
+    so the broker's transaction never learns of it and would commit the others.
+    """
+    for i, record in enumerate(records):
+        size = record_size(record)
+        if size > max_bytes:
+            raise ProduceError(
+                f"record {i} (event {record.event_id}) is {size:,} bytes with its key and "
+                f"headers, over this producer's message.max.bytes ({max_bytes:,}): "
+                "nothing of the transaction was sent"
+            )
+
+
+def max_message_bytes(conf: dict[str, Any]) -> int:
+    """The ``message.max.bytes`` a producer made from ``conf`` will enforce."""
+    try:
+        return int(conf["message.max.bytes"])
+    except (KeyError, TypeError, ValueError):
+        raise ProduceError(
+            f"message.max.bytes must be a byte count, not {conf.get('message.max.bytes')!r}"
+        ) from None
+
+
+def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
+    """The error for a transaction aborted because ``errors`` records were not delivered:
+    :class:`TransientProduceError` when every one is the broker's absence, not a refusal."""
+    first = errors[0]
+    text = (
+        f"transaction aborted, nothing committed: {len(errors)} record(s) not delivered, "
+        f"first: {first.name()}: {first.str()}"
+    )
+    if all(err.code() in _TRANSIENT for err in errors):
+        return TransientProduceError(f"{text}; send the same records again")
+    return ProduceError(text)
+
+
 # --- what a transactional error means ---------------------------------------------------
 
 TxnAction = Literal["retry", "abort", "fenced", "fatal", "unknown"]
@@ -175,6 +249,7 @@ def transactional_config(
         "linger.ms": 10,
         "compression.type": "lz4",
         "transaction.timeout.ms": 60_000,
+        "message.max.bytes": SDK_MESSAGE_MAX_BYTES,
         **(extra or {}),
     }
 
@@ -199,7 +274,10 @@ class ActivityProducer:
             "logger": kafka_logger(),
             **transactional_config(bootstrap, transactional_id, extra),
         }
+        self._max_bytes = max_message_bytes(self._conf)
         self._producer: Producer | None = None
+        self._reports: list[tuple[KafkaError | None, Message | None]] | None = None
+        """Delivery reports of the records sent in the open :meth:`transaction` block."""
 
     def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older producers with the same transactional.id.
@@ -231,24 +309,33 @@ class ActivityProducer:
         up to ``rounds`` times. Raises :class:`OutcomeUnknownError` when the commit could
         not be confirmed (resend the same records, from a new instance if this one is
         fenced or broken: ackline drops the copies), :class:`ProducerFencedError` when a
-        newer instance took over, :class:`ProduceError` when nothing was committed
-        (a record the broker refuses for good). A crash anywhere before the commit
-        marker leaves nothing visible to ackline.
+        newer instance took over, :class:`ProduceError` when nothing was committed (a
+        record refused: over ``message.max.bytes``, or by the broker for good), and its
+        subclass :class:`TransientProduceError` when nothing was committed because the
+        broker was away (send the same records again, later). A crash anywhere before the
+        commit marker leaves nothing visible to ackline.
         """
+        check_fits(records, self._max_bytes)
         for attempt in range(1, rounds + 1):
             with self._failures_as_outcome("begin_transaction"):
                 self.client.begin_transaction()
             reports: list[tuple[KafkaError | None, Message | None]] = [(None, None)] * len(records)
-            for i, record in enumerate(records):
-                self.send_record(record, _collect(reports, i))
+            try:
+                for i, record in enumerate(records):
+                    self.send_record(record, _collect(reports, i))
+            except BaseException:
+                self.abort()
+                raise
             try:
                 self._commit(time.monotonic() + timeout)
             except _AbortRequired as exc:
                 self.abort()
-                failed = _failed(reports)
-                if failed or attempt == rounds:
+                errors = [err for err, _ in reports if err is not None]
+                if errors:
+                    raise not_committed(errors) from None
+                if attempt == rounds:
                     raise ProduceError(
-                        f"transaction aborted, nothing committed: {failed or exc.err.str()}"
+                        f"transaction aborted, nothing committed: {exc.err.str()}"
                     ) from None
                 log.warning("transaction aborted (%s); sending the same records again", exc.err)
                 continue
@@ -266,19 +353,27 @@ class ActivityProducer:
         commit marker is written leaves the records invisible to read_committed consumers
         (the broker aborts the transaction when it times out or the id is re-initialised).
         Commit errors raise as in :meth:`send_transaction` (an abortable one is aborted
-        and raised as :class:`ProduceError`: the block is not run again).
+        and raised as :class:`ProduceError`, or :class:`TransientProduceError` when every
+        undelivered record met the broker's absence: the block is not run again).
         """
         producer = self.client
         producer.begin_transaction()
+        reports: list[tuple[KafkaError | None, Message | None]] = []
+        self._reports = reports
         try:
             yield
         except BaseException:
             self.abort()
             raise
+        finally:
+            self._reports = None
         try:
             self._commit(time.monotonic() + 60)
         except _AbortRequired as exc:
             self.abort()
+            errors = [err for err, _ in reports if err is not None]
+            if errors:
+                raise not_committed(errors) from None
             raise ProduceError(f"transaction aborted: {exc.err}") from None
 
     def _commit(self, deadline: float) -> None:
@@ -320,7 +415,14 @@ class ActivityProducer:
         self.send_record(prepare(envelope, self.key_by), on_delivery)
 
     def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
-        """Queue one prepared record inside the current transaction."""
+        """Queue one prepared record inside the current transaction.
+
+        Raises :class:`ProduceError` for a record over ``message.max.bytes`` before it is
+        queued: inside :meth:`transaction` the block's exception then aborts it whole.
+        """
+        check_fits([record], self._max_bytes)
+        if self._reports is not None:
+            on_delivery = _collect_into(self._reports, on_delivery)
         self.send_bytes(record.key, record.value, list(record.headers), on_delivery)
 
     def send_bytes(
@@ -340,6 +442,10 @@ class ActivityProducer:
                 return
             except BufferError:
                 producer.poll(0.05)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                text = f"{err.name()}: {err.str()}"
+                raise ProduceError(f"produce refused the record: {text}") from exc
 
     def close(self) -> None:
         if self._producer is not None:
@@ -362,11 +468,21 @@ def _collect(reports: list[tuple[KafkaError | None, Message | None]], i: int) ->
     return on_delivery
 
 
-def _failed(reports: list[tuple[KafkaError | None, Message | None]]) -> str:
-    errors = [err for err, _ in reports if err is not None]
-    if not errors:
-        return ""
-    return f"{len(errors)} record(s) refused, first: {errors[0].name()}: {errors[0].str()}"
+def _collect_into(
+    reports: list[tuple[KafkaError | None, Message | None]], then: DeliveryHook | None
+) -> DeliveryHook:
+    """A delivery hook keeping the report of a record :meth:`transaction` sends, then
+    calling the caller's own hook ``then``."""
+    reports.append((None, None))
+    keep = _collect(reports, len(reports) - 1)
+    if then is None:
+        return keep
+
+    def both(err: KafkaError | None, msg: Message) -> None:
+        keep(err, msg)
+        then(err, msg)
+
+    return both
 
 
 def _deliveries(reports: list[tuple[KafkaError | None, Message | None]]) -> list[Delivery]:

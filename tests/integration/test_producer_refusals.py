@@ -1,0 +1,204 @@
+"""A transaction is whole or absent, whatever the client refuses along the way.
+
+Records the client itself refuses never reach the broker, so the broker's transaction does
+not know of them: a producer that commits anyway commits the others without them. Three
+ways in, each against the real broker, each through both SDK producers:
+
+* an event that ackline's decoder accepts (up to 1 MiB) but librdkafka's default
+  ``message.max.bytes`` (1,000,000) did not: it must be committed with its transaction;
+* a record over a ``message.max.bytes`` the service set lower: nothing is committed, and
+  the error names the setting;
+* more records in one transaction than librdkafka's local queue holds
+  (``queue.buffering.max.messages``): every record committed, once;
+* the broker away for longer than ``message.timeout.ms``: nothing committed, and the
+  error says the same records may be sent again (:class:`TransientProduceError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+
+from ackline.schemas import new_envelope
+from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
+from ackline.streams.producer import ActivityProducer, Outgoing, prepare
+from tests.integration.harness import Services
+from tests.integration.producing import committed_values, unit_of_work
+from tests.integration.test_aio_producer import frozen_broker
+
+pytestmark = pytest.mark.integration
+
+Send = Callable[[Services, str, Sequence[Outgoing], dict[str, Any]], None]
+
+
+def _aio(block: bool) -> Send:
+    """Send through the asyncio producer: ``send_transaction``, or ``send`` calls in a
+    ``transaction()`` block."""
+
+    def send(
+        services: Services, topic: str, records: Sequence[Outgoing], extra: dict[str, Any]
+    ) -> None:
+        async def run() -> None:
+            producer = AsyncActivityProducer(
+                services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=extra
+            )
+            await producer.start()
+            try:
+                if not block:
+                    await producer.send_transaction(records, timeout=30)
+                    return
+                async with producer.transaction(timeout=30):
+                    for record in records:
+                        await producer.send(record)
+            finally:
+                await producer.close()
+
+        asyncio.run(run())
+
+    return send
+
+
+def _sync(block: bool) -> Send:
+    """Send through the synchronous producer, the same two ways."""
+
+    def send(
+        services: Services, topic: str, records: Sequence[Outgoing], extra: dict[str, Any]
+    ) -> None:
+        producer = ActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=extra
+        )
+        producer.start()
+        try:
+            if not block:
+                producer.send_transaction(records, timeout=30)
+                return
+            with producer.transaction():
+                for record in records:
+                    producer.send_record(record)
+        finally:
+            producer.close()
+
+    return send
+
+
+SENDS = pytest.mark.parametrize(
+    "send",
+    [_aio(False), _aio(True), _sync(False), _sync(True)],
+    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+)
+
+
+def _big(size: int) -> Outgoing:
+    """A valid ``tool.result`` whose record value is about ``size`` bytes."""
+    request = f"r{uuid.uuid4().hex[:6]}"
+    envelope = new_envelope(
+        "tool.result",
+        f"run-{request}:big",
+        "agent-a",
+        request,
+        {"run_id": f"run-{request}", "call_id": "c1", "ok": True, "output": "", "duration_ms": 5},
+    )
+    pad = size - len(prepare(envelope).value)
+    envelope = new_envelope(
+        "tool.result",
+        envelope.txn_id,
+        "agent-a",
+        request,
+        {
+            "run_id": f"run-{request}",
+            "call_id": "c1",
+            "ok": True,
+            "output": uuid.uuid4().hex * (pad // 32) + "x" * (pad % 32),
+            "duration_ms": 5,
+        },
+    )
+    return prepare(envelope)
+
+
+def _around(middle: Outgoing) -> list[Outgoing]:
+    small = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-b", 1)]
+    return [*small[:2], middle, *small[2:]]
+
+
+@SENDS
+def test_an_event_the_decoder_accepts_is_committed_with_its_transaction(
+    services: Services, topic: str, send: Send
+) -> None:
+    big = _big(1_040_000)
+    assert 1_000_000 < len(big.value) <= 1_048_576, len(big.value)
+    records = _around(big)
+    send(services, topic, records, {})
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+@SENDS
+def test_a_record_over_the_services_own_limit_commits_nothing(
+    services: Services, topic: str, send: Send
+) -> None:
+    records = _around(_big(20_000))
+    with pytest.raises(ProduceError, match=r"message\.max\.bytes") as refused:
+        send(services, topic, records, {"message.max.bytes": 10_000})
+    assert not isinstance(refused.value, OutcomeUnknownError)
+    assert committed_values(services.bootstrap, topic) == []
+
+
+@SENDS
+def test_more_records_than_the_local_queue_holds_are_all_committed(
+    services: Services, topic: str, send: Send
+) -> None:
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-c", 20)]
+    send(services, topic, records, {"queue.buffering.max.messages": 5})
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+def _thawed_after(services: Services, seconds: float) -> threading.Timer:
+    """The broker frozen now and woken ``seconds`` later, from another thread."""
+    thaw = ExitStack()
+    thaw.enter_context(frozen_broker(services))
+    timer = threading.Timer(seconds, thaw.close)
+    timer.start()
+    return timer
+
+
+def test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_be_resent(
+    services: Services, topic: str
+) -> None:
+    """Both producers, started before the broker goes away for longer than
+    ``message.timeout.ms``; then the same records again from new instances."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-d", 1)]
+    extra = {"message.timeout.ms": 3_000}
+
+    sync = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=extra)
+    sync.start()
+    timer = _thawed_after(services, 6)
+    try:
+        with pytest.raises(TransientProduceError, match="again"):
+            sync.send_transaction(records, timeout=30)
+    finally:
+        timer.join()
+        sync.close()
+
+    async def aio() -> None:
+        producer = AsyncActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=extra
+        )
+        await producer.start()
+        timer = _thawed_after(services, 6)
+        try:
+            with pytest.raises(TransientProduceError, match="again"):
+                await producer.send_transaction(records, timeout=30)
+        finally:
+            await asyncio.to_thread(timer.join)
+            await producer.close()
+
+    asyncio.run(aio())
+    assert committed_values(services.bootstrap, topic) == []
+    _sync(False)(services, topic, records, extra)  # the same records, broker back
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
