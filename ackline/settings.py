@@ -111,7 +111,8 @@ class Settings(BaseSettings):
         description="the consumer group; its offsets and epochs live in consumer_offsets",
     )
     dlq_topic: str = Field(
-        default="agent-activity.dlq", description="the dead-letter topic for poison records"
+        default="agent-activity.dlq",
+        description="the dead-letter topic for poison records; must not be the topic ingested",
     )
     worker_id: str = Field(
         default_factory=_default_worker_id,
@@ -470,11 +471,26 @@ def dsn_address(dsn: str) -> str:
     return f"{hosts}/{database}" if database else hosts
 
 
+def _topic_problems(s: Settings) -> list[tuple[str, str]]:
+    """The dead-letter topic among the topics read: the worker reads one topic (a name,
+    never a pattern), and dead letters written into it would be read back, rejected and
+    written again, forever."""
+    if s.dlq_topic != s.topic:
+        return []
+    return [
+        (
+            "DLQ_TOPIC",
+            f"must not be ACKLINE_TOPIC ({s.topic}): a poison record would be read back "
+            "from its own dead letter and rejected again, forever",
+        )
+    ]
+
+
 def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
     """Settings that are valid alone but not together: (setting, problem), first to fix first."""
     sasl = s.kafka_security_protocol.startswith("SASL_")
     tls = s.kafka_security_protocol in ("SSL", "SASL_SSL")
-    problems: list[tuple[str, str]] = []
+    problems = _topic_problems(s)
     if sasl and s.kafka_sasl_mechanism is None:
         problems.append(("KAFKA_SASL_MECHANISM", f"required with {s.kafka_security_protocol}"))
     if sasl and s.kafka_sasl_username is None:

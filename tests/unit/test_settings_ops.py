@@ -300,3 +300,32 @@ def test_cli_reports_a_bad_setting_and_exits_2(
     monkeypatch.setenv("ACKLINE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     assert main(["config", "show"]) == 2
     assert "ACKLINE_KAFKA_SASL_MECHANISM" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "cli"),
+    [
+        ({"ACKLINE_DLQ_TOPIC": "agent-activity"}, {}),  # the default topic
+        ({"ACKLINE_TOPIC": "orders", "ACKLINE_DLQ_TOPIC": "orders"}, {}),
+        ({"ACKLINE_DLQ_TOPIC": "orders"}, {"topic": "orders"}),  # --topic
+    ],
+)
+def test_dead_letter_topic_must_not_be_the_topic_read(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], cli: dict[str, str]
+) -> None:
+    # a poison record copied into the topic it is read from is read, rejected and
+    # copied again, forever
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    err = _error(**cli)
+    assert err.setting == "ACKLINE_DLQ_TOPIC", str(err)
+    assert "ACKLINE_TOPIC" in err.problem
+
+
+def test_dead_letter_topic_equal_to_the_topic_stops_the_cli_with_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ACKLINE_DLQ_TOPIC", "orders")
+    # config show: a command that needs no services, so only the setting can stop it
+    assert main(["--topic", "orders", "config", "show"]) == 2
+    assert "ACKLINE_DLQ_TOPIC" in capsys.readouterr().err
