@@ -8,7 +8,8 @@ PostgreSQL and seeks them to the DB offsets before faust lets any record through
 Stop: SIGTERM/SIGINT run faust's graceful stop: the flow stops, the batch in flight and
 the records already taken are written and acked (``stream_wait_empty``), the DB offsets
 are committed to Kafka, the agent stops, ackline's connections close; the status is 0.
-A batch that fails exits the process at once instead (crash-only, status 70).
+A batch that fails exits the process at once instead (crash-only, status 70), and so does
+one whose dead letters a stop gave up on (the dead-letter topic cannot be written).
 """
 
 from __future__ import annotations

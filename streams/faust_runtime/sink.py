@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +97,9 @@ class FaustSink:
         self.committed_batches = 0
         self.records_taken = 0  # records handed to handle(), for the drain check
         self.idle = True  # no batch between take and ack
+        # Set when a graceful stop starts; read by the dead-letter retries, which run in an
+        # executor thread that cancelling the agent cannot end.
+        self._stop = threading.Event()
 
     # ---- assignment ------------------------------------------------------------------
 
@@ -176,7 +181,10 @@ class FaustSink:
             await self._faults.ahit("revoke_in_flight")
 
     async def stopping(self) -> None:
-        """A graceful stop starts: the shutdown point (the batch in flight not finished)."""
+        """A graceful stop starts: dead-lettering gives up its retries (the batch waiting
+        on it fails, nothing of it committed or acked: crash-only), then the shutdown
+        point (the batch in flight not finished)."""
+        self._stop.set()
         await self._faults.ahit("shutdown")
 
     # ---- the agent -------------------------------------------------------------------
@@ -280,9 +288,15 @@ class FaustSink:
             await self.retake()
 
     async def _dead_letter(self, draft: Draft) -> None:
+        """Produce the draft's poison and wait for every acknowledgement (in a thread:
+        the producer blocks). A dead-letter topic that cannot be written is retried until
+        a stop; then ProduceError, and :meth:`consume` exits without acking. Without the
+        stop signal the thread retried forever and Python, which waits for it at exit,
+        never ended."""
         await self._faults.ahit("before_dlq")
         loop = asyncio.get_running_loop()
-        draft.batch.rejects = await loop.run_in_executor(None, self._dlq.send_all, draft.poison)
+        send = functools.partial(self._dlq.send_all, draft.poison, should_stop=self._stop.is_set)
+        draft.batch.rejects = await loop.run_in_executor(None, send)
         self._metrics.dead_letters.inc(len(draft.poison))
 
 

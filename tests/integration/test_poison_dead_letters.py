@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ from tests.integration.harness import Services, Worker, db, wait_until
 from tests.integration.windows import (
     Item,
     Scenario,
+    offset_rows,
     read_topic,
     step,
     verify_ok,
@@ -48,6 +50,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1_048_576
+STOP_BOUND_S = 30  # SIGTERM to exit: a worker still running after this ignores it
 
 
 def _reason(value: bytes) -> str:
@@ -300,15 +303,13 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
     assert letter["bad-value"] == b"\xff\xfe\x00"
 
 
-@pytest.mark.parametrize("runtime", ["confluent", "faust"])
-def test_item_6_dead_letter_topic_gone_rejects_no_valid_record(
+def _poison_behind_a_gone_dead_letter_topic(
     services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
-) -> None:
-    """The dead-letter topic disappears (deleted; an ACL that denies writing is the same
-    kind of fault, but the dev broker runs without an authorizer). The batch with poison
-    waits, the worker says so at ERROR and retries; nothing is rejected, no valid record
-    is lost or rejected, and once the topic is back everything drains exactly once.
-    Before the fix the failure was a WARNING only, repeated forever."""
+) -> tuple[Worker, Path, int]:
+    """A worker that drained 30 events, then the dead-letter topic deleted and a poison
+    record sent between valid events on partition 0; returns once the worker says at
+    ERROR that it cannot write the dead letter (it retries): the worker, the manifest and
+    the poison record's offset."""
     bootstrap = services.bootstrap
     group = f"g-{topic}"
     dlq = f"{topic}.dlq"
@@ -320,7 +321,7 @@ def test_item_6_dead_letter_topic_gone_rejects_no_valid_record(
         wait_drained(dsn, first, group, [w])
         delete_topic(bootstrap, dlq)
         wait_until(lambda: partition_count(bootstrap, dlq) is None, 60, f"{dlq} to be deleted")
-        sc.send(
+        sent = sc.send(
             [
                 *(Item.event(step(100 + i), partition=0) for i in range(5)),
                 Item.bad(b"{poison", "invalid_json", partition=0),
@@ -336,12 +337,66 @@ def test_item_6_dead_letter_topic_gone_rejects_no_valid_record(
         "an ERROR line about the dead-letter topic",
     )
     w.ensure_alive()
+    return w, manifest, sent[5].offset
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_item_6_dead_letter_topic_gone_rejects_no_valid_record(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """The dead-letter topic disappears (deleted; an ACL that denies writing is the same
+    kind of fault, but the dev broker runs without an authorizer). The batch with poison
+    waits, the worker says so at ERROR and retries; nothing is rejected, no valid record
+    is lost or rejected, and once the topic is back everything drains exactly once.
+    Before the fix the failure was a WARNING only, repeated forever."""
+    group = f"g-{topic}"
+    dlq = f"{topic}.dlq"
+    w, manifest, _ = _poison_behind_a_gone_dead_letter_topic(
+        services, dsn, topic, tmp_path, runtime
+    )
     time.sleep(2)  # retries go on: still nothing rejected
     assert db(dsn, "SELECT count(*) AS n FROM rejects")[0]["n"] == 0
     assert any(dlq in line for line in _error_lines(w, "ackline.streams.deadletter"))
-    ensure_topic(bootstrap, dlq, 3)
+    ensure_topic(services.bootstrap, dlq, 3)
     wait_drained(dsn, manifest, group, [w], timeout=120)
     assert w.stop() == 0, w.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+    assert db(dsn, "SELECT count(*) AS n FROM rejects")[0]["n"] == 1
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_item_6_a_worker_retrying_a_dead_letter_topic_gone_stops_on_sigterm(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """SIGTERM while the dead-letter topic is gone and a batch with poison waits for it:
+    the worker ends within STOP_BOUND_S, committing nothing of that batch, and the next
+    owner reads those records again and writes them once the topic is back. Before the
+    fix the faust worker never ended: its graceful stop waited for that batch's acks
+    (``stream_wait_empty``), and the batch's dead-letter retries ran in an executor thread
+    that nothing told to stop (and that Python waits for at exit)."""
+    group = f"g-{topic}"
+    w, manifest, poison_offset = _poison_behind_a_gone_dead_letter_topic(
+        services, dsn, topic, tmp_path, runtime
+    )
+    w.signal(signal.SIGTERM)
+    try:
+        status = w.proc.wait(STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"still running {STOP_BOUND_S}s after SIGTERM:\n{w.log()[-3000:]}"
+        ) from None
+    finally:
+        w.discard()
+    # confluent: the error line of the ProduceError; faust: crash-only, nothing acked
+    assert status == {"confluent": 2, "faust": 70}[runtime], w.log()[-3000:]
+    assert "dead-letter records unacknowledged" in w.log()
+    assert db(dsn, "SELECT count(*) AS n FROM rejects")[0]["n"] == 0
+    done = offset_rows(dsn, group)[0].next_offset  # the batch with the poison: not committed
+    assert done is not None and done <= poison_offset, (done, poison_offset)
+    ensure_topic(services.bootstrap, f"{topic}.dlq", 3)
+    w2 = Worker(services, dsn, topic, tmp_path, name="w2", runtime=runtime)
+    wait_drained(dsn, manifest, group, [w2], timeout=120)
+    assert w2.stop() == 0, w2.log()[-3000:]
     verify_ok(dsn, manifest, group)
     assert db(dsn, "SELECT count(*) AS n FROM rejects")[0]["n"] == 1
 
