@@ -35,13 +35,13 @@ from ackline.streams.admin import TopicShape, ensure_topic, topic_shape
 from ackline.streams.dlq_rules import (
     DLQ_MAX_MESSAGE_BYTES,
     MIB,
-    OWN_HEADERS,
     Action,
     DeadLetter,
     bare,
     classify,
     dlq_problems,
     kept,
+    letter_headers,
     stub,
     weaker_than_source,
 )
@@ -202,15 +202,8 @@ class DeadLetterProducer:
     def _letter(self, item: Poison) -> _Letter:
         """The dead letter of ``item``, a stub already when it is over the producer's own
         limit (``produce()`` would raise)."""
-        coord = item.coord
-        own = (
-            item.reason.encode(),
-            item.detail.encode("utf-8", "replace")[:1000],
-            coord.topic.encode(),
-            str(coord.partition).encode(),
-            str(coord.offset).encode(),
-        )
-        headers = [*headers_for_produce(item.headers), *zip(OWN_HEADERS, own, strict=True)]
+        original = headers_for_produce(item.headers)
+        headers = letter_headers(original, item.reason, item.detail, item.coord)
         whole = DeadLetter(item.key, item.value, headers)
         letter = _Letter(item, whole)
         if whole.size > self.limit:

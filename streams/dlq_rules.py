@@ -212,6 +212,22 @@ def bare(letter: DeadLetter, coord: Coord, why: str) -> DeadLetter:
     return DeadLetter(key, None, own + notes)
 
 
+def letter_headers(
+    original: list[tuple[str, bytes | None]], reason: str, detail: str, coord: Coord
+) -> list[tuple[str, bytes | None]]:
+    """The headers of a dead letter: the original record's (made safe to produce by
+    ``headers_for_produce``), then ackline's own (:data:`OWN_HEADERS`): the reason, the
+    detail (its first 1,000 bytes) and the source coordinates. Pure."""
+    own = (
+        reason.encode(),
+        detail.encode("utf-8", "replace")[:1000],
+        coord.topic.encode(),
+        str(coord.partition).encode(),
+        str(coord.offset).encode(),
+    )
+    return [*original, *zip(OWN_HEADERS, own, strict=True)]
+
+
 def kept(data: bytes | None, budget: int) -> tuple[bytes | None, str]:
     """``data`` cut to ``budget`` bytes, and a note saying so ("" when whole). Pure."""
     if data is None or len(data) <= budget:
