@@ -2,7 +2,9 @@
 
 Each dead-letter record keeps the original key, value and headers, and adds headers
 with the reason and the source coordinates, so readers can de-duplicate the repeats
-that a crash between this write and the batch commit can cause.
+that a crash between this write and the batch commit can cause; an original header named
+like one of those is dropped (a replayed dead letter carries them), so there is one of
+each, with this rejection's values.
 
 Every poison record ends in exactly one place: one reject row (written with the batch,
 keeping the whole record up to the batch byte bound) pointing at one dead-letter record.

@@ -217,7 +217,13 @@ def letter_headers(
 ) -> list[tuple[str, bytes | None]]:
     """The headers of a dead letter: the original record's (made safe to produce by
     ``headers_for_produce``), then ackline's own (:data:`OWN_HEADERS`): the reason, the
-    detail (its first 1,000 bytes) and the source coordinates. Pure."""
+    detail (its first 1,000 bytes) and the source coordinates. Pure.
+
+    An original header named like one of ackline's own is dropped: a record replayed
+    from the dead-letter topic (or forged) carries them, and a reader de-duplicating on
+    the first ``ackline.source.offset`` would take a stale or false one. So a dead letter
+    has exactly one of each, this rejection's; the reject row keeps the original's all.
+    """
     own = (
         reason.encode(),
         detail.encode("utf-8", "replace")[:1000],
@@ -225,7 +231,8 @@ def letter_headers(
         str(coord.partition).encode(),
         str(coord.offset).encode(),
     )
-    return [*original, *zip(OWN_HEADERS, own, strict=True)]
+    others = [(name, value) for name, value in original if name not in OWN_HEADERS]
+    return [*others, *zip(OWN_HEADERS, own, strict=True)]
 
 
 def kept(data: bytes | None, budget: int) -> tuple[bytes | None, str]:

@@ -184,7 +184,8 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
         # specializes it, which is when confluent-kafka's NULL key turned into a crash).
         sc.send([Item.bad(b"not json %d" % i, "invalid_json", partition=0) for i in range(20)])
         bad_keys = [
-            [(b"ok-before", b"v"), (b"\xff\xfek", b"v0")],
+            # the third: as a record replayed from the dead-letter topic carries it
+            [(b"ok-before", b"v"), (b"\xff\xfek", b"v0"), (b"ackline.source.offset", b"999")],
             [(b"\xc3\x28", b"\x80"), (b"null-value", None), (b"after", b"fine")],
             [(b"x\x00y", b"1"), (b"\xed\xa0\x80", b"2"), (b"", b"3"), (b"\xc0\x80", b"4")],
         ]
@@ -245,10 +246,9 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
     }
     assert len(rejects) == 20 + len(bad_keys) + 1 + 2
     # Each reject row points at a dead-letter record of the same source record.
-    letters = {
-        (m.partition(), m.offset()): _dlq_headers(m)
-        for m in read_topic(bootstrap, dlq, len(rejects))
-    }
+    dead = read_topic(bootstrap, dlq, len(rejects))
+    letters = {(m.partition(), m.offset()): _dlq_headers(m) for m in dead}
+    names = {(m.partition(), m.offset()): [str(k) for k, _ in m.headers() or []] for m in dead}
     for where, row in rejects.items():
         assert row["dlq_topic"] == dlq
         h = letters[(int(row["dlq_partition"]), int(row["dlq_offset"]))]
@@ -292,6 +292,10 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
     ]
     assert letter["ackline.headers-undecodable"] == b"1"
     assert letter["ok-before"] == b"v"
+    # one ackline.source.offset, the real one: the record's own "999" is not copied
+    where = (int(rejects[placed[0]]["dlq_partition"]), int(rejects[placed[0]]["dlq_offset"]))
+    assert names[where].count("ackline.source.offset") == 1, names[where]
+    assert letter["ackline.source.offset"] == str(placed[0][1]).encode()
     # The header value that is not UTF-8: its bytes in the row and in the dead letter.
     value_row = json.loads(rejects[placed[3]]["headers"])
     assert value_row == [

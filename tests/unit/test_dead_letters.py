@@ -29,6 +29,7 @@ from ackline.streams.dlq_rules import (
     dlq_problems,
     fit,
     kept,
+    letter_headers,
     stub,
     weaker_than_source,
 )
@@ -139,6 +140,28 @@ def test_item_6_a_bare_letter_keeps_only_ackline_headers_keyed_by_coordinates() 
     assert headers["ackline.value-truncated"] == b"3000"
     assert headers["ackline.truncated.key-sha256"] == SHA(b"k" * 5000).hexdigest().encode()
     assert got.size < 16_384
+
+
+def test_a_dead_letter_carries_one_of_each_own_header_with_the_real_values() -> None:
+    """A record replayed from the dead-letter topic (or forged) that carries ackline's own
+    header names: its dead letter has exactly one of each, this rejection's, and keeps
+    the other headers in order; a bare letter of it too. Before the fix both were kept,
+    the stale ``ackline.source.offset: 999`` first (a reader taking the first de-duplicated
+    on it)."""
+    incoming = [
+        ("trace", b"t1"),
+        ("ackline.source.offset", b"999"),
+        ("ackline.reason", b"forged"),
+        ("ackline.source.topic", None),
+        ("trace", b"t2"),
+    ]
+    headers = letter_headers(incoming, "invalid_json", "bad byte", COORD)
+    real = [b"invalid_json", b"bad byte", b"events", b"1", b"4242"]
+    assert headers == [("trace", b"t1"), ("trace", b"t2"), *zip(OWN_HEADERS, real, strict=True)]
+    small = bare(DeadLetter(b"k", b"{bad", headers), COORD, "INVALID_RECORD")
+    names = [name for name, _ in small.headers]
+    assert all(names.count(name) == 1 for name in OWN_HEADERS), names
+    assert dict(small.headers)["ackline.source.offset"] == b"4242"
 
 
 def test_item_6_a_reject_row_keeps_the_record_up_to_the_batch_bound() -> None:
