@@ -50,13 +50,15 @@ from ackline.streams.producer import (
     Delivery,
     KeyBy,
     Outgoing,
+    abort_failed,
     check_fits,
+    client_limits,
     kafka_error,
-    max_message_bytes,
     not_committed,
     prepare,
     record_size,
     settle,
+    start_failed,
     transactional_config,
     txn_action,
 )
@@ -91,12 +93,12 @@ class AsyncActivityProducer:
         self.key_by: KeyBy = key_by
         self.transactional_id = transactional_id
         self._conf = transactional_config(bootstrap, transactional_id, extra)
-        self._max_bytes = max_message_bytes(self._conf)
+        self._limits = client_limits(self._conf)
         # Half of librdkafka's local queue: past it, send() waits for a flush first.
         # AIOProducer fails a record that meets a full queue on its own (its future only),
         # and a transaction committed around it would lack it.
-        self._room = max(1, int(self._conf.get("queue.buffering.max.messages", 100_000)) // 2)
-        self._room_bytes = int(self._conf.get("queue.buffering.max.kbytes", 1_048_576)) * 512
+        self._room = max(1, self._limits.queue_max_messages // 2)
+        self._room_bytes = self._limits.queue_max_bytes // 2
         self._sent: list[asyncio.Future[Message]] = []
         """The delivery futures of the open transaction's records."""
         self._unflushed = self._unflushed_bytes = 0
@@ -134,7 +136,10 @@ class AsyncActivityProducer:
             await self._guard(aio.init_transactions(timeout))
         except (KafkaException, SystemError) as exc:
             await self.close()
-            raise ProduceError(f"cannot initialise transactions: {exc}") from exc
+            err = kafka_error(exc)
+            if err is None:
+                raise ProduceError(f"cannot initialise transactions: {exc!r}") from exc
+            raise start_failed(err) from exc
 
     def _client(self) -> AIOProducer:
         if self._aio is None:
@@ -173,7 +178,7 @@ class AsyncActivityProducer:
         record's delivery is checked: one that failed aborts the whole transaction. A
         crash before the commit marker leaves nothing visible to ackline.
         """
-        check_fits(records, self._max_bytes)
+        check_fits(records, self._limits)
         loop = asyncio.get_running_loop()
         for attempt in range(1, rounds + 1):
             await self._begin()
@@ -248,13 +253,34 @@ class AsyncActivityProducer:
         return left
 
     async def abort(self, timeout: float = 60.0) -> None:
-        """Abort the open transaction: none of its records become visible."""
+        """Abort the open transaction, whose commit was not requested: none of its records
+        become visible.
+
+        Order of effects: flush what is queued (bounded), then the abort marker, both
+        within ``timeout``. Not confirmed in time (the broker away) or fenced: this
+        instance is unusable (:class:`TransientProduceError`, nothing committed, or
+        :class:`ProducerFencedError`), and the broker aborts the transaction itself (its
+        timeout, or the next instance's ``init_transactions``): a crash anywhere here
+        leaves nothing visible.
+        """
         aio = self._client()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            await self._guard(self._bounded_flush(aio, asyncio.get_running_loop().time() + timeout))
-            await self._guard(aio.abort_transaction(timeout))
+            await self._guard(self._bounded_flush(aio, deadline))
+            await self._guard(aio.abort_transaction(max(deadline - loop.time(), 0.1)))
+        except OutcomeUnknownError as exc:  # the flush ran out of time
+            self._broken = TransientProduceError(
+                f"abort not confirmed ({exc}); nothing of the transaction was committed: "
+                "close this instance, then send the same records again from a new one"
+            )
+            raise self._broken from None
         except (KafkaException, SystemError) as exc:
-            raise self._settled(exc, "abort_transaction") from exc
+            err = kafka_error(exc)
+            if err is None:
+                raise
+            self._broken = abort_failed(err)
+            raise self._broken from exc
 
     async def close(self, timeout: float = 30.0) -> None:
         """Deliver what is buffered (up to ``timeout``), drop the rest, release the threads.
@@ -293,7 +319,7 @@ class AsyncActivityProducer:
     async def _produce(self, record: Outgoing) -> asyncio.Future[Message]:
         """Queue ``record`` in the open transaction, after a flush when the local queue
         is half full (so that it never refuses a record for want of room)."""
-        check_fits([record], self._max_bytes)
+        check_fits([record], self._limits)
         aio = self._client()
         size = record_size(record)
         if self._unflushed >= self._room or self._unflushed_bytes + size > self._room_bytes:
@@ -345,15 +371,22 @@ class AsyncActivityProducer:
         """
         aio = self._client()
         loop = asyncio.get_running_loop()
+        asked = False  # a commit request went out: from then on, its outcome is unknown
         while True:
             try:
                 await self._guard(self._bounded_flush(aio, deadline))
+                if not all(f.done() for f in self._sent):
+                    # AIOProducer's timer had taken records from its buffer but not yet
+                    # handed them to librdkafka when the flush looked: flush again.
+                    await asyncio.sleep(0.01)
+                    continue
                 errors = _errors(self._sent)
                 if errors:
                     raise _Undelivered(errors)
                 left_s = deadline - loop.time()
                 if left_s <= 0:
                     raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+                asked = True
                 await self._guard(aio.commit_transaction(min(left_s, _CALL_SLICE_S)))
                 return
             except (KafkaException, SystemError) as exc:
@@ -370,8 +403,15 @@ class AsyncActivityProducer:
                 self._broken = settle(err, "commit_transaction")
                 raise self._broken from exc
             except OutcomeUnknownError as exc:
-                self._broken = exc
-                raise
+                if asked:
+                    self._broken = exc
+                    raise
+                self._broken = TransientProduceError(
+                    f"records not delivered in time ({exc}), no commit asked for: nothing of "
+                    "the transaction was committed; close this instance, then send the same "
+                    "records again from a new one"
+                )
+                raise self._broken from None
 
     def _settled(self, exc: BaseException, what: str) -> ProduceError:
         err = kafka_error(exc)

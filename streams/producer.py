@@ -147,30 +147,80 @@ def record_size(record: Outgoing) -> int:
     )
 
 
-def check_fits(records: Sequence[Outgoing], max_bytes: int) -> None:
-    """Raise :class:`ProduceError` if a record is over ``max_bytes`` (``message.max.bytes``).
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What librdkafka in a producer made from a configuration refuses in the client."""
 
-    Checked before anything is sent: librdkafka refuses such a record in the client,
-    so the broker's transaction never learns of it and would commit the others.
+    message_max_bytes: int
+    """``message.max.bytes``: one record, key, value and headers."""
+    queue_max_messages: int
+    """``queue.buffering.max.messages``: records waiting in the local queue."""
+    queue_max_bytes: int
+    """``queue.buffering.max.kbytes`` in bytes: one record over it never gets in."""
+
+
+def client_limits(conf: dict[str, Any]) -> ClientLimits:
+    """The limits of a producer made from ``conf`` (librdkafka's defaults when unset)."""
+    values = []
+    for name, default in (
+        ("message.max.bytes", SDK_MESSAGE_MAX_BYTES),
+        ("queue.buffering.max.messages", 100_000),
+        ("queue.buffering.max.kbytes", 1_048_576),
+    ):
+        raw = conf.get(name, default)
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            value = 0
+        if value < 1:
+            raise ProduceError(f"{name} must be a positive count, not {raw!r}")
+        values.append(value)
+    return ClientLimits(values[0], values[1], values[2] * 1024)
+
+
+def check_fits(records: Sequence[Outgoing], limits: ClientLimits) -> None:
+    """Raise :class:`ProduceError` if a record is over ``message.max.bytes`` or larger
+    than the whole local queue, naming the setting.
+
+    Checked before anything is sent: librdkafka refuses such a record in the client (or,
+    for the queue, never takes it), so the broker's transaction never learns of it and
+    would commit the others.
     """
     for i, record in enumerate(records):
         size = record_size(record)
-        if size > max_bytes:
-            raise ProduceError(
-                f"record {i} (event {record.event_id}) is {size:,} bytes with its key and "
-                f"headers, over this producer's message.max.bytes ({max_bytes:,}): "
-                "nothing of the transaction was sent"
-            )
+        for setting, limit in (
+            ("message.max.bytes", limits.message_max_bytes),
+            ("queue.buffering.max.kbytes", limits.queue_max_bytes),
+        ):
+            if size > limit:
+                raise ProduceError(
+                    f"record {i} (event {record.event_id}) is {size:,} bytes with its key "
+                    f"and headers, over this producer's {setting} ({limit:,} bytes): "
+                    "nothing of the transaction was sent"
+                )
 
 
-def max_message_bytes(conf: dict[str, Any]) -> int:
-    """The ``message.max.bytes`` a producer made from ``conf`` will enforce."""
-    try:
-        return int(conf["message.max.bytes"])
-    except (KeyError, TypeError, ValueError):
-        raise ProduceError(
-            f"message.max.bytes must be a byte count, not {conf.get('message.max.bytes')!r}"
-        ) from None
+def start_failed(err: KafkaError) -> ProduceError:
+    """The error for ``init_transactions`` failing with ``err``: transient when the broker
+    did not answer (a new instance may start later), else a refusal (configuration,
+    authorization)."""
+    text = f"cannot initialise transactions: {err.name()}: {err.str()}"
+    if err.code() in _TRANSIENT or err.retriable():
+        return TransientProduceError(f"{text}; start a new instance again later")
+    return ProduceError(text)
+
+
+def abort_failed(err: KafkaError) -> ProduceError:
+    """The error for ``abort_transaction`` failing with ``err``, for a transaction whose
+    commit was never requested: nothing of it is committed whatever happened, and the
+    broker aborts it (its timeout, or the next instance's ``init_transactions``)."""
+    if txn_action(err) == "fenced":
+        return ProducerFencedError(f"abort_transaction: fenced by a newer instance: {err.str()}")
+    return TransientProduceError(
+        f"abort_transaction not confirmed ({err.name()}: {err.str()}); nothing of the "
+        "transaction was committed: close this instance, then send the same records again "
+        "from a new one"
+    )
 
 
 def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
@@ -274,10 +324,12 @@ class ActivityProducer:
             "logger": kafka_logger(),
             **transactional_config(bootstrap, transactional_id, extra),
         }
-        self._max_bytes = max_message_bytes(self._conf)
+        self._limits = client_limits(self._conf)
         self._producer: Producer | None = None
         self._reports: list[tuple[KafkaError | None, Message | None]] | None = None
         """Delivery reports of the records sent in the open :meth:`transaction` block."""
+        self._broken: ProduceError | None = None
+        """Why this instance can do no more (an abort not confirmed, fenced)."""
 
     def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older producers with the same transactional.id.
@@ -289,13 +341,18 @@ class ActivityProducer:
         try:
             producer.init_transactions(timeout)
         except KafkaException as exc:
-            raise ProduceError(f"cannot initialise transactions: {exc}") from exc
+            raise start_failed(exc.args[0]) from exc
         self._producer = producer
 
     @property
     def client(self) -> Producer:
         if self._producer is None:
             raise ProduceError("ActivityProducer.start() was not called")
+        if self._broken is not None:
+            raise type(self._broken)(
+                f"this producer instance is unusable ({self._broken}); close it and resend "
+                "the same records from a new instance"
+            )
         return self._producer
 
     def send_transaction(
@@ -315,7 +372,7 @@ class ActivityProducer:
         broker was away (send the same records again, later). A crash anywhere before the
         commit marker leaves nothing visible to ackline.
         """
-        check_fits(records, self._max_bytes)
+        check_fits(records, self._limits)
         for attempt in range(1, rounds + 1):
             with self._failures_as_outcome("begin_transaction"):
                 self.client.begin_transaction()
@@ -324,12 +381,12 @@ class ActivityProducer:
                 for i, record in enumerate(records):
                     self.send_record(record, _collect(reports, i))
             except BaseException:
-                self.abort()
+                self.abort(timeout)
                 raise
             try:
                 self._commit(time.monotonic() + timeout)
             except _AbortRequired as exc:
-                self.abort()
+                self.abort(timeout)
                 errors = [err for err, _ in reports if err is not None]
                 if errors:
                     raise not_committed(errors) from None
@@ -345,7 +402,7 @@ class ActivityProducer:
         raise AssertionError("unreachable")
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, timeout: float = 60.0) -> Iterator[None]:
         """Begin; run the block; commit. Any exception in the block aborts instead.
 
         Order of effects: begin_transaction; the block's sends; commit_transaction, which
@@ -363,14 +420,14 @@ class ActivityProducer:
         try:
             yield
         except BaseException:
-            self.abort()
+            self.abort(timeout)
             raise
         finally:
             self._reports = None
         try:
-            self._commit(time.monotonic() + 60)
+            self._commit(time.monotonic() + timeout)
         except _AbortRequired as exc:
-            self.abort()
+            self.abort(timeout)
             errors = [err for err, _ in reports if err is not None]
             if errors:
                 raise not_committed(errors) from None
@@ -404,11 +461,19 @@ class ActivityProducer:
         except KafkaException as exc:
             raise settle(exc.args[0], what) from exc
 
-    def abort(self) -> None:
+    def abort(self, timeout: float = 60.0) -> None:
+        """Abort the open transaction, whose commit was not requested: none of its records
+        become visible. Order of effects: librdkafka purges what is queued, then the
+        broker writes the abort marker. Not confirmed in ``timeout`` (the broker away) or
+        fenced: this instance is unusable (:class:`TransientProduceError` or
+        :class:`ProducerFencedError`), and the broker aborts the transaction itself (its
+        timeout, or the next instance's ``init_transactions``): a crash anywhere here
+        leaves nothing visible."""
         try:
-            self.client.abort_transaction(60)
+            self.client.abort_transaction(timeout)
         except KafkaException as exc:
-            raise ProduceError(f"abort_transaction failed: {exc}") from exc
+            self._broken = abort_failed(exc.args[0])
+            raise self._broken from exc
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one validated envelope inside the current transaction."""
@@ -420,7 +485,7 @@ class ActivityProducer:
         Raises :class:`ProduceError` for a record over ``message.max.bytes`` before it is
         queued: inside :meth:`transaction` the block's exception then aborts it whole.
         """
-        check_fits([record], self._max_bytes)
+        check_fits([record], self._limits)
         if self._reports is not None:
             on_delivery = _collect_into(self._reports, on_delivery)
         self.send_bytes(record.key, record.value, list(record.headers), on_delivery)

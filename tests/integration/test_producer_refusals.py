@@ -11,12 +11,14 @@ ways in, each against the real broker, each through both SDK producers:
 * more records in one transaction than librdkafka's local queue holds
   (``queue.buffering.max.messages``): every record committed, once;
 * the broker away for longer than ``message.timeout.ms``: nothing committed, and the
-  error says the same records may be sent again (:class:`TransientProduceError`).
+  error says the same records may be sent again (:class:`TransientProduceError`), also
+  when the abort itself cannot reach the broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -115,7 +117,8 @@ def _big(size: int) -> Outgoing:
             "run_id": f"run-{request}",
             "call_id": "c1",
             "ok": True,
-            "output": uuid.uuid4().hex * (pad // 32) + "x" * (pad % 32),
+            # random: lz4 cannot shrink it, so the broker weighs the whole record
+            "output": secrets.token_hex(pad // 2 + 1)[:pad],
             "duration_ms": 5,
         },
     )
@@ -201,4 +204,63 @@ def test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_b
     asyncio.run(aio())
     assert committed_values(services.bootstrap, topic) == []
     _sync(False)(services, topic, records, extra)  # the same records, broker back
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+def test_an_abort_the_broker_cannot_confirm_commits_nothing_and_may_be_resent(
+    services: Services, topic: str
+) -> None:
+    """A record delivered into the transaction (so the broker holds it open), then the
+    broker away: the next record times out, the abort cannot reach the broker. Both
+    producers say nothing was committed, refuse further work, and a new instance with
+    the same transactional.id sends the same records once the broker is back."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-e", 1)]
+    extra = {"message.timeout.ms": 3_000}
+    sync_id, aio_id = f"svc-{uuid.uuid4().hex[:8]}", f"svc-{uuid.uuid4().hex[:8]}"
+
+    sync = ActivityProducer(services.bootstrap, topic, sync_id, extra=extra)
+    sync.start()
+    timer: threading.Timer | None = None
+    try:
+        with (
+            pytest.raises(TransientProduceError, match="nothing of the transaction"),
+            sync.transaction(timeout=5),
+        ):
+            sync.send_record(records[0])
+            assert sync.client.flush(10) == 0  # in the broker's open transaction
+            timer = _thawed_after(services, 15)
+            for record in records[1:]:
+                sync.send_record(record)
+        with pytest.raises(TransientProduceError, match="unusable"):
+            sync.send_transaction(records)
+    finally:
+        if timer is not None:
+            timer.join()
+        sync.close()
+
+    async def aio() -> None:
+        producer = AsyncActivityProducer(services.bootstrap, topic, aio_id, extra=extra)
+        await producer.start()
+        timer: threading.Timer | None = None
+        try:
+            with pytest.raises(TransientProduceError, match="nothing of the transaction"):
+                async with producer.transaction(timeout=5):
+                    await producer.send(records[0])
+                    assert await producer.flush(10) == 0
+                    timer = _thawed_after(services, 15)
+                    for record in records[1:]:
+                        await producer.send(record)
+            with pytest.raises(TransientProduceError, match="unusable"):
+                await producer.send_transaction(records)
+        finally:
+            if timer is not None:
+                await asyncio.to_thread(timer.join)
+            await producer.close()
+
+    asyncio.run(aio())
+    # New instances of both slots: starting aborts what each old one left open.
+    settle_aio = ActivityProducer(services.bootstrap, topic, aio_id)
+    settle_aio.start()
+    settle_aio.close()
+    _sync(False)(services, topic, records, {"transactional.id": sync_id})
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)

@@ -13,7 +13,7 @@ from ackline.streams.producer import (
     SDK_MESSAGE_MAX_BYTES,
     Outgoing,
     check_fits,
-    max_message_bytes,
+    client_limits,
     not_committed,
     record_size,
     transactional_config,
@@ -31,19 +31,28 @@ def test_the_size_is_key_value_and_headers() -> None:
 
 
 def test_every_value_the_decoder_accepts_fits_the_sdk_default() -> None:
-    conf = transactional_config("127.0.0.1:1", "t", None)
-    assert max_message_bytes(conf) == SDK_MESSAGE_MAX_BYTES
-    check_fits([_record(DEFAULT_LIMITS.max_bytes, key=4 * 200)], SDK_MESSAGE_MAX_BYTES)
+    limits = client_limits(transactional_config("127.0.0.1:1", "t", None))
+    assert limits.message_max_bytes == SDK_MESSAGE_MAX_BYTES
+    check_fits([_record(DEFAULT_LIMITS.max_bytes, key=4 * 200)], limits)
 
 
 def test_a_record_over_the_limit_is_named_with_the_setting() -> None:
-    with pytest.raises(ProduceError, match=r"record 1 .* message\.max\.bytes \(1,000\)"):
-        check_fits([_record(10), _record(1_000)], 1_000)
+    limits = client_limits({"message.max.bytes": 1_000})
+    with pytest.raises(ProduceError, match=r"record 1 .* message\.max\.bytes \(1,000 bytes\)"):
+        check_fits([_record(10), _record(1_000)], limits)
+
+
+def test_a_record_larger_than_the_whole_local_queue_is_named_with_the_setting() -> None:
+    limits = client_limits({"queue.buffering.max.kbytes": 1})
+    with pytest.raises(ProduceError, match=r"queue\.buffering\.max\.kbytes \(1,024 bytes\)"):
+        check_fits([_record(2_000)], limits)
 
 
 def test_a_bad_limit_setting_names_it() -> None:
-    with pytest.raises(ProduceError, match=r"message\.max\.bytes must be a byte count"):
-        max_message_bytes({"message.max.bytes": "lots"})
+    with pytest.raises(ProduceError, match=r"message\.max\.bytes must be a positive count"):
+        client_limits({"message.max.bytes": "lots"})
+    with pytest.raises(ProduceError, match=r"queue\.buffering\.max\.messages must be"):
+        client_limits({"queue.buffering.max.messages": 0})
 
 
 def test_only_the_brokers_absence_is_transient() -> None:
