@@ -44,6 +44,7 @@ from ackline.streams.dlq_rules import (
     dlq_problems,
     kept,
     letter_headers,
+    log_level,
     stub,
     weaker_than_source,
 )
@@ -187,6 +188,7 @@ class DeadLetterProducer:
         letters = [self._letter(item) for item in poison]
         pending = list(letters)
         delay = _BACKOFF_FIRST_S
+        began = time.monotonic()
         while pending:
             failures = self._round(pending, should_stop)
             pending = [f.letter for f in failures]
@@ -196,7 +198,7 @@ class DeadLetterProducer:
                 raise ProduceError(
                     f"stopping with {len(pending)} dead-letter records unacknowledged"
                 )
-            if self._handle(failures, delay):
+            if self._handle(failures, delay, time.monotonic() - began):
                 self._wait(delay, should_stop)
                 delay = min(delay * 2, _BACKOFF_MAX_S)
         return [self._reject(letter) for letter in letters]
@@ -286,9 +288,10 @@ class DeadLetterProducer:
                     KafkaError(KafkaError._FATAL, "no delivery report in time", fatal=True)
                 )
 
-    def _handle(self, failures: list[_Failure], delay: float) -> bool:
+    def _handle(self, failures: list[_Failure], delay: float, waited: float) -> bool:
         """Decide how each failed record is sent next, and log it; True when the next
-        round must wait (an error that is not the record's own)."""
+        round must wait (an error that is not the record's own). A transient error is a
+        WARNING until the records have ``waited`` a minute, then an ERROR (:func:`log_level`)."""
         wait = False
         blocked: Counter[tuple[Action, str]] = Counter()
         for failure in failures:
@@ -312,7 +315,7 @@ class DeadLetterProducer:
                 self._discard()
             blocked[(action, f"{err.name()} ({err.str()})")] += 1
         for (action, what), count in blocked.items():
-            level = logging.WARNING if action is Action.RETRY else logging.ERROR
+            level = log_level(action, waited)
             hint = {
                 Action.RETRY: "retrying",
                 Action.OPERATOR: "an operator must fix the topic, its ACLs or the brokers; "
@@ -321,9 +324,11 @@ class DeadLetterProducer:
             }[action]
             log.log(
                 level,
-                "dead-letter topic %s: %d records not written: %s; %s in %.1fs",
+                "dead-letter topic %s: %d records not written for %.0fs (their batch waits): "
+                "%s; %s in %.1fs",
                 self.topic,
                 count,
+                waited,
                 what,
                 hint,
                 delay,

@@ -13,6 +13,7 @@ as too large (so a size error is first retried with the record alone); the broke
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -48,6 +49,20 @@ class Action(Enum):
     retry with back-off and say so at ERROR; never reject a record for it."""
     NEW_PRODUCER = "new_producer"
     """This producer instance is dead (a fatal error): build a new one, then retry."""
+
+
+RETRY_ALERT_S = 60.0
+"""Records still not written after this long: a transient error is logged at ERROR, since
+the batch that holds them (and, in the default runtime, every partition of the worker)
+waits for them."""
+
+
+def log_level(action: Action, waited_s: float) -> int:
+    """The level of the line saying records were not written: a transient error is a
+    WARNING until they have waited :data:`RETRY_ALERT_S`, anything else an ERROR. Pure."""
+    if action is Action.RETRY and waited_s < RETRY_ALERT_S:
+        return logging.WARNING
+    return logging.ERROR
 
 
 _SHRINK = frozenset(

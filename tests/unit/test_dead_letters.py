@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 
@@ -22,6 +23,7 @@ from ackline.sinks.ingest.batch import Coord
 from ackline.streams.dlq_rules import (
     MIB,
     OWN_HEADERS,
+    RETRY_ALERT_S,
     Action,
     DeadLetter,
     bare,
@@ -30,6 +32,7 @@ from ackline.streams.dlq_rules import (
     fit,
     kept,
     letter_headers,
+    log_level,
     stub,
     weaker_than_source,
 )
@@ -262,3 +265,13 @@ def test_item_6_the_installed_aiokafka_can_be_made_lenient() -> None:
     """The faust runtime patches aiokafka's private fetcher; a version without those
     parts must refuse to start rather than crash-loop on a non-UTF-8 header key."""
     assert problems() == []
+
+
+def test_a_transient_dead_letter_failure_becomes_an_error_after_a_minute() -> None:
+    """The worker's batches wait for their dead letters: a DLQ broker away for a minute is
+    an ERROR (an operator's problem), not a WARNING repeated for ever."""
+    assert log_level(Action.RETRY, 0.0) == logging.WARNING
+    assert log_level(Action.RETRY, RETRY_ALERT_S - 0.1) == logging.WARNING
+    assert log_level(Action.RETRY, RETRY_ALERT_S) == logging.ERROR
+    assert log_level(Action.OPERATOR, 0.0) == logging.ERROR
+    assert log_level(Action.NEW_PRODUCER, 0.0) == logging.ERROR
