@@ -43,7 +43,7 @@ from pydantic_settings import (
 )
 
 from ackline.core.errors import SettingsError
-from ackline.sinks.admin.durations import format_duration, parse_duration
+from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
 
 ENV_PREFIX = "ACKLINE_"
 CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"
@@ -406,10 +406,7 @@ class Settings(BaseSettings):
     def _retention(cls, value: str) -> str:
         if not value.strip():
             return ""
-        keep = parse_duration(value)
-        if keep < timedelta(days=1):
-            raise ValueError("must be at least a day (1d): partitions are days or weeks")
-        return format_duration(keep)
+        return format_duration(retention_period(value))
 
     def retention_keep(self) -> timedelta | None:
         """The retention period, or None when retention is off."""

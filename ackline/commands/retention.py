@@ -59,13 +59,13 @@ def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[
 
 
 def _keep(args: argparse.Namespace, settings: Settings) -> Any:
-    from ackline.sinks.admin.durations import parse_duration
+    from ackline.sinks.admin.durations import retention_period
 
     text = args.older_than or settings.retention
     if not text:
         raise AcklineError("retention apply needs --older-than (or ACKLINE_RETENTION)")
     try:
-        return parse_duration(text)
+        return retention_period(text)
     except ValueError as exc:
         raise AcklineError(f"--older-than: {exc}") from exc
 

@@ -9,6 +9,10 @@ from typing import Final
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "": 86_400}
+MIN_RETENTION: Final = timedelta(days=1)
+"""The least retention a worker or an operator may ask for: partitions are days or weeks,
+and a shorter one drops yesterday's partition while a batch that began before midnight
+may still write it."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -29,3 +33,13 @@ def format_duration(value: timedelta) -> str:
         if seconds and seconds % _UNITS[unit] == 0:
             return f"{seconds // _UNITS[unit]}{unit}"
     return f"{seconds}s"
+
+
+def retention_period(text: str) -> timedelta:
+    """A retention period (:func:`parse_duration`) of at least :data:`MIN_RETENTION`.
+
+    Raises ValueError saying why."""
+    keep = parse_duration(text)
+    if keep < MIN_RETENTION:
+        raise ValueError("must be at least a day (1d): partitions are days or weeks")
+    return keep
