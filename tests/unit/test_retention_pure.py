@@ -12,7 +12,7 @@ import pytest
 
 from ackline.core.errors import SettingsError
 from ackline.settings import load_settings
-from ackline.sinks.admin.durations import format_duration, parse_duration
+from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
 from ackline.sinks.admin.erase import ErasureError, check_value
 from ackline.sinks.feed.types import ERASED, FeedEvent, event_json
 
@@ -136,3 +136,13 @@ def test_upkeep_runs_on_one_writer_at_a_time() -> None:
         assert ran == ["a"]
 
     asyncio.run(scenario())
+
+
+def test_a_retention_period_is_at_least_a_day() -> None:
+    """`retention apply --older-than` and ACKLINE_RETENTION share it: a shorter period
+    would drop yesterday's partition while a batch begun before midnight may write it."""
+    assert retention_period("1d") == timedelta(days=1)
+    assert retention_period("36h") == timedelta(hours=36)
+    for short in ("0", "30s", "23h"):
+        with pytest.raises(ValueError, match="at least a day"):
+            retention_period(short)
