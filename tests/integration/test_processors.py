@@ -588,6 +588,26 @@ def test_a_processor_that_raises_stops_at_that_event_and_resumes_there_once_fixe
     assert shown["state"] == "ok" and shown["error"] is None
 
 
+def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str) -> None:
+    """An OSError raised by the processor's code (a missing file), not by the database
+    connection, is the processor's failure: it stops at that event instead of retrying
+    the batch for ever as if the database were away."""
+    spec = "tests.support.processors:LOST"
+    assert ackline(dsn, "processors", "setup", spec).code == 0
+    events = steps_of("r1", 10)
+    poison = events[5]
+    poison.payload = {**poison.payload, "thought": "poison"}
+    write(dsn, events, chunk=4)
+
+    broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=60)
+    assert broken.code == 1, broken.err[-2000:]
+    report = broken.report("lost")
+    assert report["outcome"] == "failed"
+    assert report["error_event_id"] == str(poison.event_id)
+    assert "FileNotFoundError: no model file for step 6" in report["error"]
+    assert journal(dsn, "lost") == Counter(e.event_id for e in events[:5])
+
+
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------
 
 

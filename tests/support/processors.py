@@ -65,8 +65,22 @@ class Picky(Journal):
         return await super().apply(conn, batch)
 
 
+class Lost(Journal):
+    """A journal whose own code fails with an OSError (a file it needs is missing) on the
+    step whose thought is "poison": an error of the processor, not of the database."""
+
+    name = "lost"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        for e in batch.events:
+            if e.payload.get("thought") == "poison":
+                raise FileNotFoundError(f"no model file for step {e.payload.get('step')}")
+        return await super().apply(conn, batch)
+
+
 JOURNAL = Journal()
 PICKY = Picky()
+LOST = Lost()
 
 
 class Ops(Journal):

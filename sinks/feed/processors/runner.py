@@ -188,7 +188,7 @@ class ProcessorRunner:
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
-                if is_transient(exc, conn):
+                if _database_went_away(exc, conn):
                     raise
                 raise ProcessorError(self.name, exc) from exc
         await control.clear_failure(conn, self.name)
@@ -443,3 +443,20 @@ async def run_all(
         else:
             reports.append(task.result())
     return reports
+
+
+def _database_went_away(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether ``exc``, raised by a processor's ``apply``, is the database's doing (retry
+    the batch on a new connection) rather than the processor's (stop at the first event
+    that raises).
+
+    Stricter than :func:`is_transient`: an OSError or TimeoutError counts only when the
+    connection is closed (the processor's own code raises them too: a missing file, a
+    socket of its own), and a cancelled statement (``statement_timeout``) is the batch's
+    failure, so that it is halved instead of retried whole for ever.
+    """
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+        return False
+    if isinstance(exc, (OSError, TimeoutError)):
+        return conn.is_closed()
+    return is_transient(exc, conn)
