@@ -143,6 +143,8 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise FeedError("--limit must be at least 1")
+    if args.batch_events < 1:
+        raise FeedError("--batch-events must be at least 1")
     if args.commit and not args.reader:
         raise FeedError("--commit needs --reader NAME")
     feed = Changefeed(Filter.of(args.types, args.agents))
@@ -185,6 +187,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
                     wait=args.follow,
                     poll_interval=args.poll_interval,
                     limit=args.limit,
+                    batch_events=args.batch_events,
                 )
             )
         except _StdoutClosed:
@@ -302,6 +305,13 @@ def register(sub: Subparsers) -> None:
     tail.add_argument("--agent", action="append", dest="agents", help="agent_id (repeatable)")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new batches")
     tail.add_argument("--limit", type=int, help="stop after N events")
+    tail.add_argument(
+        "--batch-events",
+        type=int,
+        default=5_000,
+        help="events per read (bounds memory: one feed transaction, such as a large "
+        "erasure, can hold millions; a read cut inside it resumes there)",
+    )
     tail.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
     tail.set_defaults(handler=cmd_tail)
 

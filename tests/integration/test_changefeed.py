@@ -523,6 +523,10 @@ def test_tail_prints_filters_cuts_resumes_and_commits(dsn: str) -> None:
     wanted, _ = _tail(dsn, "--from-start", "--type", "agent.requested", "--agent", "a1")
     assert [o["request_id"] for o in wanted] == ["r1", "r3"]
 
+    # reads of one event each (cut inside every transaction): the same lines, once each
+    small, _ = _tail(dsn, "--from-start", "--batch-events", "1")
+    assert small == everything
+
     # cut inside the first transaction, resume from the last line's cursor
     head, _ = _tail(dsn, "--from-start", "--limit", "2")
     rest, stderr = _tail(dsn, "--from-cursor", head[-1]["cursor"])
