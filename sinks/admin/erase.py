@@ -16,6 +16,17 @@ event is a counted duplicate (or a conflict if its body changed), never a new ro
 cannot be erased here: the dead-letter copies of the erased rejects (Kafka records; the
 erasure lists their offsets) and the source topic's records (its retention removes them).
 
+Against ingest in flight: the erasure holds the erasure lock ("ACKE", a transaction-level
+advisory lock) exclusive for its whole transaction, and every batch that writes conflicts
+or rejects holds it shared from just before those INSERTs to its COMMIT
+(:mod:`ackline.sinks.ingest.writer`, step 5). So such a batch either commits before the
+erasure's statements run (they see its rows and blank them) or writes them after the
+erasure committed (its INSERTs see the tombstones: a conflict with an erased event keeps
+no body). Before, a conflicting replay (or a reject naming the identifier) written by a
+batch in flight was seen by neither and stored the erased content again. Batches of only
+new events and duplicates do not wait: what they commit after the DELETE's snapshot is
+not erased (run the erasure again).
+
 The audit row (``erasures``) says who (the login), what (selector, value, counts, the
 dead-letter offsets) and when; no content. Its ``commit_xid`` places the erasure in the
 changefeed, where every reader meets one ``ackline.erased`` notice per erased event
@@ -106,6 +117,15 @@ class Erasure:
         }
 
 
+# The erasure lock ("ACKE"), exclusive, before the audit row (only SET ROLE, which locks
+# nothing, comes first): it waits for every batch in flight that writes conflicts or
+# rejects (they hold it shared from just before their INSERTs to their COMMIT:
+# ackline.sinks.ingest.writer._AFTER_ERASURES), so this transaction's later statements
+# see their rows committed, and such batches wait for this one to end, so their INSERTs
+# see its tombstones. No deadlock: it is taken holding nothing, and a batch holding it
+# shared waits for nothing the erasure holds (its offset-row locks are no erasure's
+# concern). No grant needed: executable by PUBLIC.
+_ERASURE_LOCK = 'SELECT pg_advisory_xact_lock(1094929221)  -- "ACKE"'
 _MAY_ERASE = "SELECT pg_has_role(current_user, 'ackline_eraser', 'MEMBER')"
 _BE_ERASER = "SET LOCAL ROLE ackline_eraser"
 
@@ -198,13 +218,17 @@ async def erase(
     """Erase what ``selector`` = ``value`` names (see the module docstring).
 
     Order of effects, in ONE transaction: take the ackline_eraser role when the login is a
-    member (the transaction can then do only what that role may); insert the audit row;
-    delete the activity rows and insert their tombstones (one statement); blank the
-    matching conflict bodies; blank the matching rejects; write the counts into the audit
-    row; COMMIT (``dry_run``: ROLLBACK, nothing changes). A crash anywhere before COMMIT
-    leaves nothing erased and no audit row; the erasure can simply be run again.
-    Events committed after this transaction's snapshot are not erased (run it again, or
-    stop their producer first).
+    member (the transaction can then do only what that role may); take the erasure lock
+    exclusive (:data:`_ERASURE_LOCK`), waiting for the ingest batches in flight that write
+    conflicts or rejects to end (each is bounded by the writer's statement and commit
+    timeouts, and an idle one by idle_in_transaction_session_timeout), and from then on
+    making such batches wait for this transaction; insert the audit row; delete the
+    activity rows and insert their tombstones (one statement); blank the matching conflict
+    bodies; blank the matching rejects; write the counts into the audit row; COMMIT
+    (``dry_run``: ROLLBACK, nothing changes), which releases the lock. A crash anywhere
+    before COMMIT leaves nothing erased and no audit row (the lock goes with the
+    transaction); the erasure can simply be run again. Events committed after the
+    DELETE's snapshot are not erased (run it again, or stop their producer first).
     """
     value = check_value(selector, value)
     tr = conn.transaction()
@@ -212,6 +236,7 @@ async def erase(
     try:
         if await conn.fetchval(_MAY_ERASE):
             await conn.execute(_BE_ERASER)
+        await conn.execute(_ERASURE_LOCK)
         audit = await conn.fetchrow(_AUDIT, selector, value, reason)
         if audit is None:
             raise ErasureError("the audit row was not written")

@@ -30,19 +30,28 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    writer alone): PostgreSQL 27.5 -> 22-23 us per event;
 5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...) (a conflict with an
    erased event keeps its keys and hashes but not its incoming body: a replay must not
-   bring erased content back);
+   bring erased content back). A batch that has any first takes the erasure lock shared,
+   in a statement of its own (:data:`_AFTER_ERASURES`): an erasure in progress
+   (:func:`ackline.sinks.admin.erase.erase`, which holds it exclusive) commits first, and
+   the INSERTs, whose snapshots are taken after the lock is granted, see its tombstones;
+   an erasure that starts later waits for this batch to end, and its own statements see
+   these rows committed. Without it each missed the other's uncommitted rows, and a
+   conflicting replay (or a reject naming the agent) in flight stored the erased content
+   again. The lock goes with the transaction: COMMIT, a rollback, or the end of the
+   session of a crashed or dropped writer releases it. Batches of only new events and
+   duplicates never take it;
 6. the batch row, whose ``commit_xid`` defaults to this transaction's xid8 (the
    changefeed's order), and ``pg_notify('ackline_batches', batch_id)`` (sent on COMMIT
    only), in one statement;
 7. COMMIT.
 
 Every wait is bounded (ackline.sinks.connection): each statement by the connection's
-statement timeout, COMMIT by its own commit timeout. A statement that times out fails
-the attempt like a lost connection (retried on a fresh one); a COMMIT that times out, or
-fails in any way that is not the server's answer, has an unknown outcome and goes to the
-reconcile (:meth:`BatchWriter._reconcile`), which first ends the old server session: a
-host that vanished never closes it, and until it ends it holds the batch's row locks and
-could still commit.
+statement timeout (the erasure lock of step 5 too), COMMIT by its own commit timeout. A
+statement that times out fails the attempt like a lost connection (retried on a fresh
+one); a COMMIT that times out, or fails in any way that is not the server's answer, has
+an unknown outcome and goes to the reconcile (:meth:`BatchWriter._reconcile`), which
+first ends the old server session: a host that vanished never closes it, and until it
+ends it holds the batch's row locks and could still commit.
 
 Between two of its batches, outside any transaction, a writer runs the worker's shared
 :class:`Upkeep` (one writer at a time; another connection's batch may be in flight): it
@@ -191,6 +200,16 @@ FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::byt
          incoming_body, topic, partition, src_offset)
 ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 """
+
+# The erasure lock ("ACKE"), shared: batches that write conflicts or rejects do not wait
+# for each other, only for an erasure, which takes it exclusive
+# (ackline.sinks.admin.erase._ERASURE_LOCK). Its own statement, after the fence and the
+# COPYs and right before the INSERTs: under READ COMMITTED each statement's snapshot is
+# taken when it starts, so only a statement that starts after the lock is granted sees
+# what the erasure committed. Bounded like every statement (the connection's statement
+# timeout); past it the batch is retried (a transient error). No grant needed: the
+# advisory lock functions are executable by PUBLIC.
+_AFTER_ERASURES = 'SELECT pg_advisory_xact_lock_shared(1094929221)  -- "ACKE"'
 
 _REJECTS = """
 INSERT INTO rejects
@@ -447,6 +466,8 @@ class BatchWriter:
         fenced = await self._fence(conn, batch)
         batch_id = fenced.batch_id
         verdict = await self._insert_new(conn, batch, fenced)
+        if verdict.conflicts or batch.rejects:
+            await self._after_erasures(conn, batch)
         if verdict.conflicts:
             await self._insert_conflicts(conn, batch_id, verdict, fenced.keyed)
         if batch.rejects:
@@ -610,6 +631,22 @@ class BatchWriter:
                 else:
                     activity[r["event_id"]] = bytes(r["body_hash"])
         return classify(batch.events, ledger, activity), bool(ledger or activity)
+
+    async def _after_erasures(self, conn: asyncpg.Connection, batch: Batch) -> None:
+        """Take the erasure lock shared (:data:`_AFTER_ERASURES`), waiting for an erasure
+        in progress to commit. Nothing here commits. Past the statement timeout (an erasure
+        that runs longer, or a server that stopped answering) the attempt fails like any
+        statement that timed out: the connection is dropped, its session ended, and the
+        whole batch written again, waiting again while the erasure runs."""
+        try:
+            await conn.execute(_AFTER_ERASURES)
+        except TimeoutError:
+            log.warning(
+                "batch %s: no erasure lock within %gs (an erasure in progress, or no answer)",
+                batch.describe(),
+                self._db.bounds.statement_s,
+            )
+            raise
 
     async def _insert_conflicts(
         self, conn: asyncpg.Connection, batch_id: int, verdict: Classified, keyed: bool

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -30,16 +30,23 @@ import asyncpg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ackline.core.faults import Faults
 from ackline.load.generate import Knobs
 from ackline.load.produce import produce
 from ackline.load.verify import drained, verify
 from ackline.roles import ERASER, INGEST, with_user
+from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
-from ackline.sinks.admin.erase import ErasureError, erase
+from ackline.sinks.admin.erase import Erasure, ErasureError, erase
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.admin.partitions import apply_retention, ensure_partitions, list_partitions
+from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed
 from ackline.sinks.feed.types import ERASED, START, Cursor, FeedEvent, Filter
+from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, RejectRecord
+from ackline.sinks.ingest.offsets import claim
+from ackline.sinks.ingest.writer import BatchWriter, WriteResult
+from ackline.streams.producer import serialize
 from tests.integration.harness import Services, Worker, db, dsn_for, run_async, wait_until
 
 CLEAN = Knobs(conflict_ledger=0.0, conflict_pk=0.0, poison=0.0)
@@ -647,6 +654,163 @@ def _read_topic(services: Services, topic: str) -> list[tuple[bytes | None, byte
         return out
     finally:
         consumer.close()
+
+
+# ---- an erasure racing a batch in flight -----------------------------------------------
+
+
+class _BeforeCommit(Faults):
+    """Holds one batch's transaction open just before COMMIT (once armed) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def ahit(self, point: str) -> None:
+        if point == "before_commit" and self.armed:
+            self.armed = False
+            self.reached.set()
+            await self.release.wait()
+
+
+def _step(agent: str, event_id: uuid.UUID, thought: str) -> Row:
+    env = new_envelope(
+        "agent.step",
+        txn_id=f"run-{event_id.hex}:1",
+        agent_id=agent,
+        request_id=f"req-{event_id.hex}",
+        payload={"run_id": f"run-{event_id.hex}", "step": 1, "thought": thought},
+        occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
+        event_id=event_id,
+    )
+    decoded = decode(serialize(env))
+    assert isinstance(decoded, Row)
+    return decoded
+
+
+def _poison(agent: str, offset: int, secret: str) -> RejectRecord:
+    """A reject naming ``agent`` (as the erasure matches it: a JSON string in its bytes)."""
+    value = json.dumps({"agent_id": agent, "type": "agent.step", "payload": secret})
+    return RejectRecord(
+        coord=Coord("t", 0, offset),
+        reason="invalid_envelope",
+        detail="test",
+        raw_key=agent.encode(),
+        raw_value=value.encode(),
+        headers=[],
+        dlq_topic="t.dlq",
+        dlq_partition=0,
+        dlq_offset=offset,
+    )
+
+
+async def _until(what: str, *checks: Callable[[], Awaitable[bool]]) -> None:
+    """Until one of ``checks`` holds (at most 30 s)."""
+    for _ in range(600):
+        for check in checks:
+            if await check():
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("first", ["batch", "erasure"])
+def test_a_replay_in_flight_during_an_erasure_does_not_store_the_erased_content(
+    dsn: str, first: str
+) -> None:
+    """The reviewer's race. Event E of agent A is stored; a replay of E with a changed body
+    (a conflict) is written by a batch in flight while ``erase(agent=A)`` runs.
+
+    batch first: the batch has written its conflict row (and a reject naming A) and waits
+    before COMMIT; the erasure runs, then the batch commits. erasure first: the erasure
+    has deleted E and blanked the conflicts and waits (on a reject row the test holds);
+    the batch writes its conflict, then the erasure commits. Either way the replayed body
+    and the reject's bytes must end erased or withheld, never stored with erasure_id NULL
+    (before the fix the erasure saw neither uncommitted row, nor the batch its uncommitted
+    tombstone)."""
+    agent = f"agent-{uuid.uuid4().hex[:8]}"
+    event_id = uuid.uuid4()
+    secrets = [f"{n}-{uuid.uuid4().hex}" for n in ("stored", "replayed", "old-poison", "poison")]
+
+    async def go() -> tuple[Erasure, WriteResult]:
+        admin = await asyncpg.connect(dsn)
+        epoch = (await claim(admin, "g", "w", [("t", 0)]))[0].epoch
+        gate = _BeforeCommit()
+        database = Database(with_user(dsn, INGEST), application_name="race-writer")
+        writer = BatchWriter(database, "g", "w", gate)
+        stored = _step(agent, event_id, secrets[0])
+        first_batch = Batch(
+            ranges=(PartitionRange("t", 0, 0, 2, epoch),),
+            events=[Incoming(Coord("t", 0, 0), stored)],
+            rejects=[_poison(agent, 1, secrets[2])],
+        )
+        await writer.write(first_batch)
+        replay = Batch(
+            ranges=(PartitionRange("t", 0, 2, 4, epoch),),
+            events=[Incoming(Coord("t", 0, 2), _step(agent, event_id, secrets[1]))],
+            rejects=[_poison(agent, 3, secrets[3])] if first == "batch" else [],
+        )
+        eraser = await asyncpg.connect(dsn, server_settings={"application_name": "race-eraser"})
+        holder = await asyncpg.connect(dsn)
+
+        async def waits(app: str, event: str | None = None) -> bool:
+            return bool(
+                await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+                    " AND wait_event_type = 'Lock' AND ($2::text IS NULL OR wait_event = $2)",
+                    app,
+                    event,
+                )
+            )
+
+        try:
+            if first == "batch":
+                gate.armed = True
+                writing = asyncio.create_task(writer.write(replay))
+                await asyncio.wait_for(gate.reached.wait(), 30)
+                erasing = asyncio.create_task(erase(eraser, "agent", agent))
+
+                async def erased() -> bool:
+                    return erasing.done()
+
+                await _until("the erasure", erased, lambda: waits("race-eraser", "advisory"))
+                gate.release.set()
+            else:
+                # The erasure stops at its last blanking (the rejects), on a row held here.
+                hold = holder.transaction()
+                await hold.start()
+                await holder.execute("SELECT 1 FROM rejects FOR UPDATE")
+                erasing = asyncio.create_task(erase(eraser, "agent", agent))
+                await _until("the erasure to wait", lambda: waits("race-eraser"))
+                writing = asyncio.create_task(writer.write(replay))
+
+                async def written() -> bool:
+                    return writing.done()
+
+                await _until("the batch", written, lambda: waits("race-writer", "advisory"))
+                await hold.commit()
+            done = await asyncio.wait_for(erasing, 30)
+            result = await asyncio.wait_for(writing, 30)
+        finally:
+            gate.release.set()
+            await database.close()
+            for conn in (eraser, holder, admin):
+                await conn.close()
+        return done, result
+
+    done, result = asyncio.run(go())
+    assert result.conflicts["ledger"] == 1
+    conflict = db(dsn, "SELECT incoming_body, erasure_id FROM conflicts")
+    assert len(conflict) == 1
+    assert conflict[0]["incoming_body"] is None, "the erased agent's replayed body is stored"
+    assert conflict[0]["erasure_id"] == done.erasure_id
+    if first == "batch":  # the erasure waited for the batch, and blanked its rows
+        assert (done.conflicts, done.rejects) == (1, 2)
+    else:  # the batch waited for the erasure, and withheld the body
+        assert (done.conflicts, done.rejects) == (0, 1)
+    _assert_erased(dsn, agent, {event_id}, secrets)
 
 
 # ---- the changefeed across an erasure --------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import UTC, datetime
 
@@ -10,11 +11,13 @@ import asyncpg
 import pytest
 
 from ackline.core.faults import Faults
+from ackline.roles import INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
+from ackline.sinks.admin.erase import _ERASURE_LOCK
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
-from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
+from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, RejectRecord
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import _STORED_KEYS, BatchWriter
 from ackline.streams.producer import serialize
@@ -370,3 +373,48 @@ def test_an_unread_batch_whose_event_id_alone_is_stored_keeps_no_ledger_row(dsn:
         assert await _count(dsn, "SELECT count(*) FROM txn_ledger WHERE txn_id = 'run:7'") == 0
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", ["conflict", "reject"])
+def test_a_batch_waits_for_an_erasure_in_progress_and_is_retried_past_its_bound(
+    dsn: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch that writes a conflict (or a reject) waits for the erasure lock, held here
+    as erase() holds it, as the ingest role. Past its statement timeout the attempt fails
+    and the batch is retried; once the erasure ends it commits, exactly once."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "w", [0]))[0]
+        database = Database(with_user(dsn, INGEST), statement_timeout=1.0)
+        writer = BatchWriter(database, GROUP, "w")
+        await writer.write(batch(0, [row(1)], epoch))
+        if kind == "conflict":
+            waiting = batch(1, [row(1, thought="changed")], epoch)
+        else:
+            poison = RejectRecord(
+                Coord(TOPIC, 0, 1), "invalid_json", "x", None, b"{", [], "d", 0, 0
+            )
+            waiting = Batch(ranges=(PartitionRange(TOPIC, 0, 1, 2, epoch),), rejects=[poison])
+        eraser = await asyncpg.connect(dsn)
+        erasure = eraser.transaction()
+        await erasure.start()
+        await eraser.execute(_ERASURE_LOCK)
+        task = asyncio.create_task(writer.write(waiting))
+        await asyncio.sleep(3.0)
+        assert not task.done()
+        await erasure.commit()
+        await eraser.close()
+        result = await asyncio.wait_for(task, 30)
+        await database.close()
+        assert writer.retries["transient"] >= 1
+        assert (result.conflicts["ledger"], sum(result.rejects.values())) == (
+            (1, 0) if kind == "conflict" else (0, 1)
+        )
+        assert await _count(dsn, "SELECT count(*) FROM conflicts") == result.conflicts["ledger"]
+        assert await _count(dsn, "SELECT count(*) FROM rejects") == sum(result.rejects.values())
+        assert await _count(dsn, "SELECT count(*) FROM ingest_batches") == 2
+        assert await _count(dsn, "SELECT next_offset FROM consumer_offsets") == 2
+
+    with caplog.at_level(logging.WARNING, logger="ackline.sinks.ingest.writer"):
+        asyncio.run(go())
+    assert "no erasure lock within 1s" in caplog.text
