@@ -266,7 +266,20 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit
-        the DB offsets), then the ledger stops owning ``revoked``."""
+        the DB offsets), then the ledger stops owning ``revoked``.
+
+        faust stops the flow only when something was assigned. A worker that held nothing
+        (a standby: more workers than partitions) kept it running, so the records it
+        fetched for its next assignment reached the agent while the claim waited, before
+        the seek to the DB offsets, stamped with the new generation: the first batch
+        started past the DB offset and committed, and the seek back found everything in
+        between "already taken" (thousands of events lost). The flow is stopped here in
+        every case; the recovery resumes it after :meth:`seek_to_committed`, as it does
+        for a worker that held partitions.
+        """
+        if not self.assignment():
+            self.stop_flow()
+            self.app.flow_control.suspend()
         await self._ownership().revoking()
         await super().on_partitions_revoked(revoked)
         self._ownership().ledger.release((tp.topic, tp.partition) for tp in revoked)
