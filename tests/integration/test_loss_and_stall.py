@@ -8,13 +8,16 @@ reported as not consumed (metric, /readyz, an ERROR line) — never silently idl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,14 @@ from confluent_kafka.admin import AdminClient
 from ackline.load.manifest import read_manifest
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.offsets import StuckWatch, claim
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import TopicError
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 from tests.integration.windows import (
     Item,
     OffsetRow,
     Scenario,
+    backends,
     batches,
     fired,
     killed_by_point,
@@ -391,3 +397,66 @@ def test_a_watched_claim_gives_way_to_every_cancellation(dsn: str, topic: str) -
     assert tries > 50 and looks > 10, (tries, looks)  # cancellations also landed in looks
     left = "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'ackline:cancelled'"
     wait_until(lambda: db(dsn, left)[0]["n"] == 0, 15, "no session of the claims left")
+
+
+_FIRST_AND_NEXT = """
+SELECT b.worker,
+       min((r.value ->> 0)::bigint) FILTER (WHERE b.batch_id = f.first) AS first,
+       max((r.value ->> 1)::bigint) AS next
+FROM ingest_batches AS b
+CROSS JOIN LATERAL jsonb_each(b.ranges) AS r
+JOIN (SELECT worker, min(batch_id) AS first FROM ingest_batches GROUP BY worker) AS f
+    ON f.worker = b.worker
+GROUP BY b.worker
+"""
+"""Per worker: the first offset of its first batch, and the end of its last (the ranges
+column is {"topic:partition": [first_offset, next_offset]}; one partition here)."""
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_a_standby_worker_takes_over_from_the_db_offset(
+    services: Services, dsn: str, tmp_path: Path, runtime: str
+) -> None:
+    """More workers than partitions: b holds nothing until a, stopped inside a batch's
+    transaction, loses the partition. faust left a standby's flow running at the revoke,
+    so what b fetched while its claim waited (on a's row locks) reached the agent before
+    the seek to the DB offset: its first batch started far past it and committed, and the
+    seek back found the rest "already taken" (11,586 of 30,000 lost). b's first batch
+    must start where a's last committed batch ended, and nothing may be lost."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, topic, partitions=1)
+    try:
+        manifest = produce_mix(services, topic, tmp_path, 30_000, seed=37, partitions=1)
+        group = f"g-{topic}"
+        common: dict[str, Any] = {"runtime": runtime, "batch_max_events": 300}
+        a = Worker(
+            services,
+            dsn,
+            topic,
+            tmp_path,
+            name="a",
+            faults="after_commit=stall@2,before_commit=stall@4",
+            fault_stall_seconds=8,
+            db_idle_in_transaction_timeout_ms=8500,
+            **common,
+        )
+        wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a's first batches")
+        b = Worker(services, dsn, topic, tmp_path, name="b", **common)
+        wait_until(
+            lambda: bool(backends(dsn, "a", "state = 'idle in transaction'")),
+            60,
+            "a inside its stalled transaction",
+        )
+        a.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: batches(dsn, "b") >= 1, 120, "b to take over and commit")
+        finally:
+            a.kill()
+        wait_drained(dsn, manifest, group, [b], 180)
+        assert b.stop() == 0
+        verify_ok(dsn, manifest, group)
+        spans = {r["worker"]: (r["first"], r["next"]) for r in db(dsn, _FIRST_AND_NEXT)}
+        assert spans["b"][0] == spans["a"][1], spans
+    finally:
+        with contextlib.suppress(TopicError):
+            delete_topic(services.bootstrap, topic)
