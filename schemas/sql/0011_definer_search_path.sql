@@ -103,3 +103,22 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION ackline_drop_partitions_before(timestamptz, boolean) FROM PUBLIC;
+
+-- The same functions still resolve functions and operators through public (format,
+-- to_regclass, =): one there with a closer signature would win over pg_catalog's and run
+-- with the owner's rights. PostgreSQL 15 makes databases where PUBLIC may not create in
+-- public; a database upgraded from an older version still lets every role do so. Take that
+-- right away, as the migrating user (out of ackline_migrator, which does not own the
+-- schema, and back in); a user who may not gets a WARNING and should run it as the
+-- schema's owner: REVOKE CREATE ON SCHEMA public FROM PUBLIC.
+DO $$
+DECLARE
+    was text := current_user;
+BEGIN
+    RESET ROLE;
+    REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+    EXECUTE format('SET LOCAL ROLE %I', was);
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE WARNING 'could not revoke CREATE on schema public from PUBLIC (%)', SQLERRM;
+END
+$$;

@@ -188,7 +188,9 @@ async def apply_retention(
     if keep < timedelta(0):
         raise PartitionError("retention cannot be negative")
     try:
-        async with conn.transaction():
+        # READ COMMITTED whatever the server's default: the drop function looks at the
+        # changefeed readers again after each detach, in a snapshot of its own.
+        async with conn.transaction(isolation="read_committed"):
             if await conn.fetchval(_MAY_OWN):
                 await conn.execute(_BE_OWNER)
             if set_policy:
@@ -267,7 +269,10 @@ class Upkeep:
                         format_duration(keep),
                     )
                 return
-            rows = await conn.fetch(_WORKER_RETENTION, keep)
+            # READ COMMITTED whatever the server's default: the drop function looks at
+            # the changefeed readers again after each detach, in a snapshot of its own.
+            async with conn.transaction(isolation="read_committed"):
+                rows = await conn.fetch(_WORKER_RETENTION, keep)
         except asyncpg.PostgresError as exc:
             raise PartitionError(f"retention did not run: {exc}") from exc
         for d in map(_dropped, rows):

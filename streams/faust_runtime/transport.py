@@ -47,6 +47,10 @@ from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
 
+_MARKS_S = 10.0
+"""The longest wait for a claim's watermarks (log start and end) before it goes on
+without them."""
+
 
 class IsolationError(StreamError):
     """The aiokafka consumer would read uncommitted (possibly aborted) records."""
@@ -244,8 +248,12 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         claim then stores no start and the partitions start at the log start)."""
         parts = [TP(t, p) for t, p in tps]
         try:
-            starts = await self.earliest_offsets(*parts)
-            ends = await self.highwaters(*parts)
+            # Bounded well inside faust's recovery wait (broker_request_timeout): a seek
+            # that outlasts it is abandoned and the flow, stopped at the revoke, is never
+            # resumed. Each lookup alone may take request_timeout_ms (90 s).
+            async with asyncio.timeout(_MARKS_S):
+                starts = await self.earliest_offsets(*parts)
+                ends = await self.highwaters(*parts)
         except Exception as exc:  # the broker decides; the claim goes on without marks
             log.warning("cannot read the watermarks of %s: %r", tps, exc)
             return {}

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 import pytest
 
 from ackline.roles import INGEST, with_user
+from ackline.sinks.admin.migrate import migrate
 from ackline.sinks.admin.partitions import apply_retention
-from tests.integration.harness import db
+from tests.integration.harness import Services, db, dsn_for
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +167,53 @@ def test_every_security_definer_function_names_pg_temp_last(dsn: str) -> None:
         if "search_path=pg_catalog, public, pg_temp" not in r["config"]
     ]
     assert not unsafe, unsafe
+
+
+def test_the_ingest_role_cannot_create_objects_in_public(dsn: str) -> None:
+    """A function of its own in public could win over pg_catalog's inside the SECURITY
+    DEFINER functions (a closer signature): the worker's role may create nothing there."""
+
+    async def go() -> str:
+        conn = await asyncpg.connect(with_user(dsn, INGEST))
+        try:
+            await conn.execute(
+                "CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE sql AS 'SELECT $1'"
+            )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            return str(exc)
+        finally:
+            await conn.close()
+        return "created"
+
+    assert "permission denied for schema public" in asyncio.run(go())
+
+
+def test_migrating_a_database_that_lets_public_create_takes_that_right_away(
+    services: Services,
+) -> None:
+    """A database made before PostgreSQL 15 (or by hand) lets every role create in
+    public: migration 0011 takes it back."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def go() -> tuple[bool, bool]:
+        admin = await asyncpg.connect(services.database_url)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        conn = await asyncpg.connect(dsn_for(services.database_url, name))
+        try:
+            await conn.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+            await migrate(conn)
+            before = "SELECT has_schema_privilege('public', 'public', 'CREATE')"
+            after = "SELECT has_schema_privilege('ackline_ingest', 'public', 'CREATE')"
+            return bool(await conn.fetchval(before)), bool(await conn.fetchval(after))
+        finally:
+            await conn.close()
+            admin = await asyncpg.connect(services.database_url)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+    assert asyncio.run(go()) == (False, False)
