@@ -125,7 +125,9 @@ class Erasure:
 # see its tombstones. No deadlock: it is taken holding nothing, and a batch holding it
 # shared waits for nothing the erasure holds (its offset-row locks are no erasure's
 # concern). No grant needed: executable by PUBLIC.
-_ERASURE_LOCK = 'SELECT pg_advisory_xact_lock(1094929221)  -- "ACKE"'
+ERASURE_LOCK_KEY: Final = 0x41434B45  # "ACKE"
+"""The key of the erasure lock, shared by the writer (ackline.sinks.ingest.writer)."""
+_ERASURE_LOCK = "SELECT pg_advisory_xact_lock($1)"
 _MAY_ERASE = "SELECT pg_has_role(current_user, 'ackline_eraser', 'MEMBER')"
 _BE_ERASER = "SET LOCAL ROLE ackline_eraser"
 
@@ -236,7 +238,7 @@ async def erase(
     try:
         if await conn.fetchval(_MAY_ERASE):
             await conn.execute(_BE_ERASER)
-        await conn.execute(_ERASURE_LOCK)
+        await conn.execute(_ERASURE_LOCK, ERASURE_LOCK_KEY)
         audit = await conn.fetchrow(_AUDIT, selector, value, reason)
         if audit is None:
             raise ErasureError("the audit row was not written")

@@ -95,6 +95,7 @@ from datetime import date
 import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.sinks.admin.erase import ERASURE_LOCK_KEY
 from ackline.sinks.admin.partitions import PartitionError, Upkeep
 from ackline.sinks.connection import Database, is_transient
 from ackline.sinks.errors import FencedError, RaceLostError, TransientDatabaseError
@@ -209,7 +210,7 @@ ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 # what the erasure committed. Bounded like every statement (the connection's statement
 # timeout); past it the batch is retried (a transient error). No grant needed: the
 # advisory lock functions are executable by PUBLIC.
-_AFTER_ERASURES = 'SELECT pg_advisory_xact_lock_shared(1094929221)  -- "ACKE"'
+_AFTER_ERASURES = "SELECT pg_advisory_xact_lock_shared($1)"  # ERASURE_LOCK_KEY
 
 _REJECTS = """
 INSERT INTO rejects
@@ -639,7 +640,7 @@ class BatchWriter:
         statement that timed out: the connection is dropped, its session ended, and the
         whole batch written again, waiting again while the erasure runs."""
         try:
-            await conn.execute(_AFTER_ERASURES)
+            await conn.execute(_AFTER_ERASURES, ERASURE_LOCK_KEY)
         except TimeoutError:
             log.warning(
                 "batch %s: no erasure lock within %gs (an erasure in progress, or no answer)",

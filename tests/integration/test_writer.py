@@ -14,7 +14,7 @@ from ackline.core.faults import Faults
 from ackline.roles import INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
-from ackline.sinks.admin.erase import _ERASURE_LOCK
+from ackline.sinks.admin.erase import _ERASURE_LOCK, ERASURE_LOCK_KEY
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, RejectRecord
@@ -398,7 +398,7 @@ def test_a_batch_waits_for_an_erasure_in_progress_and_is_retried_past_its_bound(
         eraser = await asyncpg.connect(dsn)
         erasure = eraser.transaction()
         await erasure.start()
-        await eraser.execute(_ERASURE_LOCK)
+        await eraser.execute(_ERASURE_LOCK, ERASURE_LOCK_KEY)
         task = asyncio.create_task(writer.write(waiting))
         await asyncio.sleep(3.0)
         assert not task.done()
