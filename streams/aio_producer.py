@@ -51,6 +51,7 @@ from ackline.streams.producer import (
     KeyBy,
     Outgoing,
     abort_failed,
+    check_fit,
     check_fits,
     client_limits,
     kafka_error,
@@ -319,9 +320,9 @@ class AsyncActivityProducer:
     async def _produce(self, record: Outgoing) -> asyncio.Future[Message]:
         """Queue ``record`` in the open transaction, after a flush when the local queue
         is half full (so that it never refuses a record for want of room)."""
-        check_fits([record], self._limits)
-        aio = self._client()
         size = record_size(record)
+        check_fit(record, size, self._limits)
+        aio = self._client()
         if self._unflushed >= self._room or self._unflushed_bytes + size > self._room_bytes:
             loop = asyncio.get_running_loop()
             try:

@@ -187,17 +187,21 @@ def check_fits(records: Sequence[Outgoing], limits: ClientLimits) -> None:
     would commit the others.
     """
     for i, record in enumerate(records):
-        size = record_size(record)
-        for setting, limit in (
-            ("message.max.bytes", limits.message_max_bytes),
-            ("queue.buffering.max.kbytes", limits.queue_max_bytes),
-        ):
-            if size > limit:
-                raise ProduceError(
-                    f"record {i} (event {record.event_id}) is {size:,} bytes with its key "
-                    f"and headers, over this producer's {setting} ({limit:,} bytes): "
-                    "nothing of the transaction was sent"
-                )
+        check_fit(record, record_size(record), limits, i)
+
+
+def check_fit(record: Outgoing, size: int, limits: ClientLimits, index: int = 0) -> None:
+    """:func:`check_fits` for one record (number ``index``) whose size is known."""
+    for setting, limit in (
+        ("message.max.bytes", limits.message_max_bytes),
+        ("queue.buffering.max.kbytes", limits.queue_max_bytes),
+    ):
+        if size > limit:
+            raise ProduceError(
+                f"record {index} (event {record.event_id}) is {size:,} bytes with its key "
+                f"and headers, over this producer's {setting} ({limit:,} bytes): "
+                "nothing of the transaction was sent"
+            )
 
 
 def start_failed(err: KafkaError) -> ProduceError:
@@ -387,7 +391,7 @@ class ActivityProducer:
                 self._commit(time.monotonic() + timeout)
             except _AbortRequired as exc:
                 self.abort(timeout)
-                errors = [err for err, _ in reports if err is not None]
+                errors = _errors(reports)
                 if errors:
                     raise not_committed(errors) from None
                 if attempt == rounds:
@@ -428,7 +432,7 @@ class ActivityProducer:
             self._commit(time.monotonic() + timeout)
         except _AbortRequired as exc:
             self.abort(timeout)
-            errors = [err for err, _ in reports if err is not None]
+            errors = _errors(reports)
             if errors:
                 raise not_committed(errors) from None
             raise ProduceError(f"transaction aborted: {exc.err}") from None
@@ -531,6 +535,11 @@ def _collect(reports: list[tuple[KafkaError | None, Message | None]], i: int) ->
         reports[i] = (err, msg)
 
     return on_delivery
+
+
+def _errors(reports: list[tuple[KafkaError | None, Message | None]]) -> list[KafkaError]:
+    """The delivery errors among ``reports``."""
+    return [err for err, _ in reports if err is not None]
 
 
 def _collect_into(
