@@ -10,12 +10,16 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
+
+from ackline.sinks.admin.migrate import load_migrations, migrate
 
 T = TypeVar("T")
 
@@ -60,6 +64,28 @@ def run_async(coro: Awaitable[T]) -> T:
         return await coro
 
     return asyncio.run(wrap())
+
+
+@contextmanager
+def database_upto(services: Services, upto: int) -> Iterator[str]:
+    """A fresh database migrated up to migration ``upto`` (the fixture's template is
+    migrated all the way), dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    db(services.database_url, f'CREATE DATABASE "{name}"')
+    dsn = dsn_for(services.database_url, name)
+
+    async def up() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await migrate(conn, [m for m in load_migrations() if m.version <= upto])
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(up())
+        yield dsn
+    finally:
+        db(services.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 LIVE_WORKERS: list[Worker] = []

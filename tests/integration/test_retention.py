@@ -20,8 +20,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,14 @@ from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, R
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.producer import serialize
-from tests.integration.harness import Services, Worker, db, dsn_for, run_async, wait_until
+from tests.integration.harness import (
+    Services,
+    Worker,
+    database_upto,
+    db,
+    run_async,
+    wait_until,
+)
 
 CLEAN = Knobs(conflict_ledger=0.0, conflict_pk=0.0, poison=0.0)
 """Redeliveries, producer retries and aborted transactions, but no conflict or poison:
@@ -56,28 +62,6 @@ every record of a replay is then a duplicate."""
 
 def _one(dsn: str, sql: str, *args: Any) -> Any:
     return db(dsn, sql, *args)[0][0]
-
-
-@contextmanager
-def _database(services: Services, upto: int) -> Iterator[str]:
-    """A fresh database migrated up to migration ``upto`` (the fixture's template is
-    migrated all the way)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    db(services.database_url, f'CREATE DATABASE "{name}"')
-    dsn = dsn_for(services.database_url, name)
-
-    async def up() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await migrate(conn, [m for m in load_migrations() if m.version <= upto])
-        finally:
-            await conn.close()
-
-    try:
-        asyncio.run(up())
-        yield dsn
-    finally:
-        db(services.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _committed(dsn: str) -> int:
@@ -102,7 +86,7 @@ def test_conversion_of_a_populated_v1_database_while_a_worker_ingests(
     key copy) is held open, the worker still commits batches; the batches committed
     between 0007 and 0008 get their keys copied by 0008."""
     migrations = load_migrations()
-    with _database(services, upto=3) as dsn:
+    with database_upto(services, upto=3) as dsn:
         db(
             dsn,
             "INSERT INTO activity (event_id, txn_id, type, agent_id, request_id, occurred_at,"

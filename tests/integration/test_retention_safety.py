@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
@@ -15,7 +14,7 @@ import pytest
 from ackline.roles import INGEST, with_user
 from ackline.sinks.admin.migrate import migrate
 from ackline.sinks.admin.partitions import apply_retention
-from tests.integration.harness import Services, db, dsn_for
+from tests.integration.harness import Services, database_upto, db
 
 pytestmark = pytest.mark.integration
 
@@ -193,27 +192,17 @@ def test_migrating_a_database_that_lets_public_create_takes_that_right_away(
 ) -> None:
     """A database made before PostgreSQL 15 (or by hand) lets every role create in
     public: migration 0011 takes it back."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    with database_upto(services, upto=10) as dsn:
+        db(dsn, "GRANT CREATE ON SCHEMA public TO PUBLIC")
 
-    async def go() -> tuple[bool, bool]:
-        admin = await asyncpg.connect(services.database_url)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await admin.close()
-        conn = await asyncpg.connect(dsn_for(services.database_url, name))
-        try:
-            await conn.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
-            await migrate(conn)
-            before = "SELECT has_schema_privilege('public', 'public', 'CREATE')"
-            after = "SELECT has_schema_privilege('ackline_ingest', 'public', 'CREATE')"
-            return bool(await conn.fetchval(before)), bool(await conn.fetchval(after))
-        finally:
-            await conn.close()
-            admin = await asyncpg.connect(services.database_url)
+        async def go() -> tuple[bool, bool]:
+            conn = await asyncpg.connect(dsn)
             try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                await migrate(conn)
+                before = "SELECT has_schema_privilege('public', 'public', 'CREATE')"
+                after = "SELECT has_schema_privilege('ackline_ingest', 'public', 'CREATE')"
+                return bool(await conn.fetchval(before)), bool(await conn.fetchval(after))
             finally:
-                await admin.close()
+                await conn.close()
 
-    assert asyncio.run(go()) == (False, False)
+        assert asyncio.run(go()) == (False, False)
