@@ -282,6 +282,24 @@ class _CommitUncertainError(Exception):
         self.result = result
 
 
+def copy_refusal(exc: BaseException) -> str | None:
+    """Why PostgreSQL refused a COPY's rows, read from the error's fields: its text is
+    translated under ``lc_messages``, so matching English words made a German server's
+    missing partition fatal.
+
+    "no_partition": a row of ``activity`` was routed to no partition (SQLSTATE 23514
+    naming the table and no constraint; a CHECK constraint's violation names its
+    constraint). "no_ingested_on": ``ingested_on`` was NULL against NOT NULL (23502 naming
+    the column). None: any other error, raised as it is.
+    """
+    if isinstance(exc, asyncpg.CheckViolationError):
+        routed_nowhere = exc.table_name == "activity" and not exc.constraint_name
+        return "no_partition" if routed_nowhere else None
+    if isinstance(exc, asyncpg.NotNullViolationError):
+        return "no_ingested_on" if exc.column_name == "ingested_on" else None
+    return None
+
+
 def _proven_by_copy(fresh: Classified) -> bool:
     """Whether a successful COPY of ``fresh``'s inserts proves ``fresh`` (classified
     against nothing stored) is the classification a read of the stored keys would give.
@@ -532,7 +550,7 @@ class BatchWriter:
         stored, when they were not read) fails the COPY with UniqueViolationError: raised
         as RaceLostError; the caller rolls back and retries the batch, which reads the
         keys (again, if it had read them). A missing partition
-        (CheckViolationError "no partition of relation") and a batch that began before
+        (:func:`copy_refusal`) and a batch that began before
         migration 0008 and met the partitioned table (its rows carry no ingested_on,
         which has no default there) roll back and are retried too.
         """
@@ -568,12 +586,12 @@ class BatchWriter:
         except asyncpg.UniqueViolationError as exc:
             raise RaceLostError(f"a key of this batch was taken by another writer: {exc}") from exc
         except (asyncpg.CheckViolationError, asyncpg.NotNullViolationError) as exc:
-            text = str(exc)
-            if not fenced.keyed and ("no partition" in text or "ingested_on" in text):
+            refusal = copy_refusal(exc)
+            if refusal is not None and not fenced.keyed:
                 # Begun before migration 0008, met the partitioned table: its ingested_on
                 # (no default) is NULL, so no partition takes the row.
                 raise _SchemaMovedError() from exc
-            if not fenced.keyed or "no partition" not in text:
+            if refusal != "no_partition":
                 raise
             raise _PartitionMissingError(f"no partition of activity for {day}") from exc
 
