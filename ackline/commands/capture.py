@@ -99,6 +99,15 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
     if bool(args.source) == bool(args.from_topic):
         raise ArgumentProblem("replay: give either a capture file or --from-topic TOPIC")
+    if args.to == settings.topic and not args.into_ingested_topic:
+        # A load test's capture replayed here is stored and acted on downstream (a second
+        # agent started), where a load-test topic was meant: make that a decision.
+        raise ArgumentProblem(
+            f"replay: --to {args.to} is the topic ackline ingests (ACKLINE_TOPIC): what is "
+            "replayed there is stored and acted on as real activity; pass "
+            "--into-ingested-topic if that is meant (reprocessing dead letters, "
+            "docs/schema.md), else name a load-test topic"
+        )
     ranged = any(
         v is not None
         for v in (args.from_offset, args.to_offset, args.since, args.until, args.partition)
@@ -189,6 +198,12 @@ def register(sub: Subparsers) -> None:
     rep.add_argument("--from-topic", help="replay a live range of this topic instead of a file")
     rep.add_argument(
         "--to", required=True, help="target topic (must exist, or pass --create-topic)"
+    )
+    rep.add_argument(
+        "--into-ingested-topic",
+        action="store_true",
+        help="allow --to to be the topic ackline ingests (ACKLINE_TOPIC), e.g. to "
+        "reprocess dead letters",
     )
     rep.add_argument(
         "--create-topic",

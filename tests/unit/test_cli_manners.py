@@ -4,6 +4,8 @@ after the subcommand too, and the groups without a subcommand do something sensi
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +121,24 @@ def test_a_failure_while_stopping_is_part_of_the_stop() -> None:
     except RuntimeError as exc:
         assert _while_stopping(exc) is True
     assert _while_stopping(ValueError("plain")) is False
+
+
+def test_replay_refuses_the_ingested_topic_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A load test's capture replayed into the ingested topic is stored and acted on (a
+    second agent started): refused before anything is read or sent, naming the flag."""
+    for key in list(os.environ):
+        if key.startswith("ACKLINE_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("ACKLINE_TOPIC", "agent-activity")
+    monkeypatch.setenv("ACKLINE_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # never reached
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", "postgresql://127.0.0.1:1/none")
+    missing = str(tmp_path / "absent.ackcap")
+    assert cli.main(["replay", missing, "--to", "agent-activity", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is the topic ackline ingests" in err and "--into-ingested-topic" in err
+    # told: it goes on, to the file (missing here), so the guard let it through
+    code = cli.main(["replay", missing, "--to", "agent-activity", "--into-ingested-topic"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ingests" not in err and "absent.ackcap" in err
