@@ -190,24 +190,34 @@ def _value_notes(value: bytes) -> list[tuple[str, bytes | None]]:
 
 
 def stub(letter: DeadLetter, limit: int, why: str) -> DeadLetter:
-    """A stub of ``letter`` under ``limit`` (see :func:`fit`), whatever its size. Pure."""
+    """A stub of ``letter`` under ``limit`` (see :func:`fit`), whatever its size. Pure.
+
+    A stub replayed and stubbed again carries the first stub's notes among its headers:
+    each note this stub writes replaces the one of the same name (one of each, as of
+    ackline's other headers); one it does not write (the first key's length) stays.
+    """
     key, notes = _notes(letter, why)
-    headers = [
+    kept = [
         (name, value)
         for name, value in letter.headers
         if len(name.encode()) + len(value or b"") <= STUB_MAX_HEADER_BYTES
     ]
-    if len(headers) < len(letter.headers):
-        dropped = len(letter.headers) - len(headers)
+    if len(kept) < len(letter.headers):
+        dropped = len(letter.headers) - len(kept)
         notes.append(("ackline.truncated.headers-dropped", str(dropped).encode()))
+
+    def headers() -> list[tuple[str, bytes | None]]:
+        noted = {name for name, _ in notes}
+        return [h for h in kept if h[0] not in noted] + notes
+
     value = letter.value
     if value is not None:
-        room = min(STUB_VALUE_BYTES, limit - DeadLetter(key, None, headers + notes).size)
+        room = min(STUB_VALUE_BYTES, limit - DeadLetter(key, None, headers()).size)
         if len(value) > room:
             notes += _value_notes(value)
-            room = min(STUB_VALUE_BYTES, limit - DeadLetter(key, None, headers + notes).size)
+            room = min(STUB_VALUE_BYTES, limit - DeadLetter(key, None, headers()).size)
             value = value[: max(0, room)]
-    return DeadLetter(key, value, headers + notes)
+    return DeadLetter(key, value, headers())
 
 
 def bare(letter: DeadLetter, coord: Coord, why: str) -> DeadLetter:

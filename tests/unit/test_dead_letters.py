@@ -132,6 +132,22 @@ def test_item_6_a_stub_drops_huge_headers_and_fits_a_small_limit() -> None:
     assert got.value is not None and 0 < len(got.value) < 20_000
 
 
+def test_a_stub_of_a_replayed_stub_says_what_it_left_out_once() -> None:
+    """A stub reprocessed into the source topic and rejected again carries the first
+    stub's notes among its original headers; stubbed again, each note is this stub's."""
+    value, key = os.urandom(2 * MIB), os.urandom(5_000)
+    first = stub(DeadLetter(key, value, _own(COORD)), MIB, "MSG_SIZE_TOO_LARGE")
+    assert first.value is not None
+    again = letter_headers(first.headers, "too_large", "again", Coord("events", 1, 99))
+    second = stub(DeadLetter(first.key, first.value * 20, again), MIB, "once more")
+    names = [name for name, _ in second.headers]
+    assert sorted(set(names)) == sorted(names), names
+    headers = dict(second.headers)
+    assert headers["ackline.stub"] == b"once more"
+    assert headers["ackline.value-truncated"] == str(20 * len(first.value)).encode()
+    assert headers["ackline.source.offset"] == b"99"
+
+
 def test_item_6_a_bare_letter_keeps_only_ackline_headers_keyed_by_coordinates() -> None:
     value = os.urandom(3000)
     letter = DeadLetter(b"k" * 5000, value, [("trace", b"x"), *_own(COORD)])
