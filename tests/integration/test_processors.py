@@ -6,6 +6,9 @@
 * two copies of one processor at once: the second blocks on the cursor row, loses the
   compare-and-set, and applies nothing twice (a deterministic race, then two processes
   following while batches stream in), with a processor that is NOT idempotent;
+* a rolling deploy that widens a processor's filter: the newest instance takes over, an
+  old one still running cannot pass the new type's events over (it stops, its batch
+  rolled back), and the new one applies every one of them;
 * a processor added after 100k events backfills to the same table as one that followed
   them from the start (the events are COPYed into ``activity`` as ingest batches, one
   transaction each with its ``ingest_batches`` row: see ``processing.py``);
@@ -62,7 +65,7 @@ from tests.integration.processing import (
     copy_ingest,
     synthetic_runs,
 )
-from tests.support.processors import JOURNAL, SETUP_SQL
+from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2
 
 RUN_COLUMNS = ", ".join(RunRow.__dataclass_fields__)
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -318,6 +321,77 @@ def test_two_processes_of_one_processor_while_batches_stream_in(dsn: str, tmp_pa
     reports = [d.report("journal") for d in done]
     assert sum(r["applied"] for r in reports) == len(events)
     assert journal(dsn, "journal") == Counter(e.event_id for e in events)  # no event twice
+
+
+# --- a rolling deploy that changes a filter ------------------------------------------------
+
+V1_FILTER = '{"agents":null,"types":["agent.started","agent.step"]}'
+V2_FILTER = '{"agents":null,"types":["agent.requested","agent.started","agent.step"]}'
+
+
+def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn: str) -> None:
+    """v1 of `typed` (agent.started, agent.step) follows the feed; v2 (plus
+    agent.requested) starts and takes over; then requests are ingested, and the old v1
+    instance, still running, reads them first. It must not move the shared cursor past
+    them (they are not in its filter): it stops, its batch rolled back, and v2 applies
+    every event ingested after the switch, each once."""
+    setup_journal(dsn)
+    role_dsn = with_user(dsn, PROCESSOR)
+    events = synthetic_runs(400, seed=21)
+    before, after = events[:200], events[200:]
+    v1_types, v2_types = {"agent.started", "agent.step"}, {"agent.requested"}
+    v2_types |= v1_types
+
+    async def go() -> tuple[Any, Any, ProcessorRunner, ProcessorRunner]:
+        old = ProcessorRunner(TYPED_V1, instance="old", poll_interval=0.2)
+        new = ProcessorRunner(TYPED_V2, instance="new", poll_interval=0.2)
+        stop_old = asyncio.Event()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await copy_ingest(conn, before, chunk=100)
+            task = asyncio.create_task(old.run(connector(role_dsn, "old"), stop_old))
+            deadline = time.monotonic() + 60
+            while old.applied < sum(e.type in v1_types for e in before):
+                assert time.monotonic() < deadline, f"v1 applied {old.applied}"
+                assert not task.done(), task.result()
+                await asyncio.sleep(0.05)
+            # v2 starts (and takes over); nothing new to read yet
+            first = await new.run(connector(role_dsn, "new"), asyncio.Event(), wait=False)
+            assert first.outcome is Outcome.CAUGHT_UP, first
+            batches = old.batches
+            await copy_ingest(conn, after, chunk=len(after))  # one ingest transaction
+            # the old instance, still following, reads the new events first
+            deadline = time.monotonic() + 60
+            while not task.done() and old.batches == batches:
+                assert time.monotonic() < deadline, "v1 never read the events after the switch"
+                await asyncio.sleep(0.05)
+            stop_old.set()
+            old_report = await asyncio.wait_for(task, 60)
+            new_report = await new.run(connector(role_dsn, "new"), asyncio.Event(), wait=False)
+        finally:
+            await conn.close()
+        return old_report, new_report, old, new
+
+    old_report, new_report, old, new = run(go())
+    applied = journal(dsn, "typed")
+    requests = [e for e in after if e.type == "agent.requested"]
+    assert requests
+    missing = [str(e.event_id) for e in requests if e.event_id not in applied]
+    assert not missing, (
+        f"{len(missing)} of the {len(requests)} agent.requested events ingested after v2 "
+        f"took over were never applied (v1 passed them over: {old_report}): {missing}"
+    )
+    assert old_report.outcome is Outcome.SUPERSEDED, old_report
+    error = old_report.failure.error
+    assert V1_FILTER in error and V2_FILTER in error and "new" in error, error
+    assert new_report.outcome is Outcome.CAUGHT_UP, new_report
+    want = [e for e in before if e.type in v1_types] + [e for e in after if e.type in v2_types]
+    assert applied == Counter(e.event_id for e in want)  # each once
+    by = db(dsn, "SELECT instance, count(*) AS n FROM journal GROUP BY 1 ORDER BY 1")
+    n_after = sum(e.type in v2_types for e in after)
+    assert {r["instance"]: r["n"] for r in by} == {"new": n_after, "old": len(want) - n_after}
+    shown = status(dsn, "typed")
+    assert (shown["state"], shown["filter"]) == ("ok", V2_FILTER)  # no failure recorded
 
 
 # --- backfill --------------------------------------------------------------------------------

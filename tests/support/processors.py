@@ -1,7 +1,9 @@
 """Processors for the tests (`ackline process tests.support.processors:JOURNAL`).
 
 ``journal`` appends one row per event it is handed, with no key: it is NOT idempotent,
-so any event applied twice (or lost) shows in its table. ``picky`` is a journal that
+so any event applied twice (or lost) shows in its table. ``typed`` is a journal with a
+filter, in two versions (:data:`TYPED_V1`, :data:`TYPED_V2` widens it to
+``agent.requested``), for a rolling deploy that changes a filter. ``picky`` is a journal that
 raises on an event whose step ``thought`` is "poison", until the environment says the
 bug is fixed (``PICKY_FIXED=1``). Their table is made by :data:`SETUP_SQL` (applied by
 the test as the operator, or by ``ackline processors setup``).
@@ -14,6 +16,7 @@ import os
 import asyncpg
 
 from ackline.sinks.feed.processors.contract import ProcessorBatch
+from ackline.sinks.feed.types import Filter
 
 SETUP_SQL = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -90,3 +93,16 @@ class Ops(Journal):
 
 
 OPS = Ops()
+
+
+class Typed(Journal):
+    """A journal of the events its filter lets through: one name, a filter per version."""
+
+    name = "typed"
+
+    def __init__(self, types: list[str]) -> None:
+        self.filter = Filter.of(types=types)
+
+
+TYPED_V1 = Typed(["agent.started", "agent.step"])
+TYPED_V2 = Typed(["agent.started", "agent.step", "agent.requested"])  # v2 dispatches too
