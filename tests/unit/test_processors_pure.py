@@ -13,13 +13,18 @@ from ackline.load.bench.report import last_line, table
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.dispatcher import Dispatcher
 from ackline.sinks.feed.follow import _least
-from ackline.sinks.feed.processors.contract import ProcessorBatch, ProcessorError, check
+from ackline.sinks.feed.processors.contract import (
+    ProcessorBatch,
+    ProcessorError,
+    check,
+    fingerprint,
+)
 from ackline.sinks.feed.processors.control import Status
 from ackline.sinks.feed.processors.registry import BUILTINS, available, load
 from ackline.sinks.feed.processors.runner import Failure, Outcome, Report
 from ackline.sinks.feed.processors.runs import RUNS
-from ackline.sinks.feed.types import Cursor
-from tests.support.processors import JOURNAL, Journal
+from ackline.sinks.feed.types import ALL, Cursor, Filter
+from tests.support.processors import JOURNAL, TYPED_V1, TYPED_V2, Journal
 
 
 def test_builtins_entry_points_and_module_attributes_are_found() -> None:
@@ -75,6 +80,24 @@ def test_the_contract_check() -> None:
     assert check(_Named("ok.name_1-x"), "p").name == "ok.name_1-x"
 
 
+def test_a_filters_fingerprint_is_canonical_and_tells_filters_apart() -> None:
+    # the form is compared with what other instances recorded: it never changes
+    assert fingerprint(ALL) == '{"agents":null,"types":null}'
+    assert fingerprint(TYPED_V1.filter) == '{"agents":null,"types":["agent.started","agent.step"]}'
+    assert fingerprint(Filter.of(types=["tool.result", "tool.called"], agents=["b", "a"])) == (
+        '{"agents":["a","b"],"types":["tool.called","tool.result"]}'
+    )
+    # the order given makes no difference; any difference in what is selected does
+    assert fingerprint(Filter.of(types=["agent.step", "agent.started"])) == fingerprint(
+        TYPED_V1.filter
+    )
+    assert fingerprint(TYPED_V2.filter) != fingerprint(TYPED_V1.filter)
+    assert fingerprint(Filter(frozenset())) == '{"agents":null,"types":[]}'  # not "any"
+    # an agent id holding the separators cannot pass for two agents
+    assert fingerprint(Filter.of(agents=['a","b'])) != fingerprint(Filter.of(agents=["a", "b"]))
+    assert fingerprint(Filter.of(agents=["é"])) == '{"agents":["\\u00e9"],"types":null}'
+
+
 def test_reports_and_errors_are_one_line_each() -> None:
     err = ProcessorError("p", ValueError("bad\nvalue  here"))
     assert err.text == "ValueError: bad value here"
@@ -93,6 +116,8 @@ def test_reports_and_errors_are_one_line_each() -> None:
         "error_cursor": "11",
     }
     assert "error" not in Report("p", Outcome.STOPPED, 0, 0, 0, "0").to_json()
+    superseded = Report("p", Outcome.SUPERSEDED, 0, 0, 0, "12", Failure("took over", None, None))
+    assert superseded.to_json()["outcome"] == "superseded"
 
 
 def test_status_states() -> None:
@@ -109,6 +134,14 @@ def test_status_states() -> None:
     assert failed.state == "failed"  # a failure shows first: it needs a person
     assert failed.to_json()["error"] == "boom"
     assert failed.to_json()["last_commit_at"] == now.isoformat()
+    assert failed.to_json()["filter"] is None  # never recorded
+    recorded = Status(**{**base, "filter": "{}", "filter_at": now, "filter_instance": "a"})
+    shown = recorded.to_json()
+    assert (shown["filter"], shown["filter_at"], shown["filter_instance"]) == (
+        "{}",
+        now.isoformat(),
+        "a",
+    )
 
 
 def test_per_batch_cap() -> None:

@@ -21,8 +21,11 @@ The rules for ``apply``:
   changefeed reader (not ingest) until it commits.
 
 Optional members: ``filter`` (a :class:`~ackline.sinks.feed.types.Filter`; events it
-drops are passed over and never delivered), ``committed(batch, result)`` (called after
-COMMIT with what ``apply`` returned, for in-memory statistics only), ``reset(conn)``
+drops are passed over and never delivered; instances share the cursor, so the newest
+instance to start records its filter and an older one with another filter stops:
+:func:`fingerprint`, :mod:`ackline.sinks.feed.processors.runner`),
+``committed(batch, result)`` (called after COMMIT with what ``apply`` returned, for
+in-memory statistics only), ``reset(conn)``
 (deletes the processor's own state; ``ackline processors reset`` runs it as the operator,
 in the transaction that rewinds the cursor) and ``setup_sql`` (idempotent DDL and grants
 for the processor's tables; ``ackline processors setup`` runs it as the operator).
@@ -31,6 +34,7 @@ for the processor's tables; ``ackline processors setup`` runs it as the operator
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
@@ -90,6 +94,27 @@ def check(processor: object, where: str) -> Processor:
 def filter_of(processor: Processor) -> Filter:
     found = getattr(processor, "filter", ALL)
     return found if isinstance(found, Filter) else ALL
+
+
+def fingerprint(feed_filter: Filter) -> str:
+    """The filter as ``processors.filter`` records it: canonical JSON with sorted keys and
+    sorted values, ``null`` for "any" (``{"agents":null,"types":null}`` is every event).
+    Pure; two filters get the same text exactly when they are equal (the order the
+    types or agents were given in makes no difference).
+
+    The text is compared with what other instances (other versions of ackline too)
+    recorded, so its form never changes: a new form would make every instance of an
+    unchanged processor look like a filter change.
+    """
+    return json.dumps(
+        {
+            "agents": None if feed_filter.agents is None else sorted(feed_filter.agents),
+            "types": None if feed_filter.types is None else sorted(feed_filter.types),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
 
 
 class ProcessorError(FeedError):

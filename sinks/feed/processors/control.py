@@ -1,9 +1,10 @@
-"""The ``processors`` table: registration, pause, failure, heartbeat, lag, status, reset.
+"""The ``processors`` table: registration, filter in effect, pause, failure, heartbeat,
+lag, status, reset.
 
 A processor's cursor is its ``feed_cursors`` row (the changefeed's); this module keeps
-the rest of its state. Every function here is one or two static statements; which role
-runs them is in each docstring (the processor role may register, report and heartbeat;
-pausing, resuming and resetting are the operator's).
+the rest of its state. Every function here is a few static statements; which role runs
+them is in each docstring (the processor role may register, take over with its filter,
+report and heartbeat; pausing, resuming and resetting are the operator's).
 """
 
 from __future__ import annotations
@@ -59,9 +60,17 @@ LEFT JOIN LATERAL (
 WHERE c.reader = ANY($1::text[])
 """
 
+_FILTER = "SELECT filter, filter_at, filter_instance FROM processors WHERE name = $1"
+
+_TAKE_OVER = """
+UPDATE processors SET filter = $2, filter_at = now(), filter_instance = $3
+WHERE name = $1 AND filter IS DISTINCT FROM $2
+"""
+
 _STATUS = """
 SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.error_cursor,
        p.last_instance, p.last_seen_at, p.registered_at,
+       p.filter, p.filter_at, p.filter_instance,
        c.position::text AS position, c.within_batch, c.within_partition, c.within_offset,
        c.within_topic, c.transactions, c.delivered, c.updated_at AS last_commit_at,
        coalesce(l.events, 0) AS lag_events,
@@ -115,6 +124,62 @@ async def register(conn: asyncpg.Connection, name: str) -> None:
             "name already exists and is not a processor, or this role may not write "
             "processors (run `ackline migrate`)"
         ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class InEffect:
+    """The filter that moves a processor's cursor (``processors.filter``: the fingerprint,
+    :func:`ackline.sinks.feed.processors.contract.fingerprint`; None: never recorded),
+    and when and by which instance it was recorded."""
+
+    filter: str | None
+    since: datetime | None
+    instance: str | None
+
+
+async def filter_in_effect(conn: asyncpg.Connection, name: str) -> InEffect:
+    """One read of the processor's row (None everywhere if it has none). Inside a batch's
+    transaction, after the compare-and-set on the cursor row, it sees every takeover that
+    will ever precede this batch: a takeover locks that row first (:func:`take_over`)."""
+    r = await conn.fetchrow(_FILTER, name)
+    if r is None:
+        return InEffect(None, None, None)
+    return InEffect(r["filter"], r["filter_at"], r["filter_instance"])
+
+
+async def take_over(
+    conn: asyncpg.Connection, name: str, feed_filter: str, instance: str
+) -> InEffect:
+    """Record ``feed_filter`` (a fingerprint) as the processor's filter in effect, unless it
+    already is: an instance that starts takes over the cursor. Returns what was recorded
+    before. The processor role runs it, at start, after its cursor row exists.
+
+    Order of effects: read the recorded filter (autocommitted); if it is ``feed_filter``,
+    nothing else (a restart with an unchanged filter waits for no one). Otherwise BEGIN;
+    lock the cursor row (``FOR UPDATE``: a batch of another instance in flight commits or
+    rolls back first, with the filter it read); read the recorded filter again; record
+    this one, with the time and ``instance``, if it differs; COMMIT. Every batch that takes
+    the cursor row after this COMMIT reads the new filter and, if it is not its own, rolls
+    back (see the runner). A crash before COMMIT changes nothing (the old filter stays in
+    effect; the next start takes over again); after it, the new filter is in effect.
+    """
+    if conn.is_in_transaction():
+        raise FeedError("take_over needs a connection that is not in a transaction")
+    try:
+        before = await filter_in_effect(conn, name)
+        if before.filter == feed_filter:
+            return before
+        async with conn.transaction():
+            if await conn.fetchrow(_LOCK_CURSOR, name) is None:
+                raise FeedError(f"processor {name!r} has no cursor row to take over")
+            before = await filter_in_effect(conn, name)
+            await conn.execute(_TAKE_OVER, name, feed_filter, instance)
+    except asyncpg.UndefinedColumnError as exc:
+        raise FeedError(
+            f"processor {name!r}: processors.filter is missing ({exc}); run `ackline migrate` "
+            "(0012_processor_filter.sql) before starting processors of this version"
+        ) from exc
+    return before
 
 
 async def is_paused(conn: asyncpg.Connection, name: str) -> bool:
@@ -186,6 +251,9 @@ class Status:
     delivered: int
     lag_events: int
     lag_seconds: float
+    filter: str | None = None  # the filter in effect (a fingerprint); None: never recorded
+    filter_at: datetime | None = None
+    filter_instance: str | None = None
 
     @property
     def state(self) -> str:
@@ -215,6 +283,9 @@ class Status:
             "error": self.error,
             "error_event_id": None if self.error_event_id is None else str(self.error_event_id),
             "error_cursor": self.error_cursor,
+            "filter": self.filter,
+            "filter_at": iso(self.filter_at),
+            "filter_instance": self.filter_instance,
         }
 
 
@@ -251,6 +322,9 @@ async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> 
             delivered=int(r["delivered"] or 0),
             lag_events=int(r["lag_events"]),
             lag_seconds=float(r["lag_seconds"]),
+            filter=r["filter"],
+            filter_at=r["filter_at"],
+            filter_instance=r["filter_instance"],
         )
         for r in rows
     ]
