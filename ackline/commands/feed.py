@@ -280,7 +280,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         "cursor": report.cursor,
     }
     print(json.dumps(summary), flush=True)
-    return 1 if report.outcome is Outcome.FAILED else 0
+    return 1 if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) else 0
 
 
 def register(sub: Subparsers) -> None:

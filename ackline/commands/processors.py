@@ -157,7 +157,8 @@ async def _process(
         json.dumps({"instance": instance, "processors": [r.to_json() for r in reports]}),
         flush=True,
     )
-    return 1 if any(r.outcome is Outcome.FAILED for r in reports) else 0
+    stopped = (Outcome.FAILED, Outcome.SUPERSEDED)
+    return 1 if any(r.outcome in stopped for r in reports) else 0
 
 
 def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:
@@ -243,6 +244,12 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 f"{s.name:<20} {s.state:<7} {s.delivered:>10,} {s.lag_events:>11,} "
                 f"{s.lag_seconds:>8.1f} {ago:>12}  {s.cursor or '-'}"
             )
+            if s.filter is not None:
+                since = "-" if s.filter_at is None else s.filter_at.isoformat(timespec="seconds")
+                print(
+                    f"  filter in effect {s.filter} (since {since}, "
+                    f"instance {s.filter_instance or '-'})"
+                )
             if s.failed_at is not None:
                 print(
                     f"  stopped at event {s.error_event_id or '-'} (after cursor "
@@ -347,7 +354,9 @@ def register(sub: Subparsers) -> None:
     lst = actions.add_parser("list", help="processors findable by name")
     lst.add_argument("--json", action="store_true", help="print one JSON object")
     lst.set_defaults(handler=cmd_list)
-    st = actions.add_parser("status", help="cursor, lag, pause and failure of each processor")
+    st = actions.add_parser(
+        "status", help="cursor, lag, pause, failure and filter in effect of each processor"
+    )
     st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(handler=cmd_status)

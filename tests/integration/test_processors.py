@@ -47,7 +47,7 @@ from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import connector, saved_cursor
-from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner
+from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report
 from ackline.sinks.feed.processors.runs import RUNS
 from ackline.sinks.feed.processors.runs_fold import RunRow, rows
 from ackline.sinks.feed.types import Cursor, FeedEvent
@@ -342,7 +342,7 @@ def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn
     v1_types, v2_types = {"agent.started", "agent.step"}, {"agent.requested"}
     v2_types |= v1_types
 
-    async def go() -> tuple[Any, Any, ProcessorRunner, ProcessorRunner]:
+    async def go() -> tuple[Report, Report]:
         old = ProcessorRunner(TYPED_V1, instance="old", poll_interval=0.2)
         new = ProcessorRunner(TYPED_V2, instance="new", poll_interval=0.2)
         stop_old = asyncio.Event()
@@ -370,9 +370,9 @@ def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn
             new_report = await new.run(connector(role_dsn, "new"), asyncio.Event(), wait=False)
         finally:
             await conn.close()
-        return old_report, new_report, old, new
+        return old_report, new_report
 
-    old_report, new_report, old, new = run(go())
+    old_report, new_report = run(go())
     applied = journal(dsn, "typed")
     requests = [e for e in after if e.type == "agent.requested"]
     assert requests
@@ -382,16 +382,61 @@ def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn
         f"took over were never applied (v1 passed them over: {old_report}): {missing}"
     )
     assert old_report.outcome is Outcome.SUPERSEDED, old_report
+    assert old_report.failure is not None
     error = old_report.failure.error
-    assert V1_FILTER in error and V2_FILTER in error and "new" in error, error
-    assert new_report.outcome is Outcome.CAUGHT_UP, new_report
+    assert f"instance old (filter {V1_FILTER}) is superseded" in error, error
+    assert "instance new took over at " in error and f"with filter {V2_FILTER}" in error
     want = [e for e in before if e.type in v1_types] + [e for e in after if e.type in v2_types]
     assert applied == Counter(e.event_id for e in want)  # each once
     by = db(dsn, "SELECT instance, count(*) AS n FROM journal GROUP BY 1 ORDER BY 1")
     n_after = sum(e.type in v2_types for e in after)
     assert {r["instance"]: r["n"] for r in by} == {"new": n_after, "old": len(want) - n_after}
+    assert (new_report.outcome, new_report.applied) == (Outcome.CAUGHT_UP, n_after)
     shown = status(dsn, "typed")
     assert (shown["state"], shown["filter"]) == ("ok", V2_FILTER)  # no failure recorded
+
+
+def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:
+    """The takeover locks the cursor row: it waits for an old instance's batch held open
+    before COMMIT, which commits (it read the filter before the switch); the new filter
+    is recorded after it, and the new instance reads on from that batch's end."""
+    setup_journal(dsn)
+    role_dsn = with_user(dsn, PROCESSOR)
+    events = synthetic_runs(300, seed=22)
+    write(dsn, events, chunk=100)
+
+    async def go() -> tuple[Report, Report]:
+        gate = Gate()
+        old = ProcessorRunner(TYPED_V1, instance="old", faults=gate, poll_interval=0.2)
+        new = ProcessorRunner(TYPED_V2, instance="new", poll_interval=0.2)
+        stop = asyncio.Event()
+        task_old = asyncio.create_task(old.run(connector(role_dsn, "old"), stop, wait=False))
+        await asyncio.wait_for(gate.reached.wait(), 60)
+        task_new = asyncio.create_task(new.run(connector(role_dsn, "new"), stop, wait=False))
+        watch = await asyncpg.connect(dsn)
+        try:
+            deadline = time.monotonic() + 60
+            while not await watch.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = 'new' AND wait_event_type = 'Lock'"
+            ):
+                assert time.monotonic() < deadline, "the takeover never waited on the cursor"
+                assert not task_new.done(), task_new.result()
+                await asyncio.sleep(0.05)
+            assert await watch.fetchval("SELECT filter FROM processors") == V1_FILTER
+        finally:
+            await watch.close()
+        gate.release.set()
+        old_report, new_report = await asyncio.wait_for(asyncio.gather(task_old, task_new), 120)
+        return old_report, new_report
+
+    old_report, new_report = run(go())
+    v1 = [e for e in events if e.type in {"agent.started", "agent.step"}]
+    assert (old_report.outcome, old_report.applied) == (Outcome.CAUGHT_UP, len(v1))
+    assert (new_report.outcome, new_report.applied) == (Outcome.CAUGHT_UP, 0)
+    assert journal(dsn, "typed") == Counter(e.event_id for e in v1)
+    shown = status(dsn, "typed")
+    assert (shown["filter"], shown["filter_instance"]) == (V2_FILTER, "new")
 
 
 # --- backfill --------------------------------------------------------------------------------
@@ -816,6 +861,11 @@ def test_the_processor_role_reads_the_feed_and_writes_only_its_own(dsn: str) -> 
         ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.execute(sql)
+        # it records the filter in effect (0012), and nothing else of the control row
+        assert await conn.execute(
+            "UPDATE processors SET filter = filter, filter_at = now(), filter_instance = 'x' "
+            "WHERE name = 'runs'"
+        ) == ("UPDATE 1")
         # other readers' cursors: invisible and untouchable (row-level security)
         assert await conn.fetchval("SELECT count(*) FROM feed_cursors WHERE reader = 'ops'") == 0
         assert await conn.execute(

@@ -2,18 +2,33 @@
 
 Each processor is a named changefeed reader (:class:`ackline.sinks.feed.changefeed.Reader`,
 cursor row ``feed_cursors.reader = name``) followed by
-:func:`ackline.sinks.feed.follow.follow` on a connection of its own. Per batch, in one
-transaction (order of effects): read the ``paused`` flag (autocommitted, before BEGIN);
-BEGIN; read the cursor; read the feed (one statement, before the transaction holds an
-xid); compare-and-set the cursor to the batch's end; ``apply`` (the processor's effects,
-on the same connection); clear a recorded failure if any; fault point
-``processor_before_commit``; COMMIT.
+:func:`ackline.sinks.feed.follow.follow` on a connection of its own. At start (once per
+runner, on its first connection), it registers, makes its cursor row if there is none,
+and takes over: records its filter as the one in effect
+(:func:`ackline.sinks.feed.processors.control.take_over`, its own transaction). Per
+batch, in one transaction (order of effects): read the ``paused`` flag (autocommitted,
+before BEGIN); BEGIN; read the cursor; read the feed (one statement, before the
+transaction holds an xid); compare-and-set the cursor to the batch's end (this takes the
+cursor row lock); read the filter in effect and, if it is not this instance's, roll
+back and stop; ``apply`` (the processor's effects, on the same connection); clear a
+recorded failure if any; fault point ``processor_before_commit``; COMMIT.
 
 What a crash leaves, at each step: before COMMIT, nothing (effects and cursor roll back
 together; the next instance gets the same batch); during COMMIT, whatever the database
 decided (the next read of the cursor tells); after COMMIT, both. Two instances of one
 processor: the second blocks on the cursor row, finds its version moved when the first
 commits, rolls back before any effect, and reads on from the first one's cursor.
+
+Two instances with different filters (a rolling deploy that changes it): the events a
+filter drops are passed over, so only the filter in effect may move the shared cursor.
+The newest instance to start took over; a takeover that changes the filter locks the
+cursor row, so it waits for a batch in flight, and every batch that takes the row after
+it reads the new filter. An
+older instance whose filter is no longer in effect rolls its batch back before any
+effect and stops that processor (outcome ``superseded``; nothing recorded in
+``processors``, which belongs to the instance in effect); the one in effect reads on
+from the cursor of the last batch committed before the switch, so nothing after the
+switch is passed over by another filter.
 
 A batch whose ``apply`` raises (anything but a transient database error, which
 reconnects and retries) rolls back; the runner then re-reads the same events in smaller
@@ -43,6 +58,7 @@ import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.connection import is_transient
+from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, follow
 from ackline.sinks.feed.processors import control
@@ -51,6 +67,7 @@ from ackline.sinks.feed.processors.contract import (
     ProcessorBatch,
     ProcessorError,
     filter_of,
+    fingerprint,
 )
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
@@ -68,6 +85,11 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"  # stop requested and the shutdown wait ran out: rolled back
     PAUSED = "paused"  # --until-caught-up on a paused processor
     FAILED = "failed"  # stopped at an event that raises (or could not start)
+    SUPERSEDED = "superseded"  # a newer instance with another filter took over: stopped
+
+
+class Superseded(FeedError):
+    """The filter in effect is no longer this instance's: the batch rolled back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +156,10 @@ class ProcessorRunner:
         self.batch_events = batch_events
         self.poll_interval = poll_interval
         self._faults = faults
-        feed = Changefeed(filter_of(processor), max_transactions=max_transactions)
+        feed_filter = filter_of(processor)
+        self.filter = fingerprint(feed_filter)
+        self._took_over = False
+        feed = Changefeed(feed_filter, max_transactions=max_transactions)
         # feed_before_commit fires too (at the same place), for `ackline dispatch`'s arms.
         self.reader = Reader(self.name, feed, start=start, faults=faults)
         self.applied = 0
@@ -149,9 +174,27 @@ class ProcessorRunner:
     # --- the reader follow() drives ---------------------------------------------------
 
     async def position(self, conn: asyncpg.Connection) -> Cursor:
-        """Register the processor (if new) and read, or create, its cursor."""
+        """Register the processor (if new), read, or create, its cursor and, the first
+        time only, take over with this instance's filter (a reconnect does not take over
+        again: a newer instance may have meanwhile). Each step commits on its own
+        (autocommitted, then :func:`control.take_over`'s transaction); a crash between
+        them leaves a registered processor with a cursor and the old filter in effect,
+        and the next start does the rest."""
         await control.register(conn, self.name)
         self.cursor = await self.reader.position(conn)
+        if not self._took_over:
+            before = await control.take_over(conn, self.name, self.filter, self.instance)
+            self._took_over = True
+            if before.filter is not None and before.filter != self.filter:
+                log.warning(
+                    "processor %s: instance %s takes over with filter %s (was %s, recorded "
+                    "by instance %s): from now on only this filter moves its cursor",
+                    self.name,
+                    self.instance,
+                    self.filter,
+                    before.filter,
+                    before.instance or "-",
+                )
         return self.cursor
 
     @asynccontextmanager
@@ -178,9 +221,12 @@ class ProcessorRunner:
             yield batch
 
     async def _handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Any:
-        """Inside the batch's transaction: apply, clear a recorded failure, fault point."""
+        """Inside the batch's transaction, after the compare-and-set on the cursor row:
+        check that this instance's filter is in effect (else :class:`Superseded`, before
+        any effect: the batch rolls back), apply, clear a recorded failure, fault point."""
         if batch.caught_up:
             return None
+        await self._check_filter(conn)
         work = ProcessorBatch(self.name, self.instance, batch.start, batch.end, tuple(batch.events))
         self._in_hand = work
         result = None
@@ -194,6 +240,24 @@ class ProcessorRunner:
         await control.clear_failure(conn, self.name)
         await self._faults.ahit(FAULT_POINT)
         return result
+
+    async def _check_filter(self, conn: asyncpg.Connection) -> None:
+        """Raise :class:`Superseded` if another filter than this instance's is in effect.
+        Read under the cursor row lock, which a takeover takes first: no takeover can
+        commit between this read and the batch's COMMIT. None recorded (the row was
+        cleared by hand): nothing to compare with, go on."""
+        in_effect = await control.filter_in_effect(conn, self.name)
+        if in_effect.filter is None or in_effect.filter == self.filter:
+            return
+        since = "-" if in_effect.since is None else in_effect.since.isoformat()
+        raise Superseded(
+            f"instance {self.instance} (filter {self.filter}) is "
+            f"superseded: instance {in_effect.instance or '-'} took over at {since} with "
+            f"filter {in_effect.filter}, and only the filter in effect moves the shared "
+            "cursor. This instance's batch rolled back (nothing of it applied) and it stops "
+            "this processor; finish the rollout (`ackline processors status` shows the "
+            "filter in effect)"
+        )
 
     def _committed(self, done: Committed[Any]) -> None:
         """After COMMIT (or after an empty read): count, and tell the processor."""
@@ -251,6 +315,8 @@ class ProcessorRunner:
                 )
                 try:
                     located = await self._isolate(connect, failed, stop)
+                except Superseded as inner:
+                    return self._superseded(inner)
                 except Exception as inner:
                     if is_transient(inner):
                         self._transient(inner)
@@ -259,6 +325,8 @@ class ProcessorRunner:
                 if located is None:
                     continue  # every event went through on its own: carry on
                 return await self._stop(connect, located)
+            except Superseded as exc:
+                return self._superseded(exc)
             except Exception as exc:
                 # outside any event: registration, privileges, the feed itself
                 return await self._stop(connect, Failure(_text(exc), None, self.cursor))
@@ -300,6 +368,15 @@ class ProcessorRunner:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     await conn.close()
+
+    def _superseded(self, exc: Superseded) -> Report:
+        """Stop this processor: another filter is in effect. Nothing is recorded in
+        ``processors``: its row belongs to the instance in effect, which is not failing."""
+        self._in_hand = None
+        self.metrics.errors.labels(self.name, "superseded").inc()
+        text = str(exc)
+        log.error("processor %s stopped: %s", self.name, text)
+        return self.report(Outcome.SUPERSEDED, Failure(text, None, self.cursor))
 
     async def _stop(self, connect: Connect, failure: Failure) -> Report:
         """Record where the processor stopped (best effort: the log line is the fallback)."""
