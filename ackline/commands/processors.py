@@ -250,6 +250,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     f"  filter in effect {s.filter} (since {since}, "
                     f"instance {s.filter_instance or '-'})"
                 )
+            for old in s.superseded_filters:
+                print(f"  replaced filter {old} (does not take over again)")
             if s.failed_at is not None:
                 print(
                     f"  stopped at event {s.error_event_id or '-'} (after cursor "
@@ -266,6 +268,17 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     paused = args.action == "pause"
     asyncio.run(_with_conn(_operator_dsn(settings), lambda c: set_paused(c, args.name, paused)))
     print(f"processor {args.name} {'paused' if paused else 'resumed'}")
+    return 0
+
+
+def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.sinks.feed.processors.control import clear_superseded
+
+    asyncio.run(_with_conn(_operator_dsn(settings), lambda c: clear_superseded(c, args.name)))
+    print(
+        f"processor {args.name}: any filter may take over again (the next instance to start "
+        "with another filter does)"
+    )
     return 0
 
 
@@ -367,6 +380,12 @@ def register(sub: Subparsers) -> None:
         a = actions.add_parser(action, help=text)
         a.add_argument("name", help="processor name")
         a.set_defaults(handler=cmd_pause)
+    cs = actions.add_parser(
+        "clear-superseded",
+        help="let a filter replaced before take over again (a deliberate rollback)",
+    )
+    cs.add_argument("name", help="processor name")
+    cs.set_defaults(handler=cmd_clear_superseded)
     rs = actions.add_parser(
         "reset", help="rebuild: clear a processor's state and rewind its cursor (one transaction)"
     )

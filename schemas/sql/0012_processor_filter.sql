@@ -13,11 +13,18 @@
 -- {"agents":null,"types":["agent.requested"]}; ackline.sinks.feed.processors.contract.
 -- fingerprint); NULL: never recorded (a processor not run since this migration).
 -- filter_at, filter_instance: when and by which instance it was recorded.
+-- superseded_filters: every filter a takeover replaced. Such a filter never takes over
+-- again by itself: an old instance restarted during a rollout (an orchestrator restarts
+-- the one that stopped) would otherwise take over back and pass the new types over until
+-- it stopped again. `ackline processors clear-superseded` (the operator's) empties it, for
+-- a deliberate rollback.
 ALTER TABLE processors
-    ADD COLUMN filter          text,
-    ADD COLUMN filter_at       timestamptz,
-    ADD COLUMN filter_instance text;
+    ADD COLUMN filter             text,
+    ADD COLUMN filter_at          timestamptz,
+    ADD COLUMN filter_instance    text,
+    ADD COLUMN superseded_filters text[] NOT NULL DEFAULT '{}';
 
 -- The processor role records its filter at start (the reader role's SELECT on every
 -- column of processors, 0004, covers the new ones).
-GRANT UPDATE (filter, filter_at, filter_instance) ON TABLE processors TO ackline_processor;
+GRANT UPDATE (filter, filter_at, filter_instance, superseded_filters)
+    ON TABLE processors TO ackline_processor;

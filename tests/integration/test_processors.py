@@ -394,6 +394,25 @@ def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn
     assert (new_report.outcome, new_report.applied) == (Outcome.CAUGHT_UP, n_after)
     shown = status(dsn, "typed")
     assert (shown["state"], shown["filter"]) == ("ok", V2_FILTER)  # no failure recorded
+    assert shown["superseded_filters"] == [V1_FILTER]
+
+    # v1 restarted mid-rollout (an orchestrator restarts what stopped): a replaced filter
+    # does not take over back; only the operator's word lets it (a deliberate rollback)
+    async def restart_v1() -> Report:
+        again = ProcessorRunner(TYPED_V1, instance="old-again", poll_interval=0.2)
+        return await again.run(connector(role_dsn, "old-again"), asyncio.Event(), wait=False)
+
+    refused = run(restart_v1())
+    assert refused.outcome is Outcome.SUPERSEDED and refused.failure is not None, refused
+    assert "does not take over" in refused.failure.error, refused.failure.error
+    assert "clear-superseded typed" in refused.failure.error
+    assert (refused.applied, status(dsn, "typed")["filter"]) == (0, V2_FILTER)
+
+    done = ackline(dsn, "processors", "clear-superseded", "typed")  # the operator's
+    assert done.code == 0 and "may take over again" in done.out, done.err
+    assert run(restart_v1()).outcome is Outcome.CAUGHT_UP
+    shown = status(dsn, "typed")
+    assert (shown["filter"], shown["superseded_filters"]) == (V1_FILTER, [V2_FILTER])
 
 
 def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:

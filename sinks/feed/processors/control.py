@@ -60,17 +60,25 @@ LEFT JOIN LATERAL (
 WHERE c.reader = ANY($1::text[])
 """
 
-_FILTER = "SELECT filter, filter_at, filter_instance FROM processors WHERE name = $1"
+_FILTER = """
+SELECT filter, filter_at, filter_instance, superseded_filters FROM processors WHERE name = $1
+"""
 
 _TAKE_OVER = """
-UPDATE processors SET filter = $2, filter_at = now(), filter_instance = $3
+UPDATE processors
+SET filter = $2, filter_at = now(), filter_instance = $3,
+    superseded_filters = CASE WHEN filter IS NULL THEN superseded_filters
+                              ELSE array_append(array_remove(superseded_filters, filter), filter)
+                         END
 WHERE name = $1 AND filter IS DISTINCT FROM $2
 """
+
+_CLEAR_SUPERSEDED = "UPDATE processors SET superseded_filters = '{}' WHERE name = $1"
 
 _STATUS = """
 SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.error_cursor,
        p.last_instance, p.last_seen_at, p.registered_at,
-       p.filter, p.filter_at, p.filter_instance,
+       p.filter, p.filter_at, p.filter_instance, p.superseded_filters,
        c.position::text AS position, c.within_batch, c.within_partition, c.within_offset,
        c.within_topic, c.transactions, c.delivered, c.updated_at AS last_commit_at,
        coalesce(l.events, 0) AS lag_events,
@@ -135,6 +143,17 @@ class InEffect:
     filter: str | None
     since: datetime | None
     instance: str | None
+    superseded: tuple[str, ...] = ()
+
+    def took_over(self) -> str:
+        """Who recorded it, when, and what: for error lines."""
+        since = "-" if self.since is None else self.since.isoformat()
+        return f"instance {self.instance or '-'} took over at {since} with filter {self.filter}"
+
+
+class Superseded(FeedError):
+    """Another filter than this instance's is in effect, or this one's was replaced
+    before: the instance must not move the cursor (nothing of its batch was applied)."""
 
 
 async def filter_in_effect(conn: asyncpg.Connection, name: str) -> InEffect:
@@ -144,7 +163,9 @@ async def filter_in_effect(conn: asyncpg.Connection, name: str) -> InEffect:
     r = await conn.fetchrow(_FILTER, name)
     if r is None:
         return InEffect(None, None, None)
-    return InEffect(r["filter"], r["filter_at"], r["filter_instance"])
+    return InEffect(
+        r["filter"], r["filter_at"], r["filter_instance"], tuple(r["superseded_filters"])
+    )
 
 
 async def take_over(
@@ -154,14 +175,22 @@ async def take_over(
     already is: an instance that starts takes over the cursor. Returns what was recorded
     before. The processor role runs it, at start, after its cursor row exists.
 
+    A filter that a takeover replaced before (``superseded_filters``) does not take over
+    again: :class:`Superseded` is raised and nothing changes. Otherwise an old instance
+    that an orchestrator restarts during a rollout would take over back, and pass the new
+    types over until the new instances took over again. :func:`clear_superseded` (the
+    operator's) allows it, for a deliberate rollback.
+
     Order of effects: read the recorded filter (autocommitted); if it is ``feed_filter``,
     nothing else (a restart with an unchanged filter waits for no one). Otherwise BEGIN;
     lock the cursor row (``FOR UPDATE``: a batch of another instance in flight commits or
-    rolls back first, with the filter it read); read the recorded filter again; record
-    this one, with the time and ``instance``, if it differs; COMMIT. Every batch that takes
-    the cursor row after this COMMIT reads the new filter and, if it is not its own, rolls
-    back (see the runner). A crash before COMMIT changes nothing (the old filter stays in
-    effect; the next start takes over again); after it, the new filter is in effect.
+    rolls back first, with the filter it read); read the recorded filter again; if
+    ``feed_filter`` was superseded, roll back (nothing changed) and raise; else record
+    this one, with the time and ``instance``, adding the one it replaces to
+    ``superseded_filters``; COMMIT. Every batch that takes the cursor row after this
+    COMMIT reads the new filter and, if it is not its own, rolls back (see the runner). A
+    crash before COMMIT changes nothing (the old filter stays in effect; the next start
+    takes over again); after it, the new filter is in effect.
     """
     if conn.is_in_transaction():
         raise FeedError("take_over needs a connection that is not in a transaction")
@@ -173,6 +202,15 @@ async def take_over(
             if await conn.fetchrow(_LOCK_CURSOR, name) is None:
                 raise FeedError(f"processor {name!r} has no cursor row to take over")
             before = await filter_in_effect(conn, name)
+            if before.filter != feed_filter and feed_filter in before.superseded:
+                raise Superseded(
+                    f"instance {instance} (filter {feed_filter}) does not take over: that "
+                    f"filter was replaced, and {before.took_over()}. A replaced filter does not "
+                    "take over again by itself (an old instance restarted mid-rollout "
+                    "would pass the new types over): finish the rollout, or, to go back "
+                    f"to it on purpose, run `ackline processors clear-superseded {name}` "
+                    "and start this version again"
+                )
             await conn.execute(_TAKE_OVER, name, feed_filter, instance)
     except asyncpg.UndefinedColumnError as exc:
         raise FeedError(
@@ -254,6 +292,7 @@ class Status:
     filter: str | None = None  # the filter in effect (a fingerprint); None: never recorded
     filter_at: datetime | None = None
     filter_instance: str | None = None
+    superseded_filters: tuple[str, ...] = ()  # replaced filters: they never take over again
 
     @property
     def state(self) -> str:
@@ -286,6 +325,7 @@ class Status:
             "filter": self.filter,
             "filter_at": iso(self.filter_at),
             "filter_instance": self.filter_instance,
+            "superseded_filters": list(self.superseded_filters),
         }
 
 
@@ -325,9 +365,19 @@ async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> 
             filter=r["filter"],
             filter_at=r["filter_at"],
             filter_instance=r["filter_instance"],
+            superseded_filters=tuple(r["superseded_filters"]),
         )
         for r in rows
     ]
+
+
+async def clear_superseded(conn: asyncpg.Connection, name: str) -> None:
+    """The operator's: let any filter take over again (a deliberate rollback to a filter
+    replaced before). Autocommitted; the filter in effect stays until an instance with
+    another one starts."""
+    status = await conn.execute(_CLEAR_SUPERSEDED, name)
+    if status != "UPDATE 1":
+        raise FeedError(f"no processor named {name!r} (it registers when it first runs)")
 
 
 async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> None:

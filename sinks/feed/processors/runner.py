@@ -58,7 +58,6 @@ import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.connection import is_transient
-from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, follow
 from ackline.sinks.feed.processors import control
@@ -69,6 +68,7 @@ from ackline.sinks.feed.processors.contract import (
     filter_of,
     fingerprint,
 )
+from ackline.sinks.feed.processors.control import Superseded
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 
@@ -86,10 +86,6 @@ class Outcome(enum.StrEnum):
     PAUSED = "paused"  # --until-caught-up on a paused processor
     FAILED = "failed"  # stopped at an event that raises (or could not start)
     SUPERSEDED = "superseded"  # a newer instance with another filter took over: stopped
-
-
-class Superseded(FeedError):
-    """The filter in effect is no longer this instance's: the batch rolled back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,11 +245,9 @@ class ProcessorRunner:
         in_effect = await control.filter_in_effect(conn, self.name)
         if in_effect.filter is None or in_effect.filter == self.filter:
             return
-        since = "-" if in_effect.since is None else in_effect.since.isoformat()
         raise Superseded(
-            f"instance {self.instance} (filter {self.filter}) is "
-            f"superseded: instance {in_effect.instance or '-'} took over at {since} with "
-            f"filter {in_effect.filter}, and only the filter in effect moves the shared "
+            f"instance {self.instance} (filter {self.filter}) is superseded: "
+            f"{in_effect.took_over()}, and only the filter in effect moves the shared "
             "cursor. This instance's batch rolled back (nothing of it applied) and it stops "
             "this processor; finish the rollout (`ackline processors status` shows the "
             "filter in effect)"
