@@ -69,8 +69,6 @@ T = TypeVar("T")
 
 _CALL_SLICE_S = 10.0
 """The longest single flush/commit call; the loop around it honours the overall timeout."""
-_DRAIN_S = 60.0
-"""How long :meth:`AsyncActivityProducer.send` waits for the local queue to drain."""
 
 
 class AsyncActivityProducer:
@@ -101,6 +99,8 @@ class AsyncActivityProducer:
         self._room = max(1, self._limits.queue_max_messages // 2)
         self._room_bytes = self._limits.queue_max_bytes // 2
         self._sent: list[asyncio.Future[Message]] = []
+        self._drain_s = 60.0
+        """How long a send waits for the local queue to drain: the transaction's timeout."""
         """The delivery futures of the open transaction's records."""
         self._unflushed = self._unflushed_bytes = 0
         self._threads = threads
@@ -166,8 +166,10 @@ class AsyncActivityProducer:
     ) -> list[Delivery]:
         """Send ``records`` in one transaction and commit it; the deliveries, in order.
 
-        Order of effects: begin; produce every record; flush; commit. A commit that fails
-        retriably is called again until ``timeout`` (never a resend). One that requires an
+        Order of effects: begin; produce every record; flush; commit. ``timeout`` also
+        bounds each wait for room in the local queue (:class:`TransientProduceError`
+        past it). A commit that fails retriably is called again until ``timeout`` (never
+        a resend). One that requires an
         abort is aborted and the same records go out in a new transaction, up to
         ``rounds`` times. Raises :class:`OutcomeUnknownError` when the commit could not be
         confirmed (close this instance, start a new one with the same transactional.id,
@@ -182,7 +184,7 @@ class AsyncActivityProducer:
         check_fits(records, self._limits)
         loop = asyncio.get_running_loop()
         for attempt in range(1, rounds + 1):
-            await self._begin()
+            await self._begin(timeout)
             try:
                 futures = [await self._produce(record) for record in records]
             except BaseException:
@@ -215,7 +217,7 @@ class AsyncActivityProducer:
         error, aborts the whole transaction and raises :class:`ProduceError` (or
         :class:`TransientProduceError`; the block is not run again).
         """
-        await self._begin()
+        await self._begin(timeout)
         try:
             yield
         except BaseException:
@@ -308,13 +310,14 @@ class AsyncActivityProducer:
 
     # --- internals ----------------------------------------------------------------------
 
-    async def _begin(self) -> None:
+    async def _begin(self, timeout: float) -> None:
         aio = self._client()
         try:
             await self._guard(aio.begin_transaction())
         except (KafkaException, SystemError) as exc:
             raise self._settled(exc, "begin_transaction") from exc
         self._sent = []
+        self._drain_s = timeout
         self._unflushed = self._unflushed_bytes = 0
 
     async def _produce(self, record: Outgoing) -> asyncio.Future[Message]:
@@ -326,10 +329,11 @@ class AsyncActivityProducer:
         if self._unflushed >= self._room or self._unflushed_bytes + size > self._room_bytes:
             loop = asyncio.get_running_loop()
             try:
-                await self._guard(self._bounded_flush(aio, loop.time() + _DRAIN_S))
+                await self._guard(self._bounded_flush(aio, loop.time() + self._drain_s))
             except OutcomeUnknownError:
                 raise TransientProduceError(
-                    f"the local queue did not drain in {_DRAIN_S:.0f} s; nothing of the "
+                    f"the local queue did not drain in {self._drain_s:g} s (the transaction's "
+                    "timeout); nothing of the "
                     "transaction is committed: send the same records again"
                 ) from None
             except (KafkaException, SystemError) as exc:

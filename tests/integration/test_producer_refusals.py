@@ -207,6 +207,40 @@ def test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_b
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
 
 
+def test_a_full_local_queue_waits_no_longer_than_the_transactions_timeout(
+    services: Services, topic: str
+) -> None:
+    """The asyncio producer flushes when half its local queue is taken. With the broker
+    away that flush waited 60 s whatever timeout the caller gave; now it waits the
+    transaction's, and says nothing was committed."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-q", 1)]
+    assert len(records) > 2
+    extra = {"queue.buffering.max.messages": 4}  # a flush every two records
+    slot = f"svc-{uuid.uuid4().hex[:8]}"
+
+    async def aio() -> float:
+        producer = AsyncActivityProducer(services.bootstrap, topic, slot, extra=extra)
+        await producer.start()
+        timer = _thawed_after(services, 10)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            with pytest.raises(TransientProduceError, match="nothing of the transaction"):
+                await producer.send_transaction(records, timeout=2)
+            return loop.time() - began
+        finally:
+            await asyncio.to_thread(timer.join)
+            await producer.close()
+
+    took = asyncio.run(aio())
+    assert took < 9, f"gave up after {took:.1f} s with a 2 s timeout (a drain and an abort)"
+    assert committed_values(services.bootstrap, topic) == []
+    # the same records from a new instance of the same slot, broker back: its start aborts
+    # what the old one left open (records that reached the broker after the thaw)
+    _aio(False)(services, topic, records, {"transactional.id": slot})
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
 def test_an_abort_the_broker_cannot_confirm_commits_nothing_and_may_be_resent(
     services: Services, topic: str
 ) -> None:
