@@ -6,7 +6,8 @@ workers 0 and 2 write over one PostgreSQL connection, worker 1 over two), at lea
 (some at armed injection points), a zombie that must be fenced, a broker restart, a
 PostgreSQL restart and writer backends terminated at COMMIT, and the `runs` processor
 beside them killed twice (its rows recomputed from activity at the end), on a stack of its own (a
-temporary state directory, never the shared one). The seed is random and printed: a
+temporary state directory, never the shared one). The two runtimes' runs go side by side,
+each on its own stack. The seed is random and printed: a
 failure is reproduced with `ackline chaos --runtime R --seed N` and the same options.
 """
 
@@ -20,6 +21,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,7 @@ from ackline.dev import stack
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+RUNTIMES = ("confluent", "faust")
 MINIMUM = {
     "kills": 10,
     "stops": 1,
@@ -39,9 +43,18 @@ MINIMUM = {
 }
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("runtime", ["confluent", "faust"])
-def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
+@dataclass
+class _Run:
+    """One runtime's chaos run, started in the background."""
+
+    proc: subprocess.Popen[bytes]
+    state: Path
+    seed: int
+    stdout: Path
+    stderr: Path
+
+
+def _start(runtime: str, logs: Path) -> _Run:
     state = Path(tempfile.mkdtemp(prefix=f"ackline-chaos-{runtime}-", dir="/tmp"))
     state.chmod(0o755)  # PostgreSQL runs as an unprivileged user when we are root
     seed = random.SystemRandom().randrange(1, 1 << 31)
@@ -57,26 +70,62 @@ def test_short_chaos_run_is_exactly_once(runtime: str) -> None:
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+    out, err = logs / f"{runtime}.out", logs / f"{runtime}.err"
     # Its own process group: on a timeout the harness *and* its workers are killed (a
-    # killed harness alone left its workers running against a stopped stack).
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    # killed harness alone left its workers running against a stopped stack). Output to
+    # files, not pipes: the run not being read yet must never block on a full pipe.
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    return _Run(proc, state, seed, out, err)
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, _Run]]:
+    """The selected runtimes' runs at once, each on a stack of its own: they produce at a
+    fixed rate for ~100 s, so side by side they take the wall time of one (the two cores
+    are far from busy at 1,000 events/s each)."""
+    selected = {
+        item.callspec.params["runtime"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
+    logs = tmp_path_factory.mktemp("chaos-short")
+    started: dict[str, _Run] = {}
     try:
-        stdout, stderr = proc.communicate(timeout=560)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"chaos run (seed {seed}) did not finish in 560 s:\n{stdout[-5000:]}")
+        for runtime in sorted(selected):
+            started[runtime] = _start(runtime, logs)
+        yield started
     finally:
-        stack.down(state)  # normally stopped by the run itself; not if it was killed
-        shutil.rmtree(state, ignore_errors=True)
+        for run in started.values():
+            if run.proc.poll() is None:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.proc.wait()
+            stack.down(run.state)  # normally stopped by the run itself; not if it was killed
+            shutil.rmtree(run.state, ignore_errors=True)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_short_chaos_run_is_exactly_once(runtime: str, runs: dict[str, _Run]) -> None:
+    run = runs[runtime]
+    seed = run.seed
+    try:
+        run.proc.wait(timeout=560)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait()
+        tail = run.stdout.read_text(errors="replace")[-5000:]
+        pytest.fail(f"chaos run (seed {seed}) did not finish in 560 s:\n{tail}")
+    finally:
+        stack.down(run.state)
+        shutil.rmtree(run.state, ignore_errors=True)
+    proc = run.proc
+    stdout = run.stdout.read_text(errors="replace")
+    stderr = run.stderr.read_text(errors="replace")
     output = stdout + stderr[-3000:]
     lines = stdout.strip().splitlines()
     assert lines, output
