@@ -27,9 +27,11 @@ constraints:
 demo: install
 	$(BIN)/ackline demo
 
-## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here).
+## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here),
+## on two pytest-xdist workers with a stack each (TEST_WORKERS=0: one process, one stack).
+TEST_WORKERS ?= 2
 test: install lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 ## Prove the guarantees under chaos: 1M events, 3 workers, 12 partitions, >= 30 SIGKILLs,
 ## 3 zombies, 2 broker and 2 PostgreSQL restarts, 10 COMMITs cut, a retention drop of the

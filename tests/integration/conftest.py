@@ -51,7 +51,7 @@ def services() -> Iterator[Services]:
     A local stack this session started is stopped at the end; one that was already
     running (a developer's `make up`) is left running.
     """
-    state_dir = ROOT / ".ackline"
+    state_dir = _state_dir()
     info = stack.resolve(state_dir) if _env_stack() else None
     started = False
     if info is None:
@@ -65,10 +65,39 @@ def services() -> Iterator[Services]:
             stack.down(state_dir)
 
 
+def _state_dir() -> Path:
+    """The project's local stack; under pytest-xdist (`make test`), a stack of each worker's
+    own (``.ackline/xdist-gw0``, ...), so that a test that freezes, restarts or fills its
+    broker or database never meets another worker's tests."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return ROOT / ".ackline" if worker is None else ROOT / ".ackline" / f"xdist-{worker}"
+
+
 def _env_stack() -> bool:
     return bool(
         os.environ.get("ACKLINE_KAFKA_BOOTSTRAP") and os.environ.get("ACKLINE_DATABASE_URL")
     )
+
+
+_ONE_AT_A_TIME = {
+    # machine-wide resources: network namespaces with fixed addresses, tmpfs mounts, a
+    # PostgreSQL pair and a broker cluster of their own
+    "test_vanished_database": "machine",
+    "test_infra_faults": "machine",
+    "test_dev_stack": "machine",
+    "test_toxiproxy": "machine",
+    # both runtimes' runs start together (one module fixture): one worker runs both
+    "test_chaos_short": "chaos",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), the tests of a module that uses a
+    machine-wide resource go to one worker, one after another."""
+    for item in items:
+        group = _ONE_AT_A_TIME.get(item.module.__name__.rsplit(".", 1)[-1])  # type: ignore[attr-defined]
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(hookwrapper=True)
