@@ -14,6 +14,7 @@ otherwise it runs as ourselves. Clients connect over TCP to 127.0.0.1 as the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -84,22 +85,31 @@ def find_pg_bindir() -> Path:
 
 
 def ensure_pg_installed() -> Path:
-    """:func:`find_pg_bindir`, installing the ``postgresql`` apt package first if needed."""
+    """:func:`find_pg_bindir`, installing the ``postgresql`` apt package first if needed.
+
+    Concurrent callers (the two test workers of `make test` on a machine without
+    PostgreSQL) serialize on a lock file: two apt-get runs at once fail on dpkg's lock.
+    """
     try:
         return find_pg_bindir()
     except DevStackError:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             raise
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql"]):
-        try:
-            proc = _proc.run(argv, env=env, timeout=1800)
-        except subprocess.TimeoutExpired as exc:
-            raise DevStackError(f"`{' '.join(argv)}` timed out") from exc
-        if proc.returncode != 0:
-            output = "\n".join((proc.stdout + proc.stderr).splitlines()[-_LOG_TAIL_LINES:])
-            raise DevStackError(f"`{' '.join(argv)}` failed (exit {proc.returncode}):\n{output}")
-    return find_pg_bindir()
+    with _proc.file_lock(Path("/var/lock/ackline-pg-install.lock")):
+        with contextlib.suppress(DevStackError):
+            return find_pg_bindir()  # installed by another caller while this one waited
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql"]):
+            try:
+                proc = _proc.run(argv, env=env, timeout=1800)
+            except subprocess.TimeoutExpired as exc:
+                raise DevStackError(f"`{' '.join(argv)}` timed out") from exc
+            if proc.returncode != 0:
+                lines = (proc.stdout + proc.stderr).splitlines()[-_LOG_TAIL_LINES:]
+                raise DevStackError(
+                    f"`{' '.join(argv)}` failed (exit {proc.returncode}):\n" + "\n".join(lines)
+                )
+        return find_pg_bindir()
 
 
 def _client_env() -> dict[str, str]:

@@ -23,7 +23,11 @@ from ackline.streams.errors import TopicError
 from tests.integration.harness import LIVE_WORKERS, Services, dsn_for
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_DB = "ackline_test_template"
+# One template per xdist worker: with ACKLINE_KAFKA_BOOTSTRAP and ACKLINE_DATABASE_URL set,
+# both workers share one server, and a worker's session start drops and remakes its template.
+TEMPLATE_DB = "ackline_test_template" + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+)
 
 
 def _all_running(state_dir: Path) -> bool:
