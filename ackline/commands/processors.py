@@ -180,7 +180,7 @@ def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:
                 reasons.append("PostgreSQL not reached at the last lag sample")
             for name in names:
                 if _value(metrics, "ackline_processor_failed", name) == 1:
-                    reasons.append(f"processor {name} stopped at an event")
+                    reasons.append(f"processor {name} stopped (at an event, or superseded)")
             body = {"ready": not reasons, "reasons": reasons}
             return (503 if reasons else 200), "application/json", json_body(body)
         return not_found(route)

@@ -4,10 +4,10 @@
 -- over: the cursor moves past them. During a rolling deploy that widens a filter, an old
 -- instance still running would pass the new types over for the new ones, which then never
 -- see them. So the filter that moves the cursor is recorded here: an instance that starts
--- records its own (it takes over), and every batch checks, after its compare-and-set on
--- the cursor row, that the recorded filter is still its own; an instance whose filter is
--- no longer in effect rolls its batch back and stops. The takeover locks the cursor row
--- first, so it waits for a batch in flight and every later batch sees it.
+-- records its own (it takes over), and a trigger (below) refuses a cursor update from a
+-- session whose filter is not the one recorded: that instance's batch rolls back and it
+-- stops. The takeover locks the cursor row first, so it waits for a batch in flight and
+-- every later batch sees it.
 --
 -- filter: the fingerprint of the Filter (canonical JSON, e.g.
 -- {"agents":null,"types":["agent.requested"]}; ackline.sinks.feed.processors.contract.
@@ -28,3 +28,41 @@ ALTER TABLE processors
 -- column of processors, 0004, covers the new ones).
 GRANT UPDATE (filter, filter_at, filter_instance, superseded_filters)
     ON TABLE processors TO ackline_processor;
+
+-- The same rule in the database, for instances that do not check it themselves (an
+-- ackline older than this migration, still running during the rollout that upgrades
+-- it): a processor's cursor moves only in a session that names the filter in effect
+-- (`ackline.processor_filter`, which instances of this version set on each connection).
+-- Enforced for every role but those that own the schema (a superuser, a member of
+-- ackline_migrator: the operator's `processors reset` moves cursors too); a session that
+-- names a filter is held to it whoever it is. Readers that are not processors (no
+-- processors row, or none recorded) are not concerned. SQLSTATE AKSP1: the runner stops
+-- that processor as superseded.
+CREATE FUNCTION ackline_processor_filter_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    in_effect text;
+    named text := nullif(current_setting('ackline.processor_filter', true), '');
+BEGIN
+    IF named IS NULL AND pg_has_role(current_user, 'ackline_migrator', 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    SELECT p.filter INTO in_effect FROM public.processors AS p WHERE p.name = NEW.reader;
+    IF in_effect IS NOT NULL AND in_effect IS DISTINCT FROM named THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'AKSP1',
+            MESSAGE = format(
+                'processor %s: filter %s is in effect, and only it moves the shared cursor; '
+                'this session''s is %s',
+                NEW.reader, in_effect,
+                coalesce(named, 'not named (an ackline older than migration 0012)')),
+            HINT = 'finish the rollout: `ackline processors status` shows the filter in effect';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER feed_cursors_processor_filter
+    BEFORE UPDATE ON feed_cursors
+    FOR EACH ROW EXECUTE FUNCTION ackline_processor_filter_guard();

@@ -46,11 +46,13 @@ from ackline.roles import PROCESSOR, with_user
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.connection import Database
-from ackline.sinks.feed.changefeed import connector, saved_cursor
-from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report
+from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
+from ackline.sinks.feed.follow import follow
+from ackline.sinks.feed.processors.metrics import ProcessorMetrics
+from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report, run_all
 from ackline.sinks.feed.processors.runs import RUNS
 from ackline.sinks.feed.processors.runs_fold import RunRow, rows
-from ackline.sinks.feed.types import Cursor, FeedEvent
+from ackline.sinks.feed.types import Cursor, FeedBatch, FeedEvent
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
@@ -413,6 +415,66 @@ def test_an_old_instance_cannot_pass_over_the_types_a_newer_filter_took_over(dsn
     assert run(restart_v1()).outcome is Outcome.CAUGHT_UP
     shown = status(dsn, "typed")
     assert (shown["filter"], shown["superseded_filters"]) == (V1_FILTER, [V2_FILTER])
+
+
+def test_an_instance_that_does_not_check_the_filter_is_refused_by_the_database(
+    dsn: str,
+) -> None:
+    """An ackline older than migration 0012 neither records nor checks a filter: after v2
+    took over, such an instance (a plain changefeed Reader with v1's filter, as the
+    processor role) must not move the shared cursor past the requests v2 applies. The
+    database's guard refuses its compare-and-set (SQLSTATE AKSP1), its batch rolls back,
+    and v2 applies every request; the operator may still move the cursor (a reset)."""
+    setup_journal(dsn)
+    role_dsn = with_user(dsn, PROCESSOR)
+    events = synthetic_runs(200, seed=23)
+    v2_types = {"agent.requested", "agent.started", "agent.step"}
+
+    async def go() -> tuple[Report, BaseException | None]:
+        v1 = ProcessorRunner(TYPED_V1, instance="v1", poll_interval=0.2)  # records v1's
+        assert (await v1.run(connector(role_dsn, "v1"), asyncio.Event(), wait=False)).applied == 0
+        new = ProcessorRunner(TYPED_V2, instance="new", poll_interval=0.2)
+        first = await new.run(connector(role_dsn, "new"), asyncio.Event(), wait=False)
+        assert first.outcome is Outcome.CAUGHT_UP, first  # took over, nothing to read
+        conn = await asyncpg.connect(dsn)
+        try:
+            await copy_ingest(conn, events, chunk=len(events))
+        finally:
+            await conn.close()
+        old = Reader("typed", Changefeed(TYPED_V1.filter))
+
+        async def passed_over(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            return None
+
+        refused: BaseException | None = None
+        try:
+            await follow(old, connector(role_dsn, "old"), passed_over, asyncio.Event(), wait=False)
+        except asyncpg.PostgresError as exc:
+            refused = exc
+        again = ProcessorRunner(TYPED_V2, instance="new-2", poll_interval=0.2)
+        return await again.run(connector(role_dsn, "new-2"), asyncio.Event(), wait=False), refused
+
+    report, refused = run(go())
+    assert refused is not None and getattr(refused, "sqlstate", None) == "AKSP1", refused
+    assert f"filter {V2_FILTER} is in effect" in str(refused), str(refused)
+    want = Counter(e.event_id for e in events if e.type in v2_types)
+    assert want and journal(dsn, "typed") == want, "v2 missed events the old reader passed over"
+    assert (report.outcome, report.applied) == (Outcome.CAUGHT_UP, sum(want.values()))
+    done = ackline(dsn, "processors", "reset", "typed", "--cursor-only", "--to-now")
+    assert done.code == 0, done.err  # the operator's reset is not the guard's concern
+
+    # v1 of this version beside another processor in one process: v1 stops superseded
+    # (refused at start: its filter was replaced), is no longer ready, the other goes on
+    write(dsn, synthetic_runs(20, seed=24), chunk=100)
+    metrics = ProcessorMetrics()
+    both = [
+        ProcessorRunner(TYPED_V1, instance="both", metrics=metrics),
+        ProcessorRunner(JOURNAL, instance="both", metrics=metrics),
+    ]
+    reports = run(run_all(both, connector(role_dsn, "both"), asyncio.Event(), wait=False))
+    assert [r.outcome for r in reports] == [Outcome.SUPERSEDED, Outcome.CAUGHT_UP], reports
+    failed = metrics.registry.get_sample_value("ackline_processor_failed", {"processor": "typed"})
+    assert failed == 1
 
 
 def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:

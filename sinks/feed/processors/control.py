@@ -75,6 +75,12 @@ WHERE name = $1 AND filter IS DISTINCT FROM $2
 
 _CLEAR_SUPERSEDED = "UPDATE processors SET superseded_filters = '{}' WHERE name = $1"
 
+_NAME_FILTER = "SELECT set_config('ackline.processor_filter', $1, false)"
+
+GUARD_SQLSTATE = "AKSP1"
+"""Raised by migration 0012's trigger when a session moves a processor's cursor under a
+filter that is not the one in effect."""
+
 _STATUS = """
 SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.error_cursor,
        p.last_instance, p.last_seen_at, p.registered_at,
@@ -154,6 +160,19 @@ class InEffect:
 class Superseded(FeedError):
     """Another filter than this instance's is in effect, or this one's was replaced
     before: the instance must not move the cursor (nothing of its batch was applied)."""
+
+
+async def name_filter(conn: asyncpg.Connection, feed_filter: str) -> None:
+    """Name this session's filter (a fingerprint) for the database's guard (0012's trigger
+    on ``feed_cursors``): a cursor update of a processor whose recorded filter differs is
+    refused with SQLSTATE :data:`GUARD_SQLSTATE`. For the session (every later
+    transaction on ``conn``); no effect of its own."""
+    await conn.execute(_NAME_FILTER, feed_filter)
+
+
+def refused_by_guard(exc: BaseException) -> bool:
+    """True for the guard's refusal (the batch rolled back): another filter is in effect."""
+    return getattr(exc, "sqlstate", None) == GUARD_SQLSTATE
 
 
 async def filter_in_effect(conn: asyncpg.Connection, name: str) -> InEffect:

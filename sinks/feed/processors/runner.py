@@ -3,15 +3,16 @@
 Each processor is a named changefeed reader (:class:`ackline.sinks.feed.changefeed.Reader`,
 cursor row ``feed_cursors.reader = name``) followed by
 :func:`ackline.sinks.feed.follow.follow` on a connection of its own. At start (once per
-runner, on its first connection), it registers, makes its cursor row if there is none,
-and takes over: records its filter as the one in effect
-(:func:`ackline.sinks.feed.processors.control.take_over`, its own transaction). Per
-batch, in one transaction (order of effects): read the ``paused`` flag (autocommitted,
-before BEGIN); BEGIN; read the cursor; read the feed (one statement, before the
-transaction holds an xid); compare-and-set the cursor to the batch's end (this takes the
-cursor row lock); read the filter in effect and, if it is not this instance's, roll
-back and stop; ``apply`` (the processor's effects, on the same connection); clear a
-recorded failure if any; fault point ``processor_before_commit``; COMMIT.
+runner, on its first connection), it registers, names its filter on the connection (on
+every connection), makes its cursor row if there is none, and takes over: records its
+filter as the one in effect (:func:`ackline.sinks.feed.processors.control.take_over`,
+its own transaction). Per batch, in one transaction (order of effects): read the
+``paused`` flag (autocommitted, before BEGIN); BEGIN; read the cursor; read the feed (one
+statement, before the transaction holds an xid); compare-and-set the cursor to the
+batch's end (this takes the cursor row lock; the database refuses it if another filter
+is in effect: roll back and stop); ``apply`` (the processor's effects, on the same
+connection); clear a recorded failure if any; fault point ``processor_before_commit``;
+COMMIT.
 
 What a crash leaves, at each step: before COMMIT, nothing (effects and cursor roll back
 together; the next instance gets the same batch); during COMMIT, whatever the database
@@ -22,10 +23,10 @@ commits, rolls back before any effect, and reads on from the first one's cursor.
 Two instances with different filters (a rolling deploy that changes it): the events a
 filter drops are passed over, so only the filter in effect may move the shared cursor.
 The newest instance to start took over; a takeover that changes the filter locks the
-cursor row, so it waits for a batch in flight, and every batch that takes the row after
-it reads the new filter. An
-older instance whose filter is no longer in effect rolls its batch back before any
-effect and stops that processor (outcome ``superseded``; nothing recorded in
+cursor row, so it waits for a batch in flight, and every cursor update after it is
+checked against the new filter by migration 0012's trigger. An older instance whose
+filter is no longer in effect rolls its batch back before any effect and stops that
+processor (outcome ``superseded``; nothing recorded in
 ``processors``, which belongs to the instance in effect); the one in effect reads on
 from the cursor of the last batch committed before the switch, so nothing after the
 switch is passed over by another filter.
@@ -177,6 +178,7 @@ class ProcessorRunner:
         them leaves a registered processor with a cursor and the old filter in effect,
         and the next start does the rest."""
         await control.register(conn, self.name)
+        await control.name_filter(conn, self.filter)
         self.cursor = await self.reader.position(conn)
         if not self._took_over:
             before = await control.take_over(conn, self.name, self.filter, self.instance)
@@ -213,16 +215,20 @@ class ProcessorRunner:
             log.info("processor %s resumed", self.name)
             self.paused = False
             self.metrics.paused.labels(self.name).set(0)
-        async with self.reader.next_batch(conn, limit) as batch:
-            yield batch
+        try:
+            async with self.reader.next_batch(conn, limit) as batch:
+                yield batch
+        except asyncpg.PostgresError as exc:
+            if control.refused_by_guard(exc):
+                raise await self._superseded_by(conn, exc) from exc
+            raise
 
     async def _handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Any:
-        """Inside the batch's transaction, after the compare-and-set on the cursor row:
-        check that this instance's filter is in effect (else :class:`Superseded`, before
-        any effect: the batch rolls back), apply, clear a recorded failure, fault point."""
+        """Inside the batch's transaction, after the compare-and-set on the cursor row
+        (which the database refused if another filter is in effect): apply, clear a
+        recorded failure, fault point."""
         if batch.caught_up:
             return None
-        await self._check_filter(conn)
         work = ProcessorBatch(self.name, self.instance, batch.start, batch.end, tuple(batch.events))
         self._in_hand = work
         result = None
@@ -237,15 +243,16 @@ class ProcessorRunner:
         await self._faults.ahit(FAULT_POINT)
         return result
 
-    async def _check_filter(self, conn: asyncpg.Connection) -> None:
-        """Raise :class:`Superseded` if another filter than this instance's is in effect.
-        Read under the cursor row lock, which a takeover takes first: no takeover can
-        commit between this read and the batch's COMMIT. None recorded (the row was
-        cleared by hand): nothing to compare with, go on."""
-        in_effect = await control.filter_in_effect(conn, self.name)
-        if in_effect.filter is None or in_effect.filter == self.filter:
-            return
-        raise Superseded(
+    async def _superseded_by(self, conn: asyncpg.Connection, exc: BaseException) -> Superseded:
+        """The guard's refusal (0012's trigger on the cursor row: another filter is in
+        effect, recorded by a takeover that locked that row first; the batch rolled back)
+        as :class:`Superseded`, naming who took over: read after the rollback, on the same
+        connection (the guard's own text if that read fails)."""
+        try:
+            in_effect = await control.filter_in_effect(conn, self.name)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+            return Superseded(_text(exc))
+        return Superseded(
             f"instance {self.instance} (filter {self.filter}) is superseded: "
             f"{in_effect.took_over()}, and only the filter in effect moves the shared "
             "cursor. This instance's batch rolled back (nothing of it applied) and it stops "
@@ -368,6 +375,7 @@ class ProcessorRunner:
         ``processors``: its row belongs to the instance in effect, which is not failing."""
         self._in_hand = None
         self.metrics.errors.labels(self.name, "superseded").inc()
+        self.metrics.failed.labels(self.name).set(1)  # not ready: /readyz says so
         text = str(exc)
         log.error("processor %s stopped: %s", self.name, text)
         return self.report(Outcome.SUPERSEDED, Failure(text, None, self.cursor))
@@ -462,6 +470,16 @@ async def watch(
             conn.terminate()
 
 
+def _drop_if_superseded(name: str, live: list[str]) -> Callable[[asyncio.Task[Report]], None]:
+    def done(task: asyncio.Task[Report]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        if task.result().outcome is Outcome.SUPERSEDED and name in live:
+            live.remove(name)
+
+    return done
+
+
 async def run_all(
     runners: Sequence[ProcessorRunner],
     connect: Connect,
@@ -478,11 +496,16 @@ async def run_all(
         return []
     metrics = runners[0].metrics
     tasks = [asyncio.create_task(r.run(connect, stop, wait=wait)) for r in runners]
+    # A superseded processor's heartbeat stops with it: `processors status` must not show
+    # it running here while another instance's filter is in effect.
+    live = [r.name for r in runners]
+    for runner, task in zip(runners, tasks, strict=True):
+        task.add_done_callback(_drop_if_superseded(runner.name, live))
     watcher_stop = asyncio.Event()
     watcher = asyncio.create_task(
         watch(
             connect,
-            [r.name for r in runners],
+            live,
             metrics,
             runners[0].instance,
             watcher_stop,
