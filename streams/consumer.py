@@ -348,6 +348,7 @@ class ConsumerRuntime:
         if newer is None or not self._holds.decide(tp, rec.offset, newer, time.monotonic()):
             return False
         self._holds.park(tp, rec)
+        self._metrics.held.set(len(self._holds.held))
         if self._consumer is not None:
             self._consumer.pause([TopicPartition(tp[0], tp[1])])
         log.warning(
@@ -364,16 +365,26 @@ class ConsumerRuntime:
 
     def _end_holds(self, consumer: Consumer) -> None:
         """Expired holds: the parked records go back, in order, to the front of the buffer;
-        the held record is then rejected (streams.holds)."""
+        the held record is then rejected (streams.holds). The partition resumes unless the
+        buffer is full (backpressure paused every partition; its end resumes this one)."""
         for tp in self._holds.due(time.monotonic()):
+            hold = self._holds.held[tp]
             records = self._holds.release(tp)
+            self._metrics.held.set(len(self._holds.held))
             log.warning(
-                "%s[%d]: no worker that knows the newer version took the partition; "
-                "rejecting the held record",
+                "%s[%d]: no worker that knows %s v%d took the partition; rejecting the held "
+                "record at offset %d, and every later one of that type at v%d or above on "
+                "this worker",
                 tp[0],
                 tp[1],
+                hold.version[0],
+                hold.version[1],
+                hold.offset,
+                hold.version[1],
             )
             self._slots[self._slot_map.of(tp)].put_back(records)
+            if self._paused:
+                continue
             try:
                 consumer.resume([TopicPartition(tp[0], tp[1])])
             except KafkaException as exc:
@@ -659,6 +670,7 @@ class ConsumerRuntime:
         """Drop the buffered, decoded and held records of ``gone`` (they are read again)."""
         resume = [TopicPartition(*tp) for tp in gone if self._holds.is_held(tp)]
         self._holds.forget(gone)
+        self._metrics.held.set(len(self._holds.held))
         if resume and self._consumer is not None and not self._paused:
             self._consumer.resume(resume)  # a hold had paused them
         for slot in self._slots:

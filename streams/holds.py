@@ -11,7 +11,10 @@ version, which resumes from the PostgreSQL offset, i.e. at the held record.
 If no such worker takes the partition within ``newer_version_wait_s``, the hold expires:
 the parked records go back to the buffer in order, the held record is rejected as
 ``unsupported_version`` (reject row + dead-letter record, reprocessable), and so is every
-later record of that (type, version) on this worker, at once. Nothing here commits or
+later record of that type at that version or a higher one on this worker, at once, on
+any partition it holds or takes over later (a hold already running at such a version
+ends too): a producer sending bogus versions v3, v4, v5... stalls a partition for one
+wait, not one per version. Nothing here commits or
 acks: a hold only keeps records out of the next batches, so the offset stays below them.
 Plain data, no Kafka calls: the consumer runtime pauses and resumes.
 """
@@ -60,7 +63,7 @@ class Holds(Generic[M]):
         if expired is not None and expired[0] == offset:
             self.given_up.add(expired[1])
             return False
-        if newer is None or self.wait_s <= 0 or newer in self.given_up:
+        if newer is None or self.wait_s <= 0 or self.gave_up_on(newer):
             return False
         self._held[tp] = Hold(offset, now, newer)
         return True
@@ -68,9 +71,20 @@ class Holds(Generic[M]):
     def park(self, tp: TP, record: M) -> None:
         self._held[tp].records.append(record)
 
+    def gave_up_on(self, version: tuple[str, int]) -> bool:
+        """True if this worker gave up waiting for ``version`` or a lower version of its
+        type: no worker that knows it came within a wait."""
+        kind, number = version
+        return any(k == kind and number >= n for k, n in self.given_up)
+
     def due(self, now: float) -> list[TP]:
-        """Held partitions whose wait is over."""
-        return [tp for tp, h in self._held.items() if now - h.since >= self.wait_s]
+        """Held partitions whose wait is over, or whose version was given up on meanwhile
+        (another partition's hold at it expired)."""
+        return [
+            tp
+            for tp, h in self._held.items()
+            if now - h.since >= self.wait_s or self.gave_up_on(h.version)
+        ]
 
     def release(self, tp: TP) -> list[M]:
         """End the hold of ``tp`` after its wait; return its parked records, in order."""

@@ -60,6 +60,12 @@ class Metrics:
             "ackline_dead_letters", "Dead-letter records acknowledged by Kafka", registry=r
         )
         self.assigned = Gauge("ackline_assigned_partitions", "Partitions owned now", registry=r)
+        self.held = Gauge(
+            "ackline_held_partitions",
+            "Partitions held at a record of a payload version newer than this worker knows, "
+            "waiting for a worker that knows it (docs/schema.md)",
+            registry=r,
+        )
         self.topic_partitions = Gauge(
             "ackline_topic_partitions",
             "Partitions of the topic this worker's group consumes (for the nobody-consumes "

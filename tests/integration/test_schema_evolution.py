@@ -198,6 +198,7 @@ def test_old_and_new_workers_share_a_topic_with_v1_and_v2(
     wait_until(lambda: committed(new_parts), 60, "the new worker to ingest v1 and v2")
     wait_until(old_holds_at_first_v2, 60, "the old worker to hold at the first v2 record")
     assert db(dsn, "SELECT count(*) AS n FROM rejects")[0]["n"] == 0
+    assert old.metric("ackline_held_partitions") == len(old_parts)  # an operator sees it
 
     # Rolling deploy: the old worker stops; the new one takes over where it held.
     assert old.stop() == 0, old.log()[-3000:]
@@ -248,6 +249,7 @@ def test_hold_expires_into_a_reprocessable_reject(
         return _next_offsets(dsn, group).get(partition, (0, ""))[0] > sent.last()[partition]
 
     wait_until(committed, 60, "the old worker to get past the v2 records")
+    assert old.metric("ackline_held_partitions") == 0  # the hold ended
     assert old.stop() == 0, old.log()[-3000:]
     assert "holding" in old.log() and "rejecting the held record" in old.log()
     rejects = db(dsn, "SELECT reason, raw_key, raw_value FROM rejects ORDER BY src_offset")

@@ -26,8 +26,21 @@ def test_hold_parks_in_order_until_due_then_rejects_and_gives_up() -> None:
     # The held record comes back: rejected now, and that version is given up on.
     assert not holds.decide(TP, 5, V2, now=111)
     assert not holds.decide(("t", 1), 9, V2, now=111)
-    # Another newer version still gets its own hold.
-    assert holds.decide(("t", 1), 10, ("agent.started", 3), now=111)
+    # A higher version of that type is given up on too (bogus v3, v4... stall one wait,
+    # not one each); a lower one, or another type, still gets a hold of its own.
+    assert not holds.decide(("t", 1), 10, ("agent.started", 3), now=111)
+    assert holds.decide(("t", 2), 10, ("agent.started", 1), now=111)
+    assert holds.decide(("t", 3), 10, ("agent.step", 2), now=111)
+
+
+def test_giving_up_on_a_version_ends_the_other_holds_at_it_at_once() -> None:
+    holds = Holds[str](10)
+    assert holds.decide(TP, 5, V2, now=0)
+    assert holds.decide(("t", 1), 7, V2, now=5)
+    assert holds.due(now=10) == [TP]
+    holds.release(TP)
+    assert not holds.decide(TP, 5, V2, now=10)  # rejected: V2 given up on
+    assert holds.due(now=10) == [("t", 1)]  # not at now=15: "at once"
 
 
 def test_forget_drops_holds_of_partitions_no_longer_owned() -> None:
