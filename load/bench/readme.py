@@ -82,7 +82,8 @@ def _verdict(entry: dict[str, Any]) -> str:
     if "error" in replay:  # the system died on the replay: say with what
         found = _EXCEPTION.search(str(replay["error"]))
         verdict = f"died: {found.group(0) if found else str(replay['error'])[:100]}"
-    return verdict.replace("|", "\\|")[:160]
+    # one table cell: a traceback's newlines would end the row
+    return " ".join(verdict.split()).replace("|", "\\|")[:160]
 
 
 def _system_rows(summary: dict[str, Any]) -> list[str]:

@@ -30,3 +30,15 @@ def test_splice_replaces_only_the_block() -> None:
 def test_splice_without_markers_is_a_clear_error() -> None:
     with pytest.raises(LoadError, match="no bench block"):
         readme.splice("no markers here", "NEW")
+
+
+def test_a_peer_that_died_on_the_replay_is_said_in_one_table_cell() -> None:
+    """A bench run (fresh clone, 2026-12-02) had the naive faust peer die with a traceback
+    of no 'Error:' line: the first 100 characters of it, newlines and all, broke the
+    table's row in two."""
+    from ackline.load.bench.readme import _verdict
+
+    error = "faust exited 1 before the replay to be consumed:\n line 519, in _and_transition\n"
+    cell = _verdict({"replay": {"error": error + "    return await fun(|x"}})
+    assert "\n" not in cell and cell.startswith("died: faust exited 1"), cell
+    assert "line 519" in cell and "\\|" not in cell[:60]
