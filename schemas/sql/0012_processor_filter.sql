@@ -29,26 +29,30 @@ ALTER TABLE processors
 GRANT UPDATE (filter, filter_at, filter_instance, superseded_filters)
     ON TABLE processors TO ackline_processor;
 
--- The same rule in the database, for instances that do not check it themselves (an
--- ackline older than this migration, still running during the rollout that upgrades
--- it): a processor's cursor moves only in a session that names the filter in effect
--- (`ackline.processor_filter`, which instances of this version set on each connection).
--- Enforced for every role but those that own the schema (a superuser, a member of
--- ackline_migrator: the operator's `processors reset` moves cursors too); a session that
--- names a filter is held to it whoever it is. Readers that are not processors (no
--- processors row, or none recorded) are not concerned. SQLSTATE AKSP1: the runner stops
--- that processor as superseded.
+-- The same rule in the database, for sessions that do not check it themselves (an
+-- ackline older than this migration, still running during the rollout that upgrades it,
+-- or `ackline tail --commit` given a processor's name): a processor's cursor moves only
+-- in a session that names the filter in effect (`ackline.processor_filter`, which
+-- instances of this version set on each connection, and the operator's
+-- `processors reset` for its own transaction). Every role is held to it. Readers that
+-- are not processors (no processors row, or no filter recorded) are not concerned.
+-- SQLSTATE AKSP1: the runner stops that processor as superseded.
+--
+-- The filter is read by a SECURITY DEFINER function, so that a reader role with rights
+-- on feed_cursors only (docs/changefeed.md) needs none on processors; the trigger itself
+-- runs as the caller. Executable by PUBLIC: it tells a processor's filter, which every
+-- role that reads the feed may see in `processors status`.
+CREATE FUNCTION ackline_processor_filter(reader_name text) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp
+AS $$ SELECT p.filter FROM public.processors AS p WHERE p.name = reader_name $$;
+
 CREATE FUNCTION ackline_processor_filter_guard() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
-    in_effect text;
+    in_effect text := public.ackline_processor_filter(NEW.reader);
     named text := nullif(current_setting('ackline.processor_filter', true), '');
 BEGIN
-    IF named IS NULL AND pg_has_role(current_user, 'ackline_migrator', 'MEMBER') THEN
-        RETURN NEW;
-    END IF;
-    SELECT p.filter INTO in_effect FROM public.processors AS p WHERE p.name = NEW.reader;
     IF in_effect IS NOT NULL AND in_effect IS DISTINCT FROM named THEN
         RAISE EXCEPTION USING
             ERRCODE = 'AKSP1',
@@ -56,7 +60,8 @@ BEGIN
                 'processor %s: filter %s is in effect, and only it moves the shared cursor; '
                 'this session''s is %s',
                 NEW.reader, in_effect,
-                coalesce(named, 'not named (an ackline older than migration 0012)')),
+                coalesce(named, 'not named (an ackline older than migration 0012, or a '
+                                'reader that is not this processor)')),
             HINT = 'finish the rollout: `ackline processors status` shows the filter in effect';
     END IF;
     RETURN NEW;

@@ -48,11 +48,13 @@ from ackline.schemas.decode import Row, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
 from ackline.sinks.feed.follow import follow
+from ackline.sinks.feed.processors.contract import ProcessorBatch
+from ackline.sinks.feed.processors.control import Superseded, take_over
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report, run_all
 from ackline.sinks.feed.processors.runs import RUNS
 from ackline.sinks.feed.processors.runs_fold import RunRow, rows
-from ackline.sinks.feed.types import Cursor, FeedBatch, FeedEvent
+from ackline.sinks.feed.types import ALL, START, Cursor, FeedBatch, FeedEvent
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
@@ -451,6 +453,9 @@ def test_an_instance_that_does_not_check_the_filter_is_refused_by_the_database(
             await follow(old, connector(role_dsn, "old"), passed_over, asyncio.Event(), wait=False)
         except asyncpg.PostgresError as exc:
             refused = exc
+        # nor as the operator (a superuser): `ackline tail --commit` given the name
+        with pytest.raises(asyncpg.PostgresError, match="is in effect"):
+            await follow(old, connector(dsn, "op"), passed_over, asyncio.Event(), wait=False)
         again = ProcessorRunner(TYPED_V2, instance="new-2", poll_interval=0.2)
         return await again.run(connector(role_dsn, "new-2"), asyncio.Event(), wait=False), refused
 
@@ -475,6 +480,58 @@ def test_an_instance_that_does_not_check_the_filter_is_refused_by_the_database(
     assert [r.outcome for r in reports] == [Outcome.SUPERSEDED, Outcome.CAUGHT_UP], reports
     failed = metrics.registry.get_sample_value("ackline_processor_failed", {"processor": "typed"})
     assert failed == 1
+
+
+def test_a_retry_in_smaller_batches_after_a_takeover_stops_as_superseded(dsn: str) -> None:
+    """A batch that raised is retried in smaller batches on a new connection; if another
+    filter took over meanwhile, the database refuses the retry's compare-and-set, and that
+    is a superseded stop, not a failure recorded on the row of the instance in effect."""
+    setup_journal(dsn)
+    role_dsn = with_user(dsn, PROCESSOR)
+
+    async def go() -> None:
+        v1 = ProcessorRunner(TYPED_V1, instance="v1", poll_interval=0.2)
+        assert (await v1.run(connector(role_dsn, "v1"), asyncio.Event(), wait=False)).applied == 0
+        admin, conn = await asyncpg.connect(dsn), await asyncpg.connect(role_dsn)
+        try:
+            await copy_ingest(admin, synthetic_runs(20, seed=25), chunk=100)
+            await take_over(conn, "typed", V2_FILTER, "v2")  # v2 starts (not reading yet)
+        finally:
+            await admin.close()
+            await conn.close()
+        failed = ProcessorBatch("typed", "v1", START, Cursor(1 << 62), ())
+        with pytest.raises(Superseded, match="instance v2 took over"):
+            await v1._isolate(connector(role_dsn, "v1"), failed, asyncio.Event())
+
+    run(go())
+    assert status(dsn, "typed")["state"] == "ok"  # nothing recorded as a failure
+
+
+def test_a_reader_with_rights_on_feed_cursors_only_is_not_held_by_the_guard(dsn: str) -> None:
+    """A changefeed reader that is not a processor needs SELECT on the feed and INSERT,
+    UPDATE on feed_cursors, nothing on processors: the guard reads the filter through a
+    function of its owner's."""
+    role = f"feed_only_{uuid.uuid4().hex[:8]}"
+    grants = (
+        f"CREATE ROLE {role} LOGIN; "
+        f"GRANT SELECT ON activity, ingest_batches, erasures, erased_events TO {role}; "
+        f"GRANT SELECT, INSERT, UPDATE ON feed_cursors TO {role}"
+    )
+    run(with_conn(dsn, lambda c: c.execute(grants)))
+    try:
+        write(dsn, synthetic_runs(5, seed=26), chunk=100)
+        seen: list[int] = []
+
+        async def count(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            seen.append(len(batch.events))
+
+        reader = Reader("billing", Changefeed(ALL))
+        run(
+            follow(reader, connector(with_user(dsn, role), "b"), count, asyncio.Event(), wait=False)
+        )
+        assert sum(seen) > 0
+    finally:
+        run(with_conn(dsn, lambda c: c.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")))
 
 
 def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:

@@ -77,6 +77,13 @@ _CLEAR_SUPERSEDED = "UPDATE processors SET superseded_filters = '{}' WHERE name 
 
 _NAME_FILTER = "SELECT set_config('ackline.processor_filter', $1, false)"
 
+# The operator's reset moves the cursor whatever filter is in effect: it names that one,
+# for its own transaction only.
+_NAME_FILTER_IN_EFFECT = """
+SELECT set_config('ackline.processor_filter',
+                  coalesce((SELECT filter FROM processors WHERE name = $1), ''), true)
+"""
+
 GUARD_SQLSTATE = "AKSP1"
 """Raised by migration 0012's trigger when a session moves a processor's cursor under a
 filter that is not the one in effect."""
@@ -426,16 +433,18 @@ async def reset(
     one transaction with ``clear(conn)``, which deletes the processor's own state: the
     operator's ``ackline processors reset``. Returns the new cursor.
 
-    Order of effects: BEGIN; read the head if asked (before any xid); lock the cursor
-    row (an instance with a batch in flight commits first; its next compare-and-set then
-    fails and it reads on from the new cursor); ``clear``; rewind; clear the failure;
-    COMMIT. A crash before COMMIT changes nothing; after it, the processor's next batch
-    starts at ``to`` with nothing of the old state left.
+    Order of effects: BEGIN; read the head if asked (before any xid); name the filter in
+    effect for this transaction (0012's guard holds every cursor update to it); lock the
+    cursor row (an instance with a batch in flight commits first; its next
+    compare-and-set then fails and it reads on from the new cursor); ``clear``; rewind;
+    clear the failure; COMMIT. A crash before COMMIT changes nothing; after it, the
+    processor's next batch starts at ``to`` with nothing of the old state left.
     """
     if conn.is_in_transaction():
         raise FeedError("reset needs a connection that is not in a transaction")
     async with conn.transaction():
         target = await head(conn) if to is None else to
+        await conn.execute(_NAME_FILTER_IN_EFFECT, name)
         if await conn.fetchrow(_LOCK_CURSOR, name) is None:
             raise FeedError(f"processor {name!r} has no cursor yet (it has never run)")
         if clear is not None:

@@ -215,6 +215,16 @@ class ProcessorRunner:
             log.info("processor %s resumed", self.name)
             self.paused = False
             self.metrics.paused.labels(self.name).set(0)
+        async with self._guarded_batch(conn, limit) as batch:
+            yield batch
+
+    @asynccontextmanager
+    async def _guarded_batch(
+        self, conn: asyncpg.Connection, limit: int | None
+    ) -> AsyncIterator[FeedBatch]:
+        """The reader's next batch, its transaction and compare-and-set, with the
+        database guard's refusal (another filter in effect) raised as :class:`Superseded`:
+        every path that moves the cursor goes through here (follow's and _isolate's)."""
         try:
             async with self.reader.next_batch(conn, limit) as batch:
                 yield batch
@@ -352,7 +362,7 @@ class ProcessorRunner:
             await self.position(conn)
             while not stop.is_set():
                 try:
-                    async with self.reader.next_batch(conn, size) as batch:
+                    async with self._guarded_batch(conn, size) as batch:
                         result = await self._handle(conn, batch)
                 except ProcessorError as exc:
                     work = self._in_hand
