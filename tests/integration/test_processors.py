@@ -166,6 +166,22 @@ def status(dsn: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+async def waiting_on_a_lock(
+    watch: asyncpg.Connection, application: str, task: asyncio.Task[Any], who: str
+) -> None:
+    """Until a session of ``application`` waits on a lock (the cursor row), within 60 s,
+    while ``task`` (its runner) has not ended."""
+    deadline = time.monotonic() + 60
+    while not await watch.fetchval(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        application,
+    ):
+        assert time.monotonic() < deadline, f"{who} never waited on the cursor"
+        assert not task.done(), task.result()
+        await asyncio.sleep(0.05)
+
+
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -273,14 +289,7 @@ def test_two_copies_the_second_loses_the_cursor_race_and_applies_nothing_twice(d
         )
         watch = await asyncpg.connect(dsn)
         try:
-            deadline = time.monotonic() + 60
-            while not await watch.fetchval(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = 'race-second' AND wait_event_type = 'Lock'"
-            ):
-                assert time.monotonic() < deadline, "the second copy never waited on the cursor"
-                assert not task_b.done(), task_b.result()
-                await asyncio.sleep(0.05)
+            await waiting_on_a_lock(watch, "race-second", task_b, "the second copy")
         finally:
             await watch.close()
         gate.release.set()
@@ -553,14 +562,7 @@ def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:
         task_new = asyncio.create_task(new.run(connector(role_dsn, "new"), stop, wait=False))
         watch = await asyncpg.connect(dsn)
         try:
-            deadline = time.monotonic() + 60
-            while not await watch.fetchval(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = 'new' AND wait_event_type = 'Lock'"
-            ):
-                assert time.monotonic() < deadline, "the takeover never waited on the cursor"
-                assert not task_new.done(), task_new.result()
-                await asyncio.sleep(0.05)
+            await waiting_on_a_lock(watch, "new", task_new, "the takeover")
             assert await watch.fetchval("SELECT filter FROM processors") == V1_FILTER
         finally:
             await watch.close()
