@@ -80,8 +80,7 @@ _NAME_FILTER = "SELECT set_config('ackline.processor_filter', $1, false)"
 # The operator's reset moves the cursor whatever filter is in effect: it names that one,
 # for its own transaction only.
 _NAME_FILTER_IN_EFFECT = """
-SELECT set_config('ackline.processor_filter',
-                  coalesce((SELECT filter FROM processors WHERE name = $1), ''), true)
+SELECT set_config('ackline.processor_filter', coalesce(ackline_processor_filter($1), ''), true)
 """
 
 GUARD_SQLSTATE = "AKSP1"
@@ -183,9 +182,8 @@ def refused_by_guard(exc: BaseException) -> bool:
 
 
 async def filter_in_effect(conn: asyncpg.Connection, name: str) -> InEffect:
-    """One read of the processor's row (None everywhere if it has none). Inside a batch's
-    transaction, after the compare-and-set on the cursor row, it sees every takeover that
-    will ever precede this batch: a takeover locks that row first (:func:`take_over`)."""
+    """One read of the processor's row (None everywhere if it has none): the takeover's
+    look under the cursor row lock, and the runner's, to say who took over."""
     r = await conn.fetchrow(_FILTER, name)
     if r is None:
         return InEffect(None, None, None)
@@ -213,8 +211,8 @@ async def take_over(
     rolls back first, with the filter it read); read the recorded filter again; if
     ``feed_filter`` was superseded, roll back (nothing changed) and raise; else record
     this one, with the time and ``instance``, adding the one it replaces to
-    ``superseded_filters``; COMMIT. Every batch that takes the cursor row after this
-    COMMIT reads the new filter and, if it is not its own, rolls back (see the runner). A
+    ``superseded_filters``; COMMIT. Every cursor update after this COMMIT is held to the
+    new filter by 0012's trigger (another instance's batch rolls back, see the runner). A
     crash before COMMIT changes nothing (the old filter stays in effect; the next start
     takes over again); after it, the new filter is in effect.
     """
