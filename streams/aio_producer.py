@@ -99,9 +99,9 @@ class AsyncActivityProducer:
         self._room = max(1, self._limits.queue_max_messages // 2)
         self._room_bytes = self._limits.queue_max_bytes // 2
         self._sent: list[asyncio.Future[Message]] = []
+        """The delivery futures of the open transaction's records."""
         self._drain_s = 60.0
         """How long a send waits for the local queue to drain: the transaction's timeout."""
-        """The delivery futures of the open transaction's records."""
         self._unflushed = self._unflushed_bytes = 0
         self._threads = threads
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
