@@ -1,12 +1,13 @@
-"""The bench tables of docs/performance.md, generated from ``results.json`` so the two
-cannot disagree.
+"""The bench tables of docs/performance.md and the bench's few lines in README.md, generated
+from ``results.json`` so that none of them can disagree.
 
 ``make bench`` rewrites the block between :data:`START` and :data:`END` in
-docs/performance.md after it writes the results and the chart; ``python -m
-ackline.load.bench.readme`` does the same from the committed results (after editing this
-module). ``tests/unit/test_bench_readme.py`` fails when the page's block is not
-:func:`block` of the committed ``results.json``. (The module kept its name from when the
-tables were in the README.)
+docs/performance.md, and the one between :data:`SUMMARY_START` and :data:`SUMMARY_END` in
+README.md, after it writes the results and the chart; ``python -m ackline.load.bench.readme``
+does the same from the committed results (after editing this module).
+``tests/unit/test_bench_readme.py`` fails when either block is not the committed
+``results.json``'s. The README keeps only the verdict (the ratios, the targets met and
+missed): it is a door, and the tables are the page's.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ END: Final = "<!-- bench:end -->"
 ROOT: Final = Path(__file__).resolve().parents[2]
 PAGE: Final = ROOT / "docs" / "performance.md"
 RESULTS: Final = Path(__file__).resolve().parent / "results.json"
+SUMMARY_START: Final = "<!-- bench-summary:start (generated from load/bench/results.json) -->"
+SUMMARY_END: Final = "<!-- bench-summary:end -->"
+README: Final = ROOT / "README.md"
 
 ROWS: Final = {
-    "limit": "**limit**: asyncpg binary COPY of the decoded rows into `activity` + "
-    "`txn_ledger`, no Kafka",
+    "limit": "**limit**: asyncpg binary COPY of the decoded rows into `txn_ledger`, "
+    "`event_keys` and `activity`, no Kafka",
     "ackline": "**ackline** (`ackline run`, default settings: read_committed, fencing, "
     "two-layer dedup, dead letters)",
     "ackline-faust": "ackline on faust (`--runtime faust`, [faust.md](faust.md))",
@@ -125,11 +129,17 @@ def _system_rows(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _headline(summary: dict[str, Any]) -> list[str]:
-    r = ratios(summary)
+def _targets(r: dict[str, Any]) -> str:
     met = [LABELS[k] for k, v in r["targets"].items() if v is True]
     missed = [LABELS[k] for k, v in r["targets"].items() if v is False]
     unknown = [LABELS[k] for k, v in r["targets"].items() if v is None]
+    return f"Targets met: {', '.join(met) or 'none'}. Missed: {', '.join(missed) or 'none'}." + (
+        f" Not measured: {', '.join(unknown)}." if unknown else ""
+    )
+
+
+def _headline(summary: dict[str, Any]) -> list[str]:
+    r = ratios(summary)
     best = r["best_peer"]
     lines = [
         f"Headline (`load/bench/results.json`, and the last line of `make bench`): "
@@ -143,8 +153,7 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         f"peak RSS draining a 10M backlog {fmt(r['backlog_peak_rss_mb'])} MB and a flood of "
         f"1 MiB records {fmt(r['flood_peak_rss_mb'])} MB.",
         "",
-        f"Targets met: {', '.join(met) or 'none'}. Missed: {', '.join(missed) or 'none'}."
-        + (f" Not measured: {', '.join(unknown)}." if unknown else ""),
+        _targets(r),
     ]
     c = summary["conditions"]
     lines += [
@@ -273,21 +282,53 @@ def block(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, "", END])
 
 
-def splice(page: str, generated: str) -> str:
+def summary_block(summary: dict[str, Any]) -> str:
+    """The README's block, markers included: the last line's ratios and the verdict."""
+    r = ratios(summary)
+    c = summary["conditions"]
+    lines = [
+        SUMMARY_START,
+        f"- Last `make bench` ({c['events']:,} events, {c['partitions']} partitions, "
+        f"{c['cores']} cores, started {c.get('started_at', '?')}): one worker drained "
+        f"{fmt(summary['systems']['ackline']['ingest'].get('events_per_s'))} events/s, "
+        f"**{fmt(r['ratio_to_limit'], '.2f')} x the COPY limit and "
+        f"{fmt(r['ratio_to_best_peer'], '.2f')} x the best peer ({r['best_peer']})**; "
+        f"CPU per event {fmt(r['worker_us_per_event'], '.1f')} µs in the worker and "
+        f"{fmt(r['pg_us_per_event'], '.1f')} µs in PostgreSQL; p50 / p99 at half load "
+        f"{fmt(r['p50_ms_half_load'])} / {fmt(r['p99_ms_half_load'])} ms; replay "
+        f"{fmt(r['replay_ratio'], '.2f')} x first ingest; {fmt(r['ratio_at_1ms_rtt'], '.2f')} "
+        "x loopback at 1 ms of round trip.",
+        f"- {_targets(r)}",
+        "- The tables, the peers and what bounds each figure: "
+        "[docs/performance.md](docs/performance.md).",
+        SUMMARY_END,
+    ]
+    return "\n".join(lines)
+
+
+def splice(page: str, generated: str, start: str = START, end_marker: str = END) -> str:
     """``page`` with its block between the markers replaced by ``generated``."""
-    at, end = page.find(START), page.find(END)
+    at, end = page.find(start), page.find(end_marker)
     if at < 0 or end < at:
-        raise LoadError(f"the page has no bench block: expected the markers {START!r} … {END!r}")
-    return page[:at] + generated + page[end + len(END) :]
+        raise LoadError(
+            f"the page has no bench block: expected the markers {start!r} … {end_marker!r}"
+        )
+    return page[:at] + generated + page[end + len(end_marker) :]
 
 
-def update(results: Path = RESULTS, page: Path = PAGE) -> None:
-    """Rewrite the bench block of ``page`` (docs/performance.md) from ``results``."""
-    summary = json.loads(results.read_text(encoding="utf-8"))
-    text = page.read_text(encoding="utf-8")
-    new = splice(text, block(summary))
+def _rewrite(path: Path, generated: str, start: str, end_marker: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    new = splice(text, generated, start, end_marker)
     if new != text:
-        page.write_text(new, encoding="utf-8")
+        path.write_text(new, encoding="utf-8")
+
+
+def update(results: Path = RESULTS, page: Path = PAGE, readme: Path = README) -> None:
+    """Rewrite the bench block of ``page`` (docs/performance.md) and the summary block of
+    ``readme`` (README.md) from ``results``."""
+    summary = json.loads(results.read_text(encoding="utf-8"))
+    _rewrite(page, block(summary), START, END)
+    _rewrite(readme, summary_block(summary), SUMMARY_START, SUMMARY_END)
 
 
 def main() -> int:

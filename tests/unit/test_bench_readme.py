@@ -1,5 +1,5 @@
-"""The bench block of docs/performance.md is generated from the committed results and must
-equal them."""
+"""The bench block of docs/performance.md and the bench's summary in README.md are generated
+from the committed results and must equal them."""
 
 from __future__ import annotations
 
@@ -20,6 +20,18 @@ def test_performance_page_block_is_the_committed_results() -> None:
     )
     ackline = summary["systems"]["ackline"]["ingest"]["events_per_s"]
     assert f"| {ackline:,.0f} |" in readme.block(summary)
+
+
+def test_readme_summary_is_the_committed_results() -> None:
+    summary = json.loads(readme.RESULTS.read_text(encoding="utf-8"))
+    generated = readme.summary_block(summary)
+    assert generated in readme.README.read_text(encoding="utf-8"), (
+        "the bench summary of README.md differs from load/bench/results.json: "
+        "run `.venv/bin/python -m ackline.load.bench.readme`"
+    )
+    r = readme.ratios(summary)
+    assert f"{r['ratio_to_limit']:.2f} x the COPY limit" in generated
+    assert "Missed:" in generated and "\n\n" not in generated  # one paragraph
 
 
 def test_splice_replaces_only_the_block() -> None:
