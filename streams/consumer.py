@@ -468,24 +468,29 @@ class ConsumerRuntime:
     def _not_committed(self, batch: Batch) -> None:
         """Re-position the partitions of a batch that did not commit (or may not have).
 
-        Order of effects: read the batch's offset rows FOR SHARE (which waits for the
-        batch's transaction to end, so a cancelled COMMIT is seen as it ended); in the
-        ledger, a partition whose epoch moved is suspended (fenced: :meth:`_retake` takes
-        it back while Kafka assigns it to this worker) and every other one is rewound to
-        its DB next offset; their buffered records are dropped and they are sought there.
+        Order of effects: the before_reread point; read the batch's offset rows FOR SHARE
+        (which waits for the batch's transaction to end, so a cancelled COMMIT is seen as
+        it ended); in the ledger, a partition whose epoch moved is suspended (fenced:
+        :meth:`_retake` takes it back while Kafka assigns it to this worker) and every
+        other one is rewound to its DB next offset; their buffered records are dropped and
+        they are sought there. Stopping (before or during that read), the partitions are
+        given up instead: no record of them is written any more by this worker.
 
         Without this, the next batch of a kept partition would start after the dropped
         one, and the fence (next_offset <= first_offset: offsets are not contiguous, so
-        it cannot ask for equality) would let it commit past the dropped records: lost.
-        A crash at any step loses nothing: the DB offsets have not moved past them.
+        it cannot ask for equality; the writer forgot where it left a batch that did not
+        commit) would let it commit past the dropped records: lost. That includes a stop:
+        the turn of the loop that saw the stop still dispatched the buffer. A crash at any
+        step loses nothing: the DB offsets have not moved past them.
         """
-        if self._stop.is_set():
-            return  # shutting down: the next owner starts from the DB offsets anyway
+        self._faults.hit("before_reread")
         tps = [(r.topic, r.partition) for r in batch.ranges if self.ledger.owns(_tp_of(r))]
         if not tps:
             return
-        rows = self._claims.rows(tps, "re-read")
-        if rows is None:
+        rows = None if self._stop.is_set() else self._claims.rows(tps, "re-read")
+        if rows is None:  # stopping: where PostgreSQL has them is not known; the next owner
+            self._forget(tps)  # starts from the DB offsets
+            log.info("stopping: gave up %s after batch %s", [p for _, p in tps], batch.describe())
             return
         fenced, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
         self._drop_buffered({*fenced, *(r.tp for r in rewinds)})
@@ -657,8 +662,9 @@ class ConsumerRuntime:
         log.info("%s %s", "lost" if lost else "revoked", [p for _, p in tps])
 
     def _forget(self, tps: Collection[TP]) -> None:
-        """Give up ``tps``; called with nothing in flight (:meth:`_release` settles first),
-        so once their buffered records are dropped they may change slots."""
+        """Give up ``tps``; called with nothing of them in flight (:meth:`_release` settles
+        first; :meth:`_not_committed` after their batch ended), so once their buffered
+        records are dropped they may change slots."""
         gone = set(tps)
         self.ledger.release(gone)
         self._watch.forget(gone)

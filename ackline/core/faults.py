@@ -37,6 +37,7 @@ POINTS = frozenset(
         "revoke_in_flight",  # revoke callback entered while a batch is in flight
         "lost_in_flight",  # lost callback (session or poll interval expired) with a batch in flight
         "shutdown",  # shutdown requested, in-flight batch not yet finished
+        "before_reread",  # a batch did not commit; its partitions' offset rows not yet re-read
         "before_dlq",  # poison decoded, dead-letter record not yet produced
         "feed_before_commit",  # a feed reader's side effects and cursor update not committed
         "processor_before_commit",  # a processor's effects and cursor update not committed

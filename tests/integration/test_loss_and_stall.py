@@ -460,3 +460,80 @@ def test_a_standby_worker_takes_over_from_the_db_offset(
     finally:
         with contextlib.suppress(TopicError):
             delete_topic(services.bootstrap, topic)
+
+
+_LOSE_BATCHES = tuple(  # every row a batch writes, ingest_batches last
+    f"DELETE FROM {table} WHERE batch_id IN (SELECT batch_id FROM ingest_batches)"
+    for table in ("activity", "event_keys", "txn_ledger", "conflicts", "rejects", "ingest_batches")
+)
+
+
+def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
+    services: Services, dsn: str, tmp_path: Path
+) -> None:
+    """A batch that did not commit, of a partition still owned: the worker re-reads the
+    partition's offset row and rewinds. When a stop came first (SIGTERM during that read,
+    or before it), the re-read was skipped and nothing else changed, and the same turn of
+    the loop sent the records buffered behind the failed batch: the fence let them commit
+    past it (the writer forgets where it left a batch that fails), and the failed batch's
+    records were lost. Here the failure is the left-at check (the partition's row went
+    back, as an asynchronous failover can leave it), and the stop lands while the worker
+    stands at ``before_reread``."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, topic, partitions=1)
+    try:
+        manifest = produce_mix(services, topic, tmp_path, 3_000, seed=41, partitions=1)
+        group = f"g-{topic}"
+        a = Worker(
+            services,
+            dsn,
+            topic,
+            tmp_path,
+            name="a",
+            faults="after_fetch=stall@2,before_reread=stall@1",
+            fault_stall_seconds=4,
+            batch_max_events=500,
+            writer_connections=1,
+        )
+
+        async def roll_back_the_offset_row() -> None:
+            """While batch 2 waits: lose batch 1 (its rows and the offset row back to 0, as
+            an asynchronous failover can) inside a transaction that batch 2's fence waits
+            on, and commit once the worker has buffered what follows."""
+            conn, watch = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+            try:
+                async with conn.transaction():
+                    for statement in _LOSE_BATCHES:  # what the failover lost with the offset
+                        await conn.execute(statement)
+                    await conn.execute(
+                        "UPDATE consumer_offsets SET next_offset = 0 WHERE group_id = $1", group
+                    )
+                    deadline = time.monotonic() + 60
+                    while not await watch.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE application_name = 'ackline:a' AND wait_event_type = 'Lock'"
+                    ):
+                        assert time.monotonic() < deadline, "batch 2 never waited on its row"
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(1.5)  # the consumer buffers the next batch meanwhile
+            finally:
+                await conn.close()
+                await watch.close()
+
+        wait_until(lambda: fired(a, "after_fetch"), 90, "batch 2 to stall before its write")
+        first = offset_rows(dsn, group)[0].next_offset
+        assert first is not None and first > 0, first
+        run_async(roll_back_the_offset_row())
+        wait_until(lambda: fired(a, "before_reread"), 60, "the fenced batch's re-read")
+        a.signal(signal.SIGTERM)
+        assert a.stop() == 0, a.log()[-3000:]
+        assert "fenced and rolled back" in a.log()
+        # Nothing past the failed batch: the row is where the rollback put it.
+        assert offset_rows(dsn, group)[0].next_offset == 0, a.log()[-3000:]
+        b = Worker(services, dsn, topic, tmp_path, name="b", batch_max_events=500)
+        wait_drained(dsn, manifest, group, [b])
+        assert b.stop() == 0
+        verify_ok(dsn, manifest, group)
+    finally:
+        with contextlib.suppress(TopicError):
+            delete_topic(services.bootstrap, topic)
