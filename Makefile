@@ -85,7 +85,7 @@ clean: down
 	rm -rf .ackline
 
 ## Throughput beside the COPY limit and three peers, replay, latency, a flood of 1 MiB records
-## and 1 ms of round trip through Toxiproxy (1M events, ~50 min): load/bench/results.* and the
+## and 1 ms of round trip through Toxiproxy (1M events, 30-50 min): load/bench/results.* and the
 ## block of docs/performance.md. Its own stack (.ackline/bench); peers (pip, Maven) and
 ## Toxiproxy (go install) installed by the bench itself into caches. BENCH_EVENTS=... to size.
 bench: install
