@@ -73,6 +73,7 @@ __all__ = [
 _READ = """
 WITH horizon AS (
     SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
+           pg_snapshot_xmax(pg_current_snapshot()) AS xmax,
            pg_current_xact_id_if_assigned() AS own_xid
 ), txs AS (
     SELECT x.commit_xid FROM (
@@ -97,7 +98,13 @@ WITH horizon AS (
            (SELECT count(*) FROM txs) AS txs,
            h.own_xid,
            EXISTS (SELECT 1 FROM ingest_batches AS p WHERE p.commit_xid >= h.xmin)
-           OR EXISTS (SELECT 1 FROM erasures AS p WHERE p.commit_xid >= h.xmin) AS pending
+           OR EXISTS (SELECT 1 FROM erasures AS p WHERE p.commit_xid >= h.xmin) AS pending,
+           -- xids of another cluster (copied by pg_dump or logical replication): no xid
+           -- of this one that a row or a cursor can hold is at or above xmax
+           $1::xid8 >= h.xmax
+           OR EXISTS (SELECT 1 FROM ingest_batches AS f WHERE f.commit_xid >= h.xmax)
+           OR EXISTS (SELECT 1 FROM erasures AS f WHERE f.commit_xid >= h.xmax) AS foreign,
+           h.xmax
     FROM horizon AS h
 ), ev AS (
     SELECT u.* FROM (
@@ -128,7 +135,7 @@ WITH horizon AS (
     ORDER BY u.commit_xid, u.batch_id, u.src_partition, u.src_offset, u.src_topic COLLATE "C"
     LIMIT $9::bigint
 )
-SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, ev.*
+SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, bound.foreign, bound.xmax, ev.*
 FROM bound LEFT JOIN ev ON true
 ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset, ev.src_topic COLLATE "C"
 """
@@ -170,8 +177,10 @@ class Changefeed:
         (cut after ``limit`` events, in the statement: a cut read fetches ``limit + 1``
         rows, not the whole window), in feed order. One statement, one snapshot.
 
-        Raises :class:`FeedError` if ``conn``'s transaction already holds an xid: that
-        xid would hold this snapshot's horizon at itself.
+        Raises :class:`FeedError` if ``conn``'s transaction already holds an xid (that
+        xid would hold this snapshot's horizon at itself), or if the cursor or a batch
+        holds an xid this cluster has not reached (the database was copied from another
+        cluster: new batches would sort before the cursor, and be skipped).
         """
         w = cursor.within
         types, agents = self.filter.sql_args()
@@ -188,6 +197,15 @@ class Changefeed:
             None if limit is None else limit + 1,  # one more says whether the window was cut
         )
         head = rows[0]
+        if head["foreign"]:
+            raise FeedError(
+                f"the feed holds transaction ids this PostgreSQL cluster has not reached "
+                f"(its next is {head['xmax']}; the cursor is at {cursor.xid}, or a batch "
+                "is above it): the database was copied into another cluster (pg_dump and "
+                "restore, logical replication), whose ids start over. Read on, every new "
+                "batch would sort before the cursor and be skipped. See docs/changefeed.md, "
+                '"Moving the database to another cluster"'
+            )
         if head["own_xid"] is not None:
             raise FeedError(
                 "the feed was read in a transaction that holds an xid "

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -31,6 +33,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from ackline.core.faults import Faults
+from ackline.dev.postgres import PostgresNode, find_pg_bindir
+from ackline.dev.toxiproxy import free_port
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.connection import Database
@@ -224,6 +228,111 @@ def test_naive_batch_id_cursor_skips_and_the_feed_does_not(dsn: str) -> None:
         assert reader.stats.delivered == 6
 
     asyncio.run(go())
+
+
+# --- a database copied into another cluster ---------------------------------------------
+
+
+def _burn_xids(dsn: str, n: int) -> None:
+    """Make the source cluster's xids higher than a fresh cluster's after a restore."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for _ in range(n):
+                await conn.fetchval("SELECT pg_current_xact_id()")  # one xid per statement
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr[-2000:]}"
+
+
+def test_a_database_copied_into_another_cluster_is_refused_until_its_xid_epoch_is_moved(
+    services: Services, dsn: str
+) -> None:
+    """pg_dump and restore (or logical replication) copy the feed's xids verbatim into a
+    cluster whose own xids start over: the reader's cursor sorts after every batch the
+    new cluster will write, so it skipped them all, silently (lag 0). The read now
+    refuses, naming the cause, and the documented way out (``pg_resetwal -e``, an xid
+    epoch above the old one, on the stopped copy) lets the reader go on exactly where
+    it was: the copied batch is not read twice and the new one is read once."""
+    _burn_xids(dsn, 3000)
+
+    async def before() -> Cursor:
+        epochs = await take(dsn, [0])
+        db_ = Database(dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await BatchWriter(db_, GROUP, "w").write(
+                batch_of([step("old", "agent-o", i) for i in range(3)], epochs[0], 0, 0)
+            )
+            reader = Reader("moved")
+            await reader.position(conn)
+            async with reader.next_batch(conn) as batch:
+                assert len(batch.events) == 3
+            return await reader.position(conn)
+        finally:
+            await conn.close()
+            await db_.close()
+
+    cursor = asyncio.run(before())
+    bindir = find_pg_bindir()
+    state = Path(tempfile.mkdtemp(prefix="ackline-copy-", dir="/tmp"))
+    state.chmod(0o755)  # PostgreSQL runs as an unprivileged user
+    node = PostgresNode(state, free_port())
+    try:
+        node.start()
+        node.ensure_database("copy")
+        roles, dump = state / "roles.sql", state / "feed.dump"
+        _run([str(bindir / "pg_dumpall"), "-d", services.database_url, "--roles-only",
+              "-f", str(roles)])  # fmt: skip
+        _run([str(bindir / "psql"), "-q", "-d", node.dsn(), "-f", str(roles)])
+        _run([str(bindir / "pg_dump"), "-Fc", "-d", dsn, "-f", str(dump)])
+        _run([str(bindir / "pg_restore"), "--exit-on-error", "-d", node.dsn("copy"), str(dump)])
+        copy = node.dsn("copy")
+
+        async def read_copy() -> FeedBatch:
+            conn = await asyncpg.connect(copy)
+            try:
+                now = int(await conn.fetchval("SELECT pg_current_xact_id()::text"))
+                assert now < cursor.xid, "the copy's xids are not below the source's"
+                return await Changefeed().read(conn, cursor)
+            finally:
+                await conn.close()
+
+        with pytest.raises(FeedError, match="copied into another cluster"):
+            asyncio.run(read_copy())
+
+        node.stop()
+        resetwal = [str(bindir / "pg_resetwal"), "-e", str((cursor.xid >> 32) + 1), "-D"]
+        done = node._run_as_server_user([*resetwal, str(node.data_dir)], 60)
+        assert done.returncode == 0, done.stderr
+        node.start()
+
+        async def after() -> list[Any]:
+            epochs = await take(copy, [0])
+            db_ = Database(copy)
+            conn = await asyncpg.connect(copy)
+            try:
+                new = [step("new", "agent-n", i) for i in range(2)]
+                await BatchWriter(db_, GROUP, "w").write(batch_of(new, epochs[0], 0, 3))
+                reader = Reader("moved")
+                got, _ = await drain(reader.feed, conn, await reader.position(conn))
+                assert got == [e.event_id for e in new]
+                return got
+            finally:
+                await conn.close()
+                await db_.close()
+
+        assert len(asyncio.run(after())) == 2
+    finally:
+        node.stop()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 # --- the reader's transaction ----------------------------------------------------------
