@@ -180,7 +180,8 @@ class Changefeed:
         Raises :class:`FeedError` if ``conn``'s transaction already holds an xid (that
         xid would hold this snapshot's horizon at itself), or if the cursor or a batch
         holds an xid this cluster has not reached (the database was copied from another
-        cluster: new batches would sort before the cursor, and be skipped).
+        cluster, or an in-memory cursor outlived an asynchronous failover: new batches
+        would sort before the cursor, and be skipped).
         """
         w = cursor.within
         types, agents = self.filter.sql_args()
@@ -202,9 +203,11 @@ class Changefeed:
                 f"the feed holds transaction ids this PostgreSQL cluster has not reached "
                 f"(its next is {head['xmax']}; the cursor is at {cursor.xid}, or a batch "
                 "is above it): the database was copied into another cluster (pg_dump and "
-                "restore, logical replication), whose ids start over. Read on, every new "
-                "batch would sort before the cursor and be skipped. See docs/changefeed.md, "
-                '"Moving the database to another cluster"'
+                "restore, logical replication), whose ids start over, or this cursor, not "
+                "stored in the database, was read on a primary that an asynchronous "
+                "failover lost. Read on, the batches given those ids again would sort "
+                'before the cursor and be skipped. See docs/changefeed.md, "Moving the '
+                'database to another cluster" and "Across a database failover"'
             )
         if head["own_xid"] is not None:
             raise FeedError(
