@@ -72,9 +72,9 @@ __all__ = [
 
 _READ = """
 WITH horizon AS (
-    SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
-           pg_snapshot_xmax(pg_current_snapshot()) AS xmax,
+    SELECT pg_snapshot_xmin(s.snap) AS xmin, pg_snapshot_xmax(s.snap) AS xmax,
            pg_current_xact_id_if_assigned() AS own_xid
+    FROM pg_current_snapshot() AS s(snap)
 ), txs AS (
     SELECT x.commit_xid FROM (
         (SELECT DISTINCT b.commit_xid
