@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,18 @@ from tests.integration.windows import (
 pytestmark = pytest.mark.integration
 
 FAST: dict[str, Any] = {"batch_max_events": 200, "session_timeout_ms": 3000}
+
+
+@pytest.fixture
+def topic1(services: Services) -> Iterator[str]:
+    """A fresh 1-partition topic for one test (every record in one partition's order)."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, name, partitions=1)
+    yield name
+    with contextlib.suppress(TopicError):
+        delete_topic(services.bootstrap, name)
+
+
 _NONE = OffsetRow(next_offset=None, epoch=0, owner="")
 
 
@@ -415,7 +428,7 @@ column is {"topic:partition": [first_offset, next_offset]}; one partition here).
 
 @pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_a_standby_worker_takes_over_from_the_db_offset(
-    services: Services, dsn: str, tmp_path: Path, runtime: str
+    services: Services, dsn: str, tmp_path: Path, runtime: str, topic1: str
 ) -> None:
     """More workers than partitions: b holds nothing until a, stopped inside a batch's
     transaction, loses the partition. faust left a standby's flow running at the revoke,
@@ -423,43 +436,38 @@ def test_a_standby_worker_takes_over_from_the_db_offset(
     the seek to the DB offset: its first batch started far past it and committed, and the
     seek back found the rest "already taken" (11,586 of 30,000 lost). b's first batch
     must start where a's last committed batch ended, and nothing may be lost."""
-    topic = f"t-{uuid.uuid4().hex[:12]}"
-    ensure_topic(services.bootstrap, topic, partitions=1)
+    topic = topic1
+    manifest = produce_mix(services, topic, tmp_path, 30_000, seed=37, partitions=1)
+    group = f"g-{topic}"
+    common: dict[str, Any] = {"runtime": runtime, "batch_max_events": 300}
+    a = Worker(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="a",
+        faults="after_commit=stall@2,before_commit=stall@4",
+        fault_stall_seconds=8,
+        db_idle_in_transaction_timeout_ms=8500,
+        **common,
+    )
+    wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a's first batches")
+    b = Worker(services, dsn, topic, tmp_path, name="b", **common)
+    wait_until(
+        lambda: bool(backends(dsn, "a", "state = 'idle in transaction'")),
+        60,
+        "a inside its stalled transaction",
+    )
+    a.signal(signal.SIGSTOP)
     try:
-        manifest = produce_mix(services, topic, tmp_path, 30_000, seed=37, partitions=1)
-        group = f"g-{topic}"
-        common: dict[str, Any] = {"runtime": runtime, "batch_max_events": 300}
-        a = Worker(
-            services,
-            dsn,
-            topic,
-            tmp_path,
-            name="a",
-            faults="after_commit=stall@2,before_commit=stall@4",
-            fault_stall_seconds=8,
-            db_idle_in_transaction_timeout_ms=8500,
-            **common,
-        )
-        wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a's first batches")
-        b = Worker(services, dsn, topic, tmp_path, name="b", **common)
-        wait_until(
-            lambda: bool(backends(dsn, "a", "state = 'idle in transaction'")),
-            60,
-            "a inside its stalled transaction",
-        )
-        a.signal(signal.SIGSTOP)
-        try:
-            wait_until(lambda: batches(dsn, "b") >= 1, 120, "b to take over and commit")
-        finally:
-            a.kill()
-        wait_drained(dsn, manifest, group, [b], 180)
-        assert b.stop() == 0
-        verify_ok(dsn, manifest, group)
-        spans = {r["worker"]: (r["first"], r["next"]) for r in db(dsn, _FIRST_AND_NEXT)}
-        assert spans["b"][0] == spans["a"][1], spans
+        wait_until(lambda: batches(dsn, "b") >= 1, 120, "b to take over and commit")
     finally:
-        with contextlib.suppress(TopicError):
-            delete_topic(services.bootstrap, topic)
+        a.kill()
+    wait_drained(dsn, manifest, group, [b], 180)
+    assert b.stop() == 0
+    verify_ok(dsn, manifest, group)
+    spans = {r["worker"]: (r["first"], r["next"]) for r in db(dsn, _FIRST_AND_NEXT)}
+    assert spans["b"][0] == spans["a"][1], spans
 
 
 _LOSE_BATCHES = tuple(  # every row a batch writes, ingest_batches last
@@ -469,7 +477,7 @@ _LOSE_BATCHES = tuple(  # every row a batch writes, ingest_batches last
 
 
 def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
-    services: Services, dsn: str, tmp_path: Path
+    services: Services, dsn: str, tmp_path: Path, topic1: str
 ) -> None:
     """A batch that did not commit, of a partition still owned: the worker re-reads the
     partition's offset row and rewinds. When a stop came first (SIGTERM during that read,
@@ -479,61 +487,56 @@ def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
     records were lost. Here the failure is the left-at check (the partition's row went
     back, as an asynchronous failover can leave it), and the stop lands while the worker
     stands at ``before_reread``."""
-    topic = f"t-{uuid.uuid4().hex[:12]}"
-    ensure_topic(services.bootstrap, topic, partitions=1)
-    try:
-        manifest = produce_mix(services, topic, tmp_path, 3_000, seed=41, partitions=1)
-        group = f"g-{topic}"
-        a = Worker(
-            services,
-            dsn,
-            topic,
-            tmp_path,
-            name="a",
-            faults="after_fetch=stall@2,before_reread=stall@1",
-            fault_stall_seconds=4,
-            batch_max_events=500,
-            writer_connections=1,
-        )
+    topic = topic1
+    manifest = produce_mix(services, topic, tmp_path, 3_000, seed=41, partitions=1)
+    group = f"g-{topic}"
+    a = Worker(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="a",
+        faults="after_fetch=stall@2,before_reread=stall@1",
+        fault_stall_seconds=4,
+        batch_max_events=500,
+        writer_connections=1,
+    )
 
-        async def roll_back_the_offset_row() -> None:
-            """While batch 2 waits: lose batch 1 (its rows and the offset row back to 0, as
-            an asynchronous failover can) inside a transaction that batch 2's fence waits
-            on, and commit once the worker has buffered what follows."""
-            conn, watch = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
-            try:
-                async with conn.transaction():
-                    for statement in _LOSE_BATCHES:  # what the failover lost with the offset
-                        await conn.execute(statement)
-                    await conn.execute(
-                        "UPDATE consumer_offsets SET next_offset = 0 WHERE group_id = $1", group
-                    )
-                    deadline = time.monotonic() + 60
-                    while not await watch.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE application_name = 'ackline:a' AND wait_event_type = 'Lock'"
-                    ):
-                        assert time.monotonic() < deadline, "batch 2 never waited on its row"
-                        await asyncio.sleep(0.05)
-                    await asyncio.sleep(1.5)  # the consumer buffers the next batch meanwhile
-            finally:
-                await conn.close()
-                await watch.close()
+    async def roll_back_the_offset_row() -> None:
+        """While batch 2 waits: lose batch 1 (its rows and the offset row back to 0, as
+        an asynchronous failover can) inside a transaction that batch 2's fence waits
+        on, and commit once the worker has buffered what follows."""
+        conn, watch = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+        try:
+            async with conn.transaction():
+                for statement in _LOSE_BATCHES:  # what the failover lost with the offset
+                    await conn.execute(statement)
+                await conn.execute(
+                    "UPDATE consumer_offsets SET next_offset = 0 WHERE group_id = $1", group
+                )
+                deadline = time.monotonic() + 60
+                while not await watch.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = 'ackline:a' AND wait_event_type = 'Lock'"
+                ):
+                    assert time.monotonic() < deadline, "batch 2 never waited on its row"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.5)  # the consumer buffers the next batch meanwhile
+        finally:
+            await conn.close()
+            await watch.close()
 
-        wait_until(lambda: fired(a, "after_fetch"), 90, "batch 2 to stall before its write")
-        first = offset_rows(dsn, group)[0].next_offset
-        assert first is not None and first > 0, first
-        run_async(roll_back_the_offset_row())
-        wait_until(lambda: fired(a, "before_reread"), 60, "the fenced batch's re-read")
-        a.signal(signal.SIGTERM)
-        assert a.stop() == 0, a.log()[-3000:]
-        assert "fenced and rolled back" in a.log()
-        # Nothing past the failed batch: the row is where the rollback put it.
-        assert offset_rows(dsn, group)[0].next_offset == 0, a.log()[-3000:]
-        b = Worker(services, dsn, topic, tmp_path, name="b", batch_max_events=500)
-        wait_drained(dsn, manifest, group, [b])
-        assert b.stop() == 0
-        verify_ok(dsn, manifest, group)
-    finally:
-        with contextlib.suppress(TopicError):
-            delete_topic(services.bootstrap, topic)
+    wait_until(lambda: fired(a, "after_fetch"), 90, "batch 2 to stall before its write")
+    first = offset_rows(dsn, group)[0].next_offset
+    assert first is not None and first > 0, first
+    run_async(roll_back_the_offset_row())
+    wait_until(lambda: fired(a, "before_reread"), 60, "the fenced batch's re-read")
+    a.signal(signal.SIGTERM)
+    assert a.stop() == 0, a.log()[-3000:]
+    assert "fenced and rolled back" in a.log()
+    # Nothing past the failed batch: the row is where the rollback put it.
+    assert offset_rows(dsn, group)[0].next_offset == 0, a.log()[-3000:]
+    b = Worker(services, dsn, topic, tmp_path, name="b", batch_max_events=500)
+    wait_drained(dsn, manifest, group, [b])
+    assert b.stop() == 0
+    verify_ok(dsn, manifest, group)
