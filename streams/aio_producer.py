@@ -54,6 +54,7 @@ from ackline.streams.producer import (
     check_fit,
     check_fits,
     client_limits,
+    failure_causes,
     kafka_error,
     not_committed,
     prepare,
@@ -178,8 +179,10 @@ class AsyncActivityProducer:
         (a record refused: over ``message.max.bytes``, or by the broker for good), and its
         subclass :class:`TransientProduceError` when nothing was committed because the
         broker was away (send the same records again, later). Before the commit every
-        record's delivery is checked: one that failed aborts the whole transaction. A
-        crash before the commit marker leaves nothing visible to ackline.
+        record's delivery is checked: one that failed aborts the whole transaction, and
+        the records' delivery errors then say which error it is (not the ``_STATE``
+        refusals and purges that follow a failed transaction). A crash before the commit
+        marker leaves nothing visible to ackline.
         """
         check_fits(records, self._limits)
         loop = asyncio.get_running_loop()
@@ -193,14 +196,11 @@ class AsyncActivityProducer:
                 raise
             try:
                 await self._commit(loop.time() + timeout)
-            except _Undelivered as exc:
+            except (_Undelivered, _AbortRequired) as exc:
                 await self.abort(timeout)
-                raise not_committed(exc.errors) from None
-            except _AbortRequired as exc:
-                await self.abort(timeout)
-                errors = _errors(futures)
-                if errors:
-                    raise not_committed(errors) from None
+                causes = failure_causes(_errors(futures))
+                if causes:
+                    raise not_committed(causes) from None
                 if attempt == rounds:
                     raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
                 log.warning("transaction aborted (%s); sending the same records again", exc)
@@ -226,15 +226,12 @@ class AsyncActivityProducer:
             raise
         try:
             await self._commit(asyncio.get_running_loop().time() + timeout)
-        except _Undelivered as exc:
+        except (_Undelivered, _AbortRequired) as exc:
             await self.abort(timeout)
-            raise not_committed(exc.errors) from None
-        except _AbortRequired as exc:
-            await self.abort(timeout)
-            errors = _errors(self._sent)
-            if errors:
-                raise not_committed(errors) from None
-            raise ProduceError(f"transaction aborted: {exc}") from None
+            causes = failure_causes(_errors(self._sent))
+            if causes:
+                raise not_committed(causes) from None
+            raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
 
     async def send(self, item: Envelope | Outgoing) -> asyncio.Future[Message]:
         """Queue one envelope (prepared here) or prepared record in the open transaction.
@@ -387,7 +384,7 @@ class AsyncActivityProducer:
                     continue
                 errors = _errors(self._sent)
                 if errors:
-                    raise _Undelivered(errors)
+                    raise _Undelivered(f"{len(errors)} record(s) not delivered")
                 left_s = deadline - loop.time()
                 if left_s <= 0:
                     raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
@@ -434,10 +431,6 @@ class _AbortRequired(Exception):
 
 class _Undelivered(Exception):
     """Records of the open transaction failed delivery: it must be aborted, not committed."""
-
-    def __init__(self, errors: list[KafkaError]) -> None:
-        super().__init__(f"{len(errors)} record(s) not delivered")
-        self.errors = errors
 
 
 def _errors(futures: Sequence[asyncio.Future[Message]]) -> list[KafkaError]:

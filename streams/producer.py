@@ -71,6 +71,12 @@ _TRANSIENT: Final = frozenset(
     }
 )
 """Delivery errors of a broker that is away or busy, not of a record it refuses."""
+_CONSEQUENCES: Final = frozenset(
+    {KafkaError._STATE, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+)
+"""Delivery errors that follow a transaction's failure and never cause it: produce() refused
+in librdkafka's abortable-error state (``_STATE``), records purged when it entered that
+state or by the abort (``_PURGE_*``)."""
 
 
 def serialize(envelope: Envelope) -> bytes:
@@ -227,9 +233,17 @@ def abort_failed(err: KafkaError) -> ProduceError:
     )
 
 
+def failure_causes(errors: Sequence[KafkaError]) -> list[KafkaError]:
+    """The delivery errors among ``errors`` that can have failed the transaction (not the
+    refusals and purges that follow; judged as refusals, they made a broker's absence look
+    like bad records)."""
+    return [err for err in errors if err.code() not in _CONSEQUENCES]
+
+
 def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
-    """The error for a transaction aborted because ``errors`` records were not delivered:
-    :class:`TransientProduceError` when every one is the broker's absence, not a refusal."""
+    """The error for a transaction aborted because ``errors`` records were not delivered
+    (their :func:`failure_causes`, at least one): :class:`TransientProduceError` when every
+    one is the broker's absence, not a refusal."""
     first = errors[0]
     text = (
         f"transaction aborted, nothing committed: {len(errors)} record(s) not delivered, "
@@ -373,8 +387,11 @@ class ActivityProducer:
         newer instance took over, :class:`ProduceError` when nothing was committed (a
         record refused: over ``message.max.bytes``, or by the broker for good), and its
         subclass :class:`TransientProduceError` when nothing was committed because the
-        broker was away (send the same records again, later). A crash anywhere before the
-        commit marker leaves nothing visible to ackline.
+        broker was away (send the same records again, later). A produce() refused because
+        the transaction already failed (records timed out behind a full local queue) is
+        an abort too: the abort comes first, then the records' delivery errors say which
+        error it is. A crash anywhere before the commit marker leaves nothing visible to
+        ackline.
         """
         check_fits(records, self._limits)
         for attempt in range(1, rounds + 1):
@@ -384,25 +401,27 @@ class ActivityProducer:
             try:
                 for i, record in enumerate(records):
                     self.send_record(record, _collect(reports, i))
+            except _TxnFailed as exc:
+                failed = exc.err
             except BaseException:
                 self.abort(timeout)
                 raise
-            try:
-                self._commit(time.monotonic() + timeout)
-            except _AbortRequired as exc:
-                self.abort(timeout)
-                errors = _errors(reports)
-                if errors:
-                    raise not_committed(errors) from None
-                if attempt == rounds:
-                    raise ProduceError(
-                        f"transaction aborted, nothing committed: {exc.err.str()}"
-                    ) from None
-                log.warning("transaction aborted (%s); sending the same records again", exc.err)
-                continue
-            if any(err is None and msg is None for err, msg in reports):
-                self.client.flush(10)  # commit delivered them; serve their callbacks
-            return _deliveries(reports)
+            else:
+                try:
+                    self._commit(time.monotonic() + timeout)
+                except _AbortRequired as exc:
+                    failed = exc.err
+                else:
+                    if any(err is None and msg is None for err, msg in reports):
+                        self.client.flush(10)  # commit delivered them; serve their callbacks
+                    return _deliveries(reports)
+            self.abort(timeout)  # its flush serves the purged records' delivery reports
+            causes = failure_causes(_errors(reports))
+            if causes:
+                raise not_committed(causes) from None
+            if attempt == rounds:
+                raise ProduceError(f"transaction aborted, nothing committed: {failed.str()}")
+            log.warning("transaction aborted (%s); sending the same records again", failed)
         raise AssertionError("unreachable")
 
     @contextmanager
@@ -415,7 +434,9 @@ class ActivityProducer:
         (the broker aborts the transaction when it times out or the id is re-initialised).
         Commit errors raise as in :meth:`send_transaction` (an abortable one is aborted
         and raised as :class:`ProduceError`, or :class:`TransientProduceError` when every
-        undelivered record met the broker's absence: the block is not run again).
+        undelivered record met the broker's absence: the block is not run again). So does
+        a send in the block that librdkafka refused because the transaction had already
+        failed, when the block lets its error out.
         """
         producer = self.client
         producer.begin_transaction()
@@ -423,19 +444,24 @@ class ActivityProducer:
         self._reports = reports
         try:
             yield
+        except _TxnFailed as exc:
+            failed = exc.err
         except BaseException:
             self.abort(timeout)
             raise
+        else:
+            try:
+                self._commit(time.monotonic() + timeout)
+                return
+            except _AbortRequired as exc:
+                failed = exc.err
         finally:
             self._reports = None
-        try:
-            self._commit(time.monotonic() + timeout)
-        except _AbortRequired as exc:
-            self.abort(timeout)
-            errors = _errors(reports)
-            if errors:
-                raise not_committed(errors) from None
-            raise ProduceError(f"transaction aborted: {exc.err}") from None
+        self.abort(timeout)  # its flush serves the purged records' delivery reports
+        causes = failure_causes(_errors(reports))
+        if causes:
+            raise not_committed(causes) from None
+        raise ProduceError(f"transaction aborted, nothing committed: {failed.str()}")
 
     def _commit(self, deadline: float) -> None:
         """commit_transaction, again while it fails retriably and time is left."""
@@ -501,7 +527,13 @@ class ActivityProducer:
         headers: list[tuple[str, str | bytes | None]] | None = None,
         on_delivery: DeliveryHook | None = None,
     ) -> None:
-        """Queue raw bytes (tests and load generation use this to send poison)."""
+        """Queue raw bytes (tests and load generation use this to send poison).
+
+        A full local queue is waited out. ``_STATE`` is no verdict on the record: librdkafka
+        refuses every produce() once the transaction has failed (records timed out while
+        the queue was full, the broker away), so it raises :class:`_TxnFailed`, which the
+        transactional methods abort and judge by the delivery reports.
+        """
         producer = self.client
         while True:
             try:
@@ -514,6 +546,8 @@ class ActivityProducer:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 text = f"{err.name()}: {err.str()}"
+                if err.code() == KafkaError._STATE:
+                    raise _TxnFailed(err) from exc
                 raise ProduceError(f"produce refused the record: {text}") from exc
 
     def close(self) -> None:
@@ -527,6 +561,19 @@ class _AbortRequired(Exception):
 
     def __init__(self, err: KafkaError) -> None:
         super().__init__(err.str())
+        self.err = err
+
+
+class _TxnFailed(ProduceError):
+    """produce() refused with ``_STATE``: no open transaction, or it has failed (librdkafka's
+    abortable-error state) and only an abort is left. A :class:`ProduceError` for callers of
+    :meth:`ActivityProducer.send_bytes` in a transaction of their own."""
+
+    def __init__(self, err: KafkaError) -> None:
+        super().__init__(
+            f"produce refused: {err.name()}: {err.str()} (no open transaction, or it failed "
+            "earlier: abort it, nothing of it can be committed)"
+        )
         self.err = err
 
 

@@ -298,3 +298,89 @@ def test_an_abort_the_broker_cannot_confirm_commits_nothing_and_may_be_resent(
     settle_aio.close()
     _sync(False)(services, topic, records, {"transactional.id": sync_id})
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+_STALL = {"queue.buffering.max.messages": 3, "message.timeout.ms": 2_000}
+"""A local queue smaller than the transaction, records timing out 2 s into the freeze."""
+_TIMED_OUT = r"record\(s\) not delivered, first: _MSG_TIMED_OUT.*again"
+"""Judged by the records that timed out (an abort not confirmed also says "again")."""
+
+
+def _stalled_sync(services: Services, topic: str, records: Sequence[Outgoing], block: bool) -> None:
+    """The synchronous producer sends ``records`` while the broker is frozen for 6 s.
+
+    It learns the partitions' leader first: records then wait for it and time out on it,
+    which fails the transaction at once (with no leader known they time out unassigned,
+    and only the commit fails, a path the test above covers)."""
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_STALL
+    )
+    producer.start()
+    timer: threading.Timer | None = None
+    try:
+        producer.client.list_topics(topic, timeout=10)
+        timer = _thawed_after(services, 6)
+        with pytest.raises(TransientProduceError, match=_TIMED_OUT):
+            if not block:
+                producer.send_transaction(records, timeout=30)
+            else:
+                with producer.transaction(timeout=30):
+                    for record in records:
+                        producer.send_record(record)
+    finally:
+        if timer is not None:
+            timer.join()
+        producer.close()
+
+
+def _stalled_aio(services: Services, topic: str, records: Sequence[Outgoing], block: bool) -> None:
+    """:func:`_stalled_sync` through the asyncio producer."""
+
+    async def run() -> None:
+        producer = AsyncActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_STALL
+        )
+        await producer.start()
+        timer: threading.Timer | None = None
+        try:
+            await producer._client().list_topics(topic, timeout=10)  # no public way
+            timer = _thawed_after(services, 6)
+            with pytest.raises(TransientProduceError, match=_TIMED_OUT):
+                if not block:
+                    await producer.send_transaction(records, timeout=30)
+                else:
+                    async with producer.transaction(timeout=30):
+                        for record in records:
+                            await producer.send(record)
+        finally:
+            if timer is not None:
+                await asyncio.to_thread(timer.join)
+            await producer.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("stalled", "block"),
+    [(_stalled_aio, False), (_stalled_aio, True), (_stalled_sync, False), (_stalled_sync, True)],
+    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+)
+def test_records_timed_out_behind_a_full_local_queue_commit_nothing_and_may_be_resent(
+    services: Services,
+    topic: str,
+    stalled: Callable[[Services, str, Sequence[Outgoing], bool], None],
+    block: bool,
+) -> None:
+    """More records than the local queue holds, and the broker (the partition's leader)
+    away longer than ``message.timeout.ms``, back before the abort gives up. The queued
+    records time out on the leader, librdkafka puts the transaction in its abortable-error
+    state and refuses every later produce() with ``_STATE`` (and purges what is queued).
+    Nothing is committed because the broker was away, not because a record was refused:
+    :class:`TransientProduceError`. A plain ``ProduceError`` told the caller the records
+    were bad, and a caller that drops refused records dropped good events."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-s", 3)]
+    assert len(records) > 2 * _STALL["queue.buffering.max.messages"]
+    stalled(services, topic, records, block)
+    assert committed_values(services.bootstrap, topic) == []
+    _sync(False)(services, topic, records, {})  # the same records again, broker back
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)

@@ -14,6 +14,7 @@ from ackline.streams.producer import (
     Outgoing,
     check_fits,
     client_limits,
+    failure_causes,
     not_committed,
     record_size,
     transactional_config,
@@ -61,3 +62,19 @@ def test_only_the_brokers_absence_is_transient() -> None:
     refused = [KafkaError(KafkaError._MSG_TIMED_OUT), KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)]
     error = not_committed(refused)
     assert type(error) is ProduceError and "nothing committed: 2 record(s)" in str(error)
+
+
+def test_refusals_and_purges_after_a_failure_are_not_its_cause() -> None:
+    """Records that timed out behind a full queue fail the transaction; librdkafka then
+    refuses later records (``_STATE``) and purges the queued ones: judged as refusals they
+    turned the broker's absence into a ProduceError."""
+    after = [
+        KafkaError(KafkaError._MSG_TIMED_OUT),
+        KafkaError(KafkaError._STATE),
+        KafkaError(KafkaError._PURGE_QUEUE),
+        KafkaError(KafkaError._PURGE_INFLIGHT),
+    ]
+    causes = failure_causes(after)
+    assert [err.code() for err in causes] == [KafkaError._MSG_TIMED_OUT]
+    assert isinstance(not_committed(causes), TransientProduceError)
+    assert failure_causes(after[1:]) == []
