@@ -19,7 +19,9 @@ What AIOProducer (confluent-kafka 2.16) does not do, and how this class copes:
   :func:`ackline.streams.producer.kafka_error`.
 * **Cancellation**: a transactional call keeps running in its thread when the awaiting
   task is cancelled. This class then refuses further transactional calls
-  (:class:`OutcomeUnknownError`): close it and resend from a new instance.
+  (:class:`OutcomeUnknownError`): close it and resend from a new instance. So it does
+  after a cancellation in a commit's pause between two calls (the transaction open, a
+  commit maybe asked).
 * Delivery futures are completed from a worker thread: do not run the loop in asyncio
   debug mode with this producer (it raises "Non-thread-safe operation").
 
@@ -154,12 +156,13 @@ class AsyncActivityProducer:
         return self._aio
 
     async def _guard(self, call: Awaitable[T]) -> T:
-        """Await a transactional call; if the awaiting task is cancelled, the call goes
-        on in its thread, so this instance's transaction state is unknown from then on."""
+        """Await a transactional call, or a pause between two; if the awaiting task is
+        cancelled, the call goes on in its thread (or the transaction stays open, a commit
+        maybe asked), so this instance's transaction state is unknown from then on."""
         try:
             return await call
         except asyncio.CancelledError:
-            self._broken = OutcomeUnknownError("a transactional call was cancelled while it ran")
+            self._broken = OutcomeUnknownError("a task was cancelled inside a transactional call")
             raise
 
     async def send_transaction(
@@ -367,8 +370,10 @@ class AsyncActivityProducer:
         broker's transaction never held a record the client refused, and would commit
         the others without it); then the commit. A crash before the commit request
         leaves the transaction to be aborted by the broker (its timeout, or the next
-        instance's ``init_transactions``). AIOProducer.commit_transaction flushes without
-        a timeout first; flushing here with the time left keeps a frozen broker from
+        instance's ``init_transactions``). A cancellation anywhere here, in the pauses
+        between calls too, leaves this instance unusable (:class:`OutcomeUnknownError`):
+        a commit may have been asked. AIOProducer.commit_transaction flushes without a
+        timeout first; flushing here with the time left keeps a frozen broker from
         holding the caller past ``deadline``.
         """
         aio = self._client()
@@ -380,7 +385,7 @@ class AsyncActivityProducer:
                 if not all(f.done() for f in self._sent):
                     # AIOProducer's timer had taken records from its buffer but not yet
                     # handed them to librdkafka when the flush looked: flush again.
-                    await asyncio.sleep(0.01)
+                    await self._guard(asyncio.sleep(0.01))
                     continue
                 errors = _errors(self._sent)
                 if errors:
@@ -398,7 +403,7 @@ class AsyncActivityProducer:
                 action = txn_action(err)
                 if action == "retry":
                     log.warning("commit_transaction retriable error, retrying: %s", err)
-                    await asyncio.sleep(RETRY_PAUSE_S)
+                    await self._guard(asyncio.sleep(RETRY_PAUSE_S))
                     continue
                 if action == "abort":
                     raise _AbortRequired(err.str()) from exc

@@ -9,6 +9,7 @@ transactional.id. In both, ackline must end with every event exactly once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import uuid
@@ -20,6 +21,7 @@ import pytest
 
 from ackline.dev import stack
 from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.aio_producer import log as producer_log
 from ackline.streams.errors import OutcomeUnknownError, ProducerFencedError
 from ackline.streams.producer import Delivery, Outgoing, prepare
 from tests.integration.harness import Services, Worker
@@ -159,3 +161,62 @@ def test_a_fenced_zombie_cannot_commit_and_its_successor_resends(
     assert got.event_ids == {r.event_id for r in sent}
     assert (got.inserted, got.duplicates, got.conflicts, got.rejects) == (len(sent), 0, 0, 0)
     assert worker.stop() == 0
+
+
+class _CancelOnRetry(logging.Handler):
+    """Cancels ``task`` when the producer logs that it will call commit_transaction again:
+    the cancellation lands in the pause before that call (the next await)."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        super().__init__(logging.WARNING)
+        self.task = task
+        self.fired = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retrying" in record.getMessage() and not self.fired:
+            self.fired = True
+            self.task.cancel()
+
+
+def test_a_task_cancelled_between_two_commit_attempts_leaves_the_instance_unusable(
+    services: Services, topic: str
+) -> None:
+    """The commit times out (the broker frozen after the records were delivered), a
+    retriable error, and the task is cancelled in the pause before the next attempt. The
+    commit request is already in the broker's socket: the transaction may commit (here it
+    does, once the broker wakes up). The instance must refuse what follows as after any
+    cancelled commit; it went on as if nothing had happened, and its abort() then said
+    "nothing of the transaction was committed" (TransientProduceError)."""
+    sent = records()
+
+    async def produce() -> None:
+        producer = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        await producer.start()
+        try:
+            with ExitStack() as thaw:
+
+                async def commit() -> None:
+                    async with producer.transaction(timeout=3.0):
+                        for record in sent:
+                            await producer.send(record)
+                        assert await producer.flush(30) == 0  # delivered, not committed
+                        thaw.enter_context(frozen_broker(services))
+
+                task = asyncio.get_running_loop().create_task(commit())
+                cancel = _CancelOnRetry(task)
+                producer_log.addHandler(cancel)
+                try:
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                finally:
+                    producer_log.removeHandler(cancel)
+                assert cancel.fired, "the commit was not retried"
+                with pytest.raises(OutcomeUnknownError, match="unusable"):
+                    await producer.abort()
+                with pytest.raises(OutcomeUnknownError, match="unusable"):
+                    await producer.send_transaction(sent)
+        finally:
+            await producer.close()
+
+    asyncio.run(produce())
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
