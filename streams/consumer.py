@@ -53,7 +53,7 @@ from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
-from ackline.streams.errors import FatalConsumerError
+from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
@@ -312,6 +312,8 @@ class ConsumerRuntime:
         and acknowledged; then the batch is handed to the writer. A crash before the
         hand-off loses nothing (the DB offset has not moved); a crash after the dead-letter
         acknowledgement repeats those dead-letter records on redelivery, never loses them.
+        A stop while dead letters wait for the broker drops the batch unwritten (the same:
+        nothing of it moved the DB offset).
         The batch holds only ``slot``'s partitions, none of which is in flight.
         """
         records, results = slot.take()
@@ -329,7 +331,15 @@ class ConsumerRuntime:
         draft = assemble(taken, decoded, self.ledger.owned())
         if draft.poison:
             self._faults.hit("before_dlq")
-            draft.batch.rejects = self._dlq.send_all(draft.poison, should_stop=self._stop.is_set)
+            try:
+                draft.batch.rejects = self._dlq.send_all(
+                    draft.poison, should_stop=self._stop.is_set
+                )
+            except DeadLettersStoppedError as exc:
+                # Stopping: the batch is dropped like a buffered record (read again from
+                # the DB offset by the next owner), and the stop goes on cleanly.
+                log.warning("%s: batch %s not written", exc, draft.batch.describe())
+                return
             self._metrics.dead_letters.inc(len(draft.poison))
         slot.batch = draft.batch
         slot.started = time.monotonic()

@@ -48,7 +48,7 @@ from ackline.streams.dlq_rules import (
     stub,
     weaker_than_source,
 )
-from ackline.streams.errors import ProduceError, TopicError
+from ackline.streams.errors import DeadLettersStoppedError, TopicError
 from ackline.streams.headers import Headers, headers_for_produce, headers_json, safe_headers
 
 __all__ = [
@@ -180,7 +180,7 @@ class DeadLetterProducer:
         alone, then as a stub, then bare (never dropped); a transient error is retried;
         an error no record gets past (topic missing, not authorized) is logged at ERROR
         and retried with back-off, and a dead producer is replaced, forever, until
-        ``should_stop`` says to give up, which raises ProduceError and must abandon the
+        ``should_stop`` says to give up, which raises DeadLettersStoppedError and must abandon the
         batch. Only when this returns may the batch that holds the reject rows commit. A
         crash at any point leaves at most repeated dead-letter records (readers
         de-duplicate on the source coordinates), never a lost one.
@@ -195,7 +195,7 @@ class DeadLetterProducer:
             if not pending:
                 break
             if should_stop():
-                raise ProduceError(
+                raise DeadLettersStoppedError(
                     f"stopping with {len(pending)} dead-letter records unacknowledged"
                 )
             if self._handle(failures, delay, time.monotonic() - began):
@@ -276,13 +276,13 @@ class DeadLetterProducer:
     def _flush(self, producer: Producer, should_stop: Callable[[], bool]) -> None:
         """Wait for every report (librdkafka gives one within delivery.timeout.ms).
 
-        Raises KafkaException on a fatal producer error, ProduceError when stopping, and
+        Raises KafkaException on a fatal producer error, DeadLettersStoppedError when stopping, and
         a KafkaException of its own when no report came for far too long (the producer
         is then replaced like a dead one)."""
         started = time.monotonic()
         while producer.flush(1.0) > 0:
             if should_stop():
-                raise ProduceError("stopping with dead-letter records unacknowledged")
+                raise DeadLettersStoppedError("stopping with dead-letter records unacknowledged")
             if time.monotonic() - started > _FLUSH_GIVE_UP_S:
                 raise KafkaException(
                     KafkaError(KafkaError._FATAL, "no delivery report in time", fatal=True)
@@ -383,7 +383,7 @@ class DeadLetterProducer:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             if should_stop():
-                raise ProduceError("stopping with dead-letter records unacknowledged")
+                raise DeadLettersStoppedError("stopping with dead-letter records unacknowledged")
             time.sleep(min(left, 0.2))
 
     def _discard(self) -> None:

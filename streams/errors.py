@@ -34,6 +34,12 @@ class StoppingError(StreamError):
     """A wait was given up because the process is stopping (SIGTERM/SIGINT)."""
 
 
+class DeadLettersStoppedError(ProduceError):
+    """A stop came while dead-letter records waited for the broker: the batch that holds
+    their reject rows must not be written. A ProduceError, so a caller that treats any
+    failed dead-lettering as fatal still does (the faust runtime, crash-only)."""
+
+
 class FatalConsumerError(StreamError):
     """librdkafka reported a fatal error; the consumer cannot continue."""
 
