@@ -348,6 +348,9 @@ class ActivityProducer:
         """Delivery reports of the records sent in the open :meth:`transaction` block."""
         self._broken: ProduceError | None = None
         """Why this instance can do no more (an abort not confirmed, fenced)."""
+        self._room_s = 60.0
+        """How long a send waits for room in the local queue: the open transaction's
+        timeout (the broker away, the queue holds until ``message.timeout.ms`` otherwise)."""
 
     def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older producers with the same transactional.id.
@@ -378,13 +381,15 @@ class ActivityProducer:
     ) -> list[Delivery]:
         """Send ``records`` in one transaction and commit it; the deliveries, in order.
 
-        Order of effects: begin; produce every record; commit (which flushes). A commit
-        that fails retriably is called again until ``timeout`` (never a resend). One that
-        requires an abort is aborted and the same records go out in a new transaction,
-        up to ``rounds`` times. Raises :class:`OutcomeUnknownError` when the commit could
-        not be confirmed (resend the same records, from a new instance if this one is
-        fenced or broken: ackline drops the copies), :class:`ProducerFencedError` when a
-        newer instance took over, :class:`ProduceError` when nothing was committed (a
+        Order of effects: begin; produce every record; commit (which flushes). ``timeout``
+        also bounds each wait for room in the local queue: past it the transaction is
+        aborted and :class:`TransientProduceError` raised, as by the asyncio producer. A
+        commit that fails retriably is called again until ``timeout`` (never a resend).
+        One that requires an abort is aborted and the same records go out in a new
+        transaction, up to ``rounds`` times. Raises :class:`OutcomeUnknownError` when the
+        commit could not be confirmed (resend the same records, from a new instance if this
+        one is fenced or broken: ackline drops the copies), :class:`ProducerFencedError`
+        when a newer instance took over, :class:`ProduceError` when nothing was committed (a
         record refused: over ``message.max.bytes``, or by the broker for good), and its
         subclass :class:`TransientProduceError` when nothing was committed because the
         broker was away (send the same records again, later). A produce() refused because
@@ -397,6 +402,7 @@ class ActivityProducer:
         for attempt in range(1, rounds + 1):
             with self._failures_as_outcome("begin_transaction"):
                 self.client.begin_transaction()
+            self._room_s = timeout
             reports: list[tuple[KafkaError | None, Message | None]] = [(None, None)] * len(records)
             try:
                 for i, record in enumerate(records):
@@ -436,10 +442,13 @@ class ActivityProducer:
         and raised as :class:`ProduceError`, or :class:`TransientProduceError` when every
         undelivered record met the broker's absence: the block is not run again). So does
         a send in the block that librdkafka refused because the transaction had already
-        failed, when the block lets its error out.
+        failed, when the block lets its error out. A send that found no room in the local
+        queue within ``timeout`` raises :class:`TransientProduceError`: let it out, and the
+        transaction is aborted.
         """
         producer = self.client
         producer.begin_transaction()
+        self._room_s = timeout
         reports: list[tuple[KafkaError | None, Message | None]] = []
         self._reports = reports
         try:
@@ -529,12 +538,15 @@ class ActivityProducer:
     ) -> None:
         """Queue raw bytes (tests and load generation use this to send poison).
 
-        A full local queue is waited out. ``_STATE`` is no verdict on the record: librdkafka
-        refuses every produce() once the transaction has failed (records timed out while
-        the queue was full, the broker away), so it raises :class:`_TxnFailed`, which the
-        transactional methods abort and judge by the delivery reports.
+        A full local queue is waited out, up to the open transaction's ``timeout``: past
+        it :class:`TransientProduceError`, which the transactional methods abort (nothing
+        of the transaction is committed). ``_STATE`` is no verdict on the record:
+        librdkafka refuses every produce() once the transaction has failed (records timed
+        out while the queue was full, the broker away), so it raises :class:`_TxnFailed`,
+        which the transactional methods abort and judge by the delivery reports.
         """
         producer = self.client
+        deadline: float | None = None
         while True:
             try:
                 producer.produce(
@@ -542,7 +554,15 @@ class ActivityProducer:
                 )
                 return
             except BufferError:
-                producer.poll(0.05)
+                now = time.monotonic()
+                deadline = now + self._room_s if deadline is None else deadline
+                if now >= deadline:
+                    raise TransientProduceError(
+                        f"the local queue had no room for {self._room_s:g} s (the "
+                        "transaction's timeout); nothing of the transaction is committed: "
+                        "send the same records again"
+                    ) from None
+                producer.poll(min(0.05, deadline - now))
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 text = f"{err.name()}: {err.str()}"

@@ -9,7 +9,8 @@ ways in, each against the real broker, each through both SDK producers:
 * a record over a ``message.max.bytes`` the service set lower: nothing is committed, and
   the error names the setting;
 * more records in one transaction than librdkafka's local queue holds
-  (``queue.buffering.max.messages``): every record committed, once;
+  (``queue.buffering.max.messages``): every record committed, once; with the broker
+  away, the wait for room ends at the call's timeout, nothing committed;
 * the broker away for longer than ``message.timeout.ms``: nothing committed, and the
   error says the same records may be sent again (:class:`TransientProduceError`), also
   when the abort itself cannot reach the broker.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -67,6 +69,18 @@ def _aio(block: bool) -> Send:
     return send
 
 
+def _sync_send(
+    producer: ActivityProducer, records: Sequence[Outgoing], block: bool, timeout: float
+) -> None:
+    """``send_transaction``, or ``send_record`` calls in a ``transaction()`` block."""
+    if not block:
+        producer.send_transaction(records, timeout=timeout)
+        return
+    with producer.transaction(timeout=timeout):
+        for record in records:
+            producer.send_record(record)
+
+
 def _sync(block: bool) -> Send:
     """Send through the synchronous producer, the same two ways."""
 
@@ -78,12 +92,7 @@ def _sync(block: bool) -> Send:
         )
         producer.start()
         try:
-            if not block:
-                producer.send_transaction(records, timeout=30)
-                return
-            with producer.transaction():
-                for record in records:
-                    producer.send_record(record)
+            _sync_send(producer, records, block, 30)
         finally:
             producer.close()
 
@@ -207,32 +216,73 @@ def test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_b
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
 
 
-def test_a_full_local_queue_waits_no_longer_than_the_transactions_timeout(
-    services: Services, topic: str
-) -> None:
-    """The asyncio producer flushes when half its local queue is taken. With the broker
-    away that flush waited 60 s whatever timeout the caller gave; now it waits the
-    transaction's, and says nothing was committed."""
-    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-q", 1)]
-    assert len(records) > 2
-    extra = {"queue.buffering.max.messages": 4}  # a flush every two records
-    slot = f"svc-{uuid.uuid4().hex[:8]}"
+_SMALL_QUEUE = {"queue.buffering.max.messages": 4}
+"""Room for fewer records than the transaction has (the asyncio producer flushes every two)."""
 
-    async def aio() -> float:
-        producer = AsyncActivityProducer(services.bootstrap, topic, slot, extra=extra)
+
+_NO_ROOM = "nothing of the transaction"
+"""What a wait for room given up says (an abort not confirmed says it too)."""
+
+
+def _no_room_aio(services: Services, topic: str, slot: str, records: Sequence[Outgoing]) -> float:
+    """The asyncio producer's ``send_transaction`` with a 2 s timeout, the broker frozen for
+    10 s: how long it took to give up. It flushes when half its local queue is taken."""
+
+    async def run() -> float:
+        producer = AsyncActivityProducer(services.bootstrap, topic, slot, extra=_SMALL_QUEUE)
         await producer.start()
         timer = _thawed_after(services, 10)
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:
-            with pytest.raises(TransientProduceError, match="nothing of the transaction"):
+            with pytest.raises(TransientProduceError, match=_NO_ROOM):
                 await producer.send_transaction(records, timeout=2)
             return loop.time() - began
         finally:
             await asyncio.to_thread(timer.join)
             await producer.close()
 
-    took = asyncio.run(aio())
+    return asyncio.run(run())
+
+
+def _no_room_sync(block: bool) -> Callable[[Services, str, str, Sequence[Outgoing]], float]:
+    """:func:`_no_room_aio` through the synchronous producer (``send_transaction``, or a
+    ``transaction()`` block): it waits for room on the full queue itself."""
+
+    def run(services: Services, topic: str, slot: str, records: Sequence[Outgoing]) -> float:
+        producer = ActivityProducer(services.bootstrap, topic, slot, extra=_SMALL_QUEUE)
+        producer.start()
+        timer = _thawed_after(services, 10)
+        began = time.monotonic()
+        try:
+            with pytest.raises(TransientProduceError, match=_NO_ROOM):
+                _sync_send(producer, records, block, 2)
+            return time.monotonic() - began
+        finally:
+            timer.join()
+            producer.close()
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "no_room",
+    [_no_room_aio, _no_room_sync(False), _no_room_sync(True)],
+    ids=["aio-send_transaction", "sync-send_transaction", "sync-transaction"],
+)
+def test_a_full_local_queue_waits_no_longer_than_the_transactions_timeout(
+    services: Services,
+    topic: str,
+    no_room: Callable[[Services, str, str, Sequence[Outgoing]], float],
+) -> None:
+    """With the broker away, a wait for room in the local queue lasted up to 60 s (the
+    asyncio producer's flush, the synchronous one's produce() loop until the records timed
+    out, or the broker came back) whatever timeout the caller gave; now it waits the
+    transaction's, aborts, and says nothing was committed. Both producers the same way."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-q", 1)]
+    assert len(records) > _SMALL_QUEUE["queue.buffering.max.messages"]
+    slot = f"svc-{uuid.uuid4().hex[:8]}"
+    took = no_room(services, topic, slot, records)
     assert took < 9, f"gave up after {took:.1f} s with a 2 s timeout (a drain and an abort)"
     assert committed_values(services.bootstrap, topic) == []
     # the same records from a new instance of the same slot, broker back: its start aborts
@@ -321,12 +371,7 @@ def _stalled_sync(services: Services, topic: str, records: Sequence[Outgoing], b
         producer.client.list_topics(topic, timeout=10)
         timer = _thawed_after(services, 6)
         with pytest.raises(TransientProduceError, match=_TIMED_OUT):
-            if not block:
-                producer.send_transaction(records, timeout=30)
-            else:
-                with producer.transaction(timeout=30):
-                    for record in records:
-                        producer.send_record(record)
+            _sync_send(producer, records, block, 30)
     finally:
         if timer is not None:
             timer.join()
