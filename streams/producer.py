@@ -570,10 +570,44 @@ class ActivityProducer:
                     raise _TxnFailed(err) from exc
                 raise ProduceError(f"produce refused the record: {text}") from exc
 
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(30)
-            self._producer = None
+    def close(self, timeout: float = 30.0) -> None:
+        """Deliver what is queued (up to ``timeout``), drop the rest, release the client.
+
+        Order of effects: the instance lets go of its client first (later calls raise
+        :class:`ProduceError`); flush; what is still queued, or all of it when the flush
+        raises (fenced, librdkafka's fatal state), is purged and logged at WARNING with
+        its count; the client is freed. Never raises for a fenced or broken instance, as
+        the asyncio ``close()``: nothing is left to save, and a ``finally: close()`` must
+        not replace the error the caller acts on. No commit is asked for: a transaction
+        left open stays invisible and the broker aborts it (its timeout, or the next
+        instance's ``init_transactions``), so a crash at any step leaves nothing of it
+        visible.
+        """
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            left = producer.flush(timeout)
+            if left:
+                log.warning(
+                    "closing the producer: %d record(s) not delivered in %g s, dropped",
+                    left,
+                    timeout,
+                )
+        except KafkaException as exc:
+            left = len(producer)
+            log.warning(
+                "closing a producer that cannot deliver (%s): %d record(s) dropped",
+                exc.args[0],
+                left,
+            )
+        if not left:
+            return
+        try:
+            producer.purge()
+            producer.poll(0)  # serves the purged records' delivery reports
+        except KafkaException as exc:
+            log.warning("closing the producer: purge failed: %s", exc.args[0])
 
 
 class _AbortRequired(Exception):

@@ -3,7 +3,8 @@
 Two faults a producing service meets: a commit whose outcome it cannot know (the broker
 is frozen with SIGSTOP while the commit is in flight), after which a new instance resends
 the same records; and a zombie instance fenced by a newer one with the same
-transactional.id. In both, ackline must end with every event exactly once.
+transactional.id. In both, ackline must end with every event exactly once. Last, how the
+synchronous producer closes a fenced instance, and one whose broker is away.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,8 +24,9 @@ import pytest
 from ackline.dev import stack
 from ackline.streams.aio_producer import AsyncActivityProducer
 from ackline.streams.aio_producer import log as producer_log
-from ackline.streams.errors import OutcomeUnknownError, ProducerFencedError
-from ackline.streams.producer import Delivery, Outgoing, prepare
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, ProducerFencedError
+from ackline.streams.producer import ActivityProducer, Delivery, Outgoing, prepare
+from ackline.streams.producer import log as sync_log
 from tests.integration.harness import Services, Worker
 from tests.integration.producing import (
     committed_values,
@@ -220,3 +223,57 @@ def test_a_task_cancelled_between_two_commit_attempts_leaves_the_instance_unusab
 
     asyncio.run(produce())
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
+
+
+def test_a_fenced_synchronous_instance_closes_without_raising(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A zombie fenced by its successor is in librdkafka's fatal state: its flush raises.
+    The synchronous close() let that KafkaException out (the asyncio one never raised), so
+    a ``finally: producer.close()`` replaced the ProducerFencedError the caller must act on.
+    Now it releases the client whatever its state; the successor commits the records."""
+    sent = records()
+    txn_id = f"svc-{uuid.uuid4().hex[:8]}"
+    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
+    zombie.start()
+    successor = ActivityProducer(services.bootstrap, topic, txn_id)
+    try:
+        with pytest.raises(ProducerFencedError), zombie.transaction(timeout=30):
+            for record in sent:
+                zombie.send_record(record)
+            assert zombie.client.flush(30) == 0  # delivered, inside its transaction
+            successor.start()  # same transactional.id: fences the zombie
+        with caplog.at_level(logging.WARNING, logger=sync_log.name):
+            zombie.close()
+        assert "closing a producer that cannot deliver (KafkaError{FATAL,code=_FENCED" in (
+            caplog.text
+        )
+        with pytest.raises(ProduceError, match=r"start\(\) was not called"):
+            zombie.client  # noqa: B018 (released)
+        successor.send_transaction(sent)
+    finally:
+        zombie.close()
+        successor.close()
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
+
+
+def test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_many(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records queued in an open transaction, the broker frozen: close(timeout) gives up
+    after about ``timeout``, says at WARNING how many records it dropped, and releases
+    the client; nothing of the transaction is committed."""
+    sent = records()
+    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    with frozen_broker(services):
+        producer.client.begin_transaction()
+        for record in sent:
+            producer.send_record(record)
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger=sync_log.name):
+            producer.close(timeout=1)
+        took = time.monotonic() - began
+    assert took < 5, f"close(timeout=1) took {took:.1f} s"
+    assert f"{len(sent)} record(s) not delivered in 1 s, dropped" in caplog.text
+    assert committed_values(services.bootstrap, topic) == []
