@@ -524,7 +524,7 @@ class ConsumerRuntime:
         buffered records dropped; they are taken back once the group is up and Kafka still
         assigns them here (with the KIP-848 protocol librdkafka would otherwise keep them
         until the link returns, while the broker has given them to another worker)."""
-        away = self._group.suspect(time.monotonic())
+        away = self._group.suspect()
         gone = self.ledger.suspend_all(time.monotonic()) if away else []
         if gone:
             self._drop_buffered(set(gone))

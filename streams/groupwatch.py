@@ -26,6 +26,8 @@ class GroupWatch:
     grace_s: float
     state: str = "init"
     not_up_since: float | None = None
+    seen_at: float | None = None
+    """When the last statistics came: only they say how long the group was seen away."""
 
     def on_stats(self, raw: str, now: float) -> None:
         try:
@@ -36,12 +38,21 @@ class GroupWatch:
         if not isinstance(cgrp, dict):
             return
         self.state = str(cgrp.get("state"))
+        self.seen_at = now
         if self.state == "up":
             self.not_up_since = None
         elif self.not_up_since is None:
             # stateage: milliseconds since the state changed; backdate to the change
             self.not_up_since = now - float(cgrp.get("stateage", 0) or 0) / 1000
 
-    def suspect(self, now: float) -> bool:
-        """True when the group handler has not been up for longer than the grace."""
-        return self.not_up_since is not None and now - self.not_up_since >= self.grace_s
+    def suspect(self) -> bool:
+        """True when statistics showed the group handler not up for longer than the grace.
+
+        Judged at the last statistics, not now: they come only while the consumer thread
+        polls, and a thread waiting on its writes for a second heard nothing; the last
+        ones, from before its group came up, then made a healthy worker drop its
+        partitions. A worker really cut off still polls, so it is suspected at the first
+        statistics past the grace (``statistics.interval.ms`` later at most)."""
+        if self.not_up_since is None or self.seen_at is None:
+            return False
+        return self.seen_at - self.not_up_since >= self.grace_s

@@ -260,10 +260,28 @@ def test_group_watch_suspects_a_group_handler_away_past_its_grace() -> None:
 
     watch = GroupWatch(grace_s=3.0)
     watch.on_stats(json.dumps({"cgrp": {"state": "up", "stateage": 100}}), now=10.0)
-    assert not watch.suspect(50.0)
+    assert not watch.suspect()
     watch.on_stats(json.dumps({"cgrp": {"state": "wait-coord", "stateage": 2000}}), now=11.0)
     assert watch.not_up_since == 9.0  # backdated to the change
-    assert not watch.suspect(11.5) and watch.suspect(12.0)
+    assert not watch.suspect()  # seen away for 2 s
+    watch.on_stats(json.dumps({"cgrp": {"state": "wait-coord", "stateage": 3000}}), now=12.0)
+    assert watch.suspect()  # seen away for 3 s
     watch.on_stats("{not json", now=12.5)  # ignored
     watch.on_stats(json.dumps({"cgrp": {"state": "up"}}), now=13.0)
-    assert not watch.suspect(100.0)
+    assert not watch.suspect()
+
+
+def test_group_watch_takes_no_silence_for_an_absence() -> None:
+    """Statistics are served only while the consumer thread polls. A worker that filled its
+    buffers and waited on its writes for a second served none: the last ones, from before
+    its group came up ("query-coord"), made it suspect itself and drop its partitions
+    1.9 s after it started. Only statistics that show the group away past the grace do."""
+    import json
+
+    from ackline.streams.groupwatch import GroupWatch
+
+    watch = GroupWatch(grace_s=1.5)
+    watch.on_stats(json.dumps({"cgrp": {"state": "query-coord", "stateage": 900}}), now=1.0)
+    assert not watch.suspect()  # nothing more heard: still only 0.9 s seen away
+    watch.on_stats(json.dumps({"cgrp": {"state": "up", "stateage": 300}}), now=3.0)
+    assert not watch.suspect()
