@@ -13,9 +13,14 @@ worker's partitions would all have one parity and one connection would do all th
 writing. While one slot's COPY runs, the other's batch can begin, fence
 and classify: PostgreSQL is no longer idle between two batches.
 
-Each slot keeps its own buffer, bounded by ``batch_max_events`` and ``batch_max_bytes``
-like a one-slot worker's, so a worker holds at most ``writer_connections`` batches in
-flight and as many buffered.
+Each slot keeps its own buffer, and a batch takes at most ``batch_max_events`` records and
+``batch_max_bytes`` bytes from its front (:meth:`Slot.take`). The worker stops fetching
+only when its slots together hold :data:`BUFFERED_BATCHES` batches' worth each: the
+records librdkafka hands over next may be any partition's, so a bound per slot stopped
+the fetching for every slot as soon as one slot's buffer was full, and the other slot's
+write then often ended with nothing to write next (one batch in five waited 20-40 ms
+for records; docs/performance.md). A worker so holds at most ``writer_connections``
+batches in flight and twice as many buffered.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from ackline.schemas.decode import Rejection, Row
 from ackline.sinks.ingest.batch import TP, Batch
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.assemble import Record
 from ackline.streams.inflight import InFlight
+
+BUFFERED_BATCHES: Final = 2
+"""Batches' worth of records the worker buffers per slot (counted over all its slots)."""
 
 
 class SlotMap:
@@ -81,12 +90,34 @@ class Slot:
         self.buffer.append(record)
         self.buffer_bytes += size
 
-    def take(self) -> tuple[list[Record], list[Row | Rejection]]:
-        """Empty the buffer: its records and the decode results of a prefix of them."""
-        records, self.buffer = self.buffer, []
-        decoded, self.decoded = self.decoded, []
-        self.buffer_bytes = 0
+    def take(self, max_events: int, max_bytes: int) -> tuple[list[Record], list[Row | Rejection]]:
+        """The next batch: the longest prefix of the buffer within ``max_events`` records
+        and ``max_bytes`` bytes (at least one record, however large), with the decode
+        results of a prefix of it. The rest stays, in order, with its own decoded prefix."""
+        if len(self.buffer) <= max_events and self.buffer_bytes <= max_bytes:
+            records, self.buffer = self.buffer, []
+            decoded, self.decoded = self.decoded, []
+            self.buffer_bytes = 0
+            return records, decoded
+        n = size = 0
+        for rec in self.buffer:
+            rec_size = rec.size()
+            if n and (n >= max_events or size + rec_size > max_bytes):
+                break
+            n += 1
+            size += rec_size
+        records, self.buffer = self.buffer[:n], self.buffer[n:]
+        decoded, self.decoded = self.decoded[:n], self.decoded[n:]
+        self.buffer_bytes -= size
+        self.buffer_since = time.monotonic()  # the rest waits from now (a linger counts)
         return records, decoded
+
+    def pull(self, tps: set[TP]) -> list[Record]:
+        """Take out the buffered records of ``tps``, in order (a hold parks them)."""
+        pulled = [r for r in self.buffer if r.tp in tps]
+        if pulled:
+            self.drop(tps)
+        return pulled
 
     def put_back(self, records: list[Record]) -> None:
         """Released records go first, in order; positions moved, so decode again."""

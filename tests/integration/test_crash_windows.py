@@ -65,6 +65,10 @@ pytestmark = pytest.mark.integration
 
 FAST: dict[str, Any] = {"batch_max_events": 200, "session_timeout_ms": 3000}
 """Small batches (many windows per run) and a short session (expiry in seconds)."""
+ONE_WRITER: dict[str, Any] = {**FAST, "writer_connections": 1}
+"""FAST over one writer connection, for the windows that count the batches committed when
+the Nth batch reaches a point: with two, the other connection's batches go on meanwhile
+(its buffer fills while the first one's write is in flight), so the count is a race."""
 
 
 def _finish(services: Services, dsn: str, topic: str, tmp_path: Path, manifest: Path) -> Verdict:
@@ -144,7 +148,9 @@ def test_window_01_after_fetch_before_db_txn(
     """Killed with a fetched batch in hand: nothing of it reached PostgreSQL, the offset
     row did not move, and the next worker reads it again."""
     manifest = produce_mix(services, topic, tmp_path, 1500, seed=101)
-    w1 = Worker(services, dsn, topic, tmp_path, name="w1", faults="after_fetch=kill@3", **FAST)
+    w1 = Worker(
+        services, dsn, topic, tmp_path, name="w1", faults="after_fetch=kill@3", **ONE_WRITER
+    )
     killed_by_point(w1, "after_fetch")
     assert batches(dsn) == 2
     _finish(services, dsn, topic, tmp_path, manifest)
@@ -156,7 +162,7 @@ def test_window_02_during_copy_insert(
     """Killed inside the transaction, after COPY into staging and before the INSERT:
     the server rolls the transaction back with the connection."""
     manifest = produce_mix(services, topic, tmp_path, 1500, seed=102)
-    w1 = Worker(services, dsn, topic, tmp_path, name="w1", faults="mid_copy=kill@2", **FAST)
+    w1 = Worker(services, dsn, topic, tmp_path, name="w1", faults="mid_copy=kill@2", **ONE_WRITER)
     killed_by_point(w1, "mid_copy")
     assert batches(dsn) == 1
     wait_until(lambda: not backends(dsn, "w1"), 30, "the dead writer's backend to go")
@@ -213,7 +219,9 @@ def test_window_04_after_db_commit_before_offset_store(
     the DB, and the restart resumes from the DB without repeating the batch."""
     manifest = produce_mix(services, topic, tmp_path, 1500, seed=104)
     group = f"g-{topic}"
-    w1 = Worker(services, dsn, topic, tmp_path, name="w1", faults="after_commit=kill@2", **FAST)
+    w1 = Worker(
+        services, dsn, topic, tmp_path, name="w1", faults="after_commit=kill@2", **ONE_WRITER
+    )
     killed_by_point(w1, "after_commit")
     assert batches(dsn) == 2
     rows = offset_rows(dsn, group)
@@ -744,7 +752,14 @@ def test_window_18_shutdown_with_write_in_flight(
         {"fault_stall_seconds": 3} if ending == "finishes" else {"shutdown_wait_s": 1}
     )
     w = Worker(
-        services, dsn, topic, tmp_path, name="w1", faults="before_commit=stall@2", **extra, **FAST
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="w1",
+        faults="before_commit=stall@2",
+        **extra,
+        **ONE_WRITER,
     )
     wait_until(lambda: fired(w, "before_commit"), 60, "the 2nd batch to stall before COMMIT")
     w.signal(signal.SIGTERM)

@@ -279,6 +279,39 @@ def test_hold_expires_into_a_reprocessable_reject(
     assert [(r["schema_version"], r["n"]) for r in versions] == [(1, 3), (2, 2)]
 
 
+def test_a_hold_behind_which_more_than_a_batch_is_buffered_loses_and_repeats_nothing(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """A buffer holds up to two batches' worth of records, and a batch takes the front of
+    it: a hold that begins in one batch has later records of its partition still
+    buffered. They are parked behind the held record, in order, and after the wait every
+    v1 record is ingested once and only the v2 one is rejected."""
+    _migrate_v2(dsn)
+    group = f"g-{topic}"
+    sent = Sent()
+    records = [v1_step(9, i) for i in range(5)] + [v2_started(9, 0)]
+    records += [v1_step(9, i) for i in range(5, 400)]
+    produce(services, topic, sent, records)
+    (partition,) = set(sent.last())
+    w = Worker(
+        services, dsn, topic, tmp_path, name="w", newer_version_wait_s=2, batch_max_events=20
+    )
+
+    def committed() -> bool:
+        w.ensure_alive()
+        return _next_offsets(dsn, group).get(partition, (0, ""))[0] > sent.last()[partition]
+
+    wait_until(committed, 90, "the worker to get past the held record")
+    assert w.stop() == 0, w.log()[-3000:]
+    assert "holding" in w.log() and "rejecting the held record" in w.log()
+    assert [r["reason"] for r in db(dsn, "SELECT reason FROM rejects")] == ["unsupported_version"]
+    v1 = sorted(str(e) for e, v, _ in sent.records.values() if v == 1)
+    stored = db(dsn, "SELECT event_id::text AS e FROM activity ORDER BY 1")
+    assert [r["e"] for r in stored] == v1  # each v1 record once, none lost
+    offsets = db(dsn, "SELECT src_offset FROM txn_ledger UNION ALL SELECT src_offset FROM rejects")
+    assert sorted(r["src_offset"] for r in offsets) == sorted(o for _, o in sent.records)
+
+
 def _dead_letters(bootstrap: str, topic: str, expected: int) -> list[Message]:
     consumer = Consumer(
         {

@@ -72,9 +72,65 @@ def test_take_empties_the_buffer_with_its_decoded_prefix() -> None:
     for i in range(3):
         slot.add(_rec(0, i), 10)
     slot.decoded.append(decode(b"{}"))
-    records, decoded = slot.take()
+    records, decoded = slot.take(3, 30)
     assert [r.offset for r in records] == [0, 1, 2] and len(decoded) == 1
     assert slot.buffer == [] and slot.decoded == [] and slot.buffer_bytes == 0
+
+
+def test_take_cuts_a_batch_at_its_bounds_and_leaves_the_rest_in_order() -> None:
+    """A buffer holds up to two batches' worth: a batch is its longest prefix within the
+    count and the bytes, and what follows stays, its decoded prefix aligned."""
+    slot = _slot()
+    for i in range(5):
+        slot.add(_rec(i % 2, i), 10)
+    slot.decoded.extend(decode(b"{}") for _ in range(4))
+    records, decoded = slot.take(3, 1_000)
+    assert [r.offset for r in records] == [0, 1, 2] and len(decoded) == 3
+    assert [r.offset for r in slot.buffer] == [3, 4] and len(slot.decoded) == 1
+    assert slot.buffer_bytes == 20
+    records, decoded = slot.take(10, 15)  # bytes: 10 fits, 20 would not
+    assert [r.offset for r in records] == [3] and len(decoded) == 1
+    assert [r.offset for r in slot.buffer] == [4] and slot.decoded == []
+
+
+def test_take_gives_a_record_larger_than_the_byte_bound_a_batch_of_its_own() -> None:
+    slot = _slot()
+    slot.add(_rec(0, 0, 500), 500)
+    slot.add(_rec(0, 1, 10), 10)
+    records, _ = slot.take(10, 100)
+    assert [r.offset for r in records] == [0] and slot.buffer_bytes == 10
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300)), max_size=60),
+    st.integers(1, 20),
+    st.integers(1, 2_000),
+)
+def test_batches_taken_in_turn_are_the_buffer_in_order_each_within_its_bounds(
+    recs: list[tuple[int, int]], max_events: int, max_bytes: int
+) -> None:
+    slot = _slot()
+    for offset, (partition, size) in enumerate(recs):
+        slot.add(_rec(partition, offset, size), size)
+    taken: list[Record] = []
+    while slot.buffer:
+        batch, _ = slot.take(max_events, max_bytes)
+        assert 1 <= len(batch) <= max_events
+        assert len(batch) == 1 or sum(r.size() for r in batch) <= max_bytes
+        taken += batch
+    assert [r.offset for r in taken] == list(range(len(recs)))
+    assert slot.buffer_bytes == 0
+
+
+def test_pull_takes_a_partitions_records_out_in_order() -> None:
+    slot = _slot()
+    for i in range(6):
+        slot.add(_rec(i % 3, i), 10)
+    slot.decoded.extend(decode(b"{}") for _ in range(4))
+    pulled = slot.pull({("t", 1)})
+    assert [r.offset for r in pulled] == [1, 4]
+    assert [r.offset for r in slot.buffer] == [0, 2, 3, 5] and len(slot.decoded) == 3
+    assert slot.buffer_bytes == 40 and slot.pull({("t", 7)}) == []
 
 
 def test_drop_keeps_the_decoded_prefix_aligned_with_the_buffer() -> None:
