@@ -17,7 +17,12 @@ from ackline.core.errors import SettingsError
 from ackline.runtime.wiring import Ingest
 from ackline.settings import Settings
 from ackline.streams.faust_runtime.sink import FaustSink, KafkaSide
-from ackline.streams.faust_runtime.transport import AcklineApp, AcklineConsumer, Ownership
+from ackline.streams.faust_runtime.transport import (
+    AcklineApp,
+    AcklineConsumer,
+    NoTablesManager,
+    Ownership,
+)
 
 AGENT_NAME = "ackline-ingest"
 COMMIT_INTERVAL_S = 1.0  # Kafka commits of the DB offsets: advisory, for lag tooling
@@ -92,6 +97,7 @@ def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "topic_disable_leader": True,
         "topic_allow_declare": False,
         "table_standby_replicas": 0,
+        "TableManager": NoTablesManager,  # no tables: no start-up wait for them
         "store": "memory://",
         "worker_redirect_stdouts": False,
         "datadir": str(Path(settings.state_dir) / "faust"),

@@ -14,6 +14,7 @@ one whose dead letters a stop gave up on (the dead-letter topic cannot be writte
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -35,10 +36,12 @@ from ackline.streams.faust_runtime.headers import install_lenient_headers
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
 LAG_INTERVAL_S = 5.0
+SENTINEL_S = 0.1
 
 
 class _Worker(faust.Worker):
-    """faust's Worker, leaving ackline's logging configuration alone.
+    """faust's Worker, leaving ackline's logging configuration alone, and stopping without
+    mode's last fixed second.
 
     mode's Worker clears the root logger's handlers and installs its own at start;
     ackline configured logging already (text or JSON lines, ``ackline.core.logs``).
@@ -46,6 +49,12 @@ class _Worker(faust.Worker):
 
     def _setup_logging(self) -> None:
         return None
+
+    async def _sentinel_task(self) -> None:
+        """The loop's last run before mode closes it. mode sleeps one second here, after
+        every service stopped and every task ended (``_gather_all``); a few turns of the
+        loop let the callbacks of closed transports run."""
+        await asyncio.sleep(SENTINEL_S)
 
 
 def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:

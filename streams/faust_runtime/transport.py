@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
+import faust.tables
 from aiokafka.consumer.fetcher import READ_COMMITTED
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -295,6 +296,21 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
 class AcklineTransport(faust_aiokafka.Transport):
     Consumer = AcklineConsumer
+
+
+class NoTablesManager(faust.tables.TableManager):
+    """faust's table manager without its start-up wait.
+
+    faust's ``TableManager.on_start`` sleeps one second, for tables declared late, before
+    it finalizes the tables and starts recovery; the conductor subscribes only after that,
+    so every faust worker joined its group a second late. This runtime declares no tables
+    (:func:`ackline.runtime.faust_app.faust_settings`): the wait waited for nothing.
+    """
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 class AcklineApp(faust.App):
