@@ -304,6 +304,11 @@ class Settings(BaseSettings):
     fault_stall_seconds: float = Field(
         default=3600.0, gt=0, description="how long a `stall` fault stops"
     )
+    fault_release_file: Path | None = Field(
+        default=None,
+        description="a `stall` fault ends early once this file exists, and removes it "
+        "(tests: end a stall when what it waits for has happened)",
+    )
 
     config_file: Path | None = Field(
         default=None,

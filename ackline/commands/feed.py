@@ -247,7 +247,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     runner = ProcessorRunner(
         check(dispatcher, f"dispatcher {args.reader!r}"),
         instance=instance,
-        faults=Faults(settings.faults, settings.fault_stall_seconds),
+        faults=Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file),
         max_transactions=args.max_transactions,
         poll_interval=args.poll_interval,
     )

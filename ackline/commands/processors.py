@@ -114,7 +114,7 @@ async def _process(
     instance = args.instance or settings.worker_id
     start = await _start_cursor(args, dsn, processors) or START
     metrics = ProcessorMetrics()
-    faults = Faults(settings.faults, settings.fault_stall_seconds)
+    faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
     runners = [
         ProcessorRunner(
             p,

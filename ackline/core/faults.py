@@ -4,7 +4,9 @@
 action on the n-th time the point is reached (default the first). Actions:
 
 - ``kill``: SIGKILL this process at that exact point;
-- ``stall``: stop there (sleep for ``stall_seconds``, an hour unless set);
+- ``stall``: stop there (sleep for ``stall_seconds``, an hour unless set); with a
+  ``release_file``, a stall ends early once that file exists, and removes it, so a test
+  can end a stall as soon as what the stall waits for has happened (one file: one stall);
 - ``fail``: raise :class:`InjectedFault` there.
 
 Disarmed (the default), a point costs one dict lookup. An armed point logs a warning
@@ -20,6 +22,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ackline.core.errors import AcklineError, SettingsError
 
@@ -57,10 +60,35 @@ class _Arm:
     hits: int = 0
 
 
+RELEASE_POLL_S = 0.05
+"""How often a stall with a release file looks for it."""
+
+
 class Faults:
-    def __init__(self, spec: str = "", stall_seconds: float = 3600.0) -> None:
+    def __init__(
+        self, spec: str = "", stall_seconds: float = 3600.0, release_file: Path | None = None
+    ) -> None:
         self._arms: dict[str, _Arm] = parse(spec)
         self.stall_seconds = stall_seconds
+        self.release_file = release_file
+
+    def _released(self) -> bool:
+        """Whether the release file exists; it is removed (it ends one stall)."""
+        if self.release_file is None:
+            return False
+        try:
+            self.release_file.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("fault stall released")
+        return True
+
+    def _stall_left(self, deadline: float) -> float:
+        """How long to sleep next: 0 once the stall is over."""
+        left = deadline - time.monotonic()
+        if left <= 0 or self._released():
+            return 0.0
+        return left if self.release_file is None else min(left, RELEASE_POLL_S)
 
     def _fire(self, point: str) -> str | None:
         arm = self._arms.get(point)
@@ -79,12 +107,16 @@ class Faults:
     def hit(self, point: str) -> None:
         """Reach ``point`` from synchronous code."""
         if self._arms and self._fire(point) == "stall":
-            time.sleep(self.stall_seconds)
+            deadline = time.monotonic() + self.stall_seconds
+            while (pause := self._stall_left(deadline)) > 0:
+                time.sleep(pause)
 
     async def ahit(self, point: str) -> None:
         """Reach ``point`` from the event loop (a stall blocks only this task)."""
         if self._arms and self._fire(point) == "stall":
-            await asyncio.sleep(self.stall_seconds)
+            deadline = time.monotonic() + self.stall_seconds
+            while (pause := self._stall_left(deadline)) > 0:
+                await asyncio.sleep(pause)
 
 
 def parse(spec: str) -> dict[str, _Arm]:

@@ -114,6 +114,7 @@ class Worker:
         """``prefix`` goes before the command (e.g. ``ip netns exec NS``)."""
         self.name = name
         self.log_path = log_dir / f"{name}.log"
+        self.release_path = log_dir / f"{name}.release"
         self.metrics_port = _free_port()
         env = {
             **os.environ,
@@ -124,6 +125,7 @@ class Worker:
             "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
             "ACKLINE_WORKER_ID": name,
             "ACKLINE_METRICS_PORT": str(self.metrics_port),
+            "ACKLINE_FAULT_RELEASE_FILE": str(self.release_path),
             "ACKLINE_SESSION_TIMEOUT_MS": "6000",
             "ACKLINE_BATCH_MAX_MS": "100",
         }
@@ -139,6 +141,11 @@ class Worker:
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
+
+    def release_stall(self) -> None:
+        """End the worker's current ``stall`` fault now (``fault_stall_seconds`` bounds
+        it still): for a test whose stall only has to outlast what it waits for."""
+        self.release_path.touch()
 
     def kill(self) -> None:
         self.proc.kill()

@@ -370,6 +370,12 @@ def test_window_08_lost_vs_revoked(
         # cannot drain the topic before a reaches its second batch.
         wait_until(lambda: fired(a, "after_fetch"), 60, "a's batch to stall after fetch")
         b = Worker(services, dsn, topic, tmp_path, name="b", **FAST)  # the heir
+        wait_until(
+            lambda: {r.owner for r in offset_rows(dsn, group).values()} == {"b"},
+            60,
+            "the heir to claim every partition",
+        )
+        a.release_stall()  # its batch has an heir now (the 15 s stall only bounded the wait)
         wait_until(lambda: "fenced and rolled back" in a.log(), 90, "a's stale batch fenced")
         wait_until(lambda: "lost [" in a.log(), 60, "a's lost callback")
         assert a.metric("ackline_fenced_batches_total") >= 1

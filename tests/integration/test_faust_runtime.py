@@ -10,7 +10,13 @@ from typing import Any
 
 from ackline.load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
-from tests.integration.windows import batches, produce_worker_mix, verify_mixed_ok, wait_drained
+from tests.integration.windows import (
+    batches,
+    offset_rows,
+    produce_worker_mix,
+    verify_mixed_ok,
+    wait_drained,
+)
 
 
 def _faust(
@@ -108,6 +114,12 @@ def test_stalled_worker_is_fenced_when_it_resumes(
     )
     wait_until(lambda: batches(dsn, "zombie") >= 2, 90, "the zombie's first batches")
     heir = _faust(services, dsn, topic, tmp_path, "heir", batch_max_events=300)
+    wait_until(
+        lambda: {r.owner for r in offset_rows(dsn, group).values()} == {"heir"},
+        90,
+        "the heir to claim every partition",
+    )
+    zombie.release_stall()  # its batch has an heir now (the 20 s stall only bounded the wait)
     wait_until(lambda: "fenced and rolled back" in zombie.log(), 120, "the zombie to be fenced")
     assert zombie.metric("ackline_fenced_batches_total") >= 1
     wait_drained(dsn, manifest, group, [zombie, heir], 120)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -43,6 +47,25 @@ def test_fault_spec_parses_and_fires_on_nth_hit() -> None:
     with pytest.raises(InjectedFault):
         f.hit("mid_copy")
     f.hit("mid_copy")  # fires once
+
+
+def test_a_stall_ends_at_its_release_file_which_ends_one_stall(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    f = Faults("after_fetch=stall,after_commit=stall", stall_seconds=60, release_file=release)
+    release.touch()
+    started = time.monotonic()
+    f.hit("after_fetch")
+    assert time.monotonic() - started < 5 and not release.exists()
+    release.touch()
+    asyncio.run(f.ahit("after_commit"))
+    assert time.monotonic() - started < 10 and not release.exists()
+
+
+def test_a_stall_without_its_release_lasts_stall_seconds(tmp_path: Path) -> None:
+    f = Faults("after_fetch=stall", stall_seconds=0.3, release_file=tmp_path / "never")
+    started = time.monotonic()
+    f.hit("after_fetch")
+    assert time.monotonic() - started >= 0.3
 
 
 @pytest.mark.parametrize("spec", ["nowhere=kill", "mid_copy=explode", "mid_copy=kill@0"])
