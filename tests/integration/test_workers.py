@@ -58,6 +58,10 @@ def test_a_partition_given_up_while_paused_is_fetched_when_it_comes_back(
     b = Worker(
         services, dsn, topic, tmp_path, name="b", batch_max_events=200, faults="after_commit=kill@1"
     )
+    # b's join revokes a's partitions while they are paused, and the revoke waits for a's
+    # stalled batch: from there on, the rest of the 8 s stall is padding.
+    wait_until(lambda: "revoked" in a.log(), 60, "a's paused partitions revoked")
+    a.release_stall()
     wait_until(lambda: b.proc.poll() is not None, 90, "worker b's armed kill after its commit")
     assert b.reap() == -signal.SIGKILL
     assert "revoked" in a.log()
@@ -90,6 +94,7 @@ def test_two_workers_through_rebalances(
         services, dsn, topic, tmp_path, name="b", batch_max_events=300, group_protocol=protocol
     )
     wait_until(lambda: batches(dsn, "b") >= 1, 60, "worker b to get partitions and commit")
+    a.release_stall()  # records were left for b: the rest of a's 4 s stall is padding
     assert a.stop() == 0  # a leaves: b takes everything
     wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0
