@@ -119,6 +119,7 @@ def test_item_1_batch_fenced_on_some_partitions_loses_nothing(
         )
         wait_until(lambda: fired(w, "after_fetch"), 90, "the first batch to stall after fetch")
         _intrude(dsn, group, topic, 0)
+        w.release_stall()  # the intruder's epoch is in: the rest of the 4 s stall is padding
         wait_until(lambda: "fenced and rolled back" in w.log(), 60, "the batch to be fenced")
         sc.send([Item.event(step(100 + i), partition=i % 3) for i in range(30)])
         manifest = sc.write()
