@@ -515,6 +515,9 @@ def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
                 await conn.execute(
                     "UPDATE consumer_offsets SET next_offset = 0 WHERE group_id = $1", group
                 )
+                # batch 2 has its row lock to wait on now: the rest of its 4 s stall
+                # after fetch is padding (the stall at before_reread is left whole)
+                a.release_stall()
                 deadline = time.monotonic() + 60
                 while not await watch.fetchval(
                     "SELECT count(*) FROM pg_stat_activity "
