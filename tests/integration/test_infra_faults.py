@@ -343,7 +343,13 @@ def test_a_black_hole_during_commit_longer_than_the_statement_timeout(
             proxy.add_timeout("hole", 0, "both")
     finally:
         infra.pair.set_mode(infra.pair.mode)  # the held COMMIT completes on the server
-    time.sleep(8)  # longer than the 3 s statement and COMMIT bounds
+    # The hole outlasts the 3 s COMMIT bound and a reconcile that meets it (connect bound
+    # 2 s): the reconcile waits it out, however long it lasts.
+    wait_until(
+        lambda: "reconcile: transient PostgreSQL error" in worker.log(),
+        60,
+        "the reconcile to meet the hole",
+    )
     for proxy in proxies:
         proxy.remove_toxic("hole")
     wait_drained(dsn, manifest, f"g-{topic}", [worker])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -47,7 +48,8 @@ from tests.integration.windows import produce_worker_mix, verify_ok, wait_draine
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
 BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
-FREEZE_S = 8.0  # longer than the worker's statement and commit timeouts
+GAVE_UP = re.compile(r"retrying in [0-9.]+s: TimeoutError")
+"""The worker's log line when it gave up waiting for a reply (not for a connection)."""
 
 _GATES = """
 CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -154,10 +156,11 @@ def waiting_at(dsn: str, gate: int, worker: str) -> list[dict[str, Any]]:
 def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
     net: Net, netdb: str, topic: str, tmp_path: Path
 ) -> None:
-    """The link vanishes twice for FREEZE_S: while the batch's COPY waits for its reply,
-    then while its COMMIT does (the COMMIT commits, the reply is lost). The worker gives
-    up on each wait on its own, reconnects once the link is back, re-sends what did not
-    commit and reconciles what did: every event exactly once."""
+    """The link vanishes twice, each time until the worker gave up its wait on its own
+    (its statement and commit bounds): while the batch's COPY waits for its reply, then
+    while its COMMIT does (the COMMIT commits, the reply is lost). The worker reconnects
+    once the link is back, re-sends what did not commit and reconciles what did: every
+    event exactly once."""
     observer = net.pg.socket_dsn(netdb)
     manifest = produce_worker_mix(net.services, topic, tmp_path, events=3_000, seed=1111)
     gates = Gates(observer)
@@ -176,9 +179,12 @@ def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
 
         # 1. a batch in flight: its COPY arrived, the server holds the reply; vanish.
         wait_until(lambda: waiting_at(observer, COPY_GATE, w.name), 90, "COPY at the gate")
+        seen = len(w.log())
         net.link.vanish()
         gates.open_gate(COPY_GATE)  # the server finishes the COPY; the reply is lost
-        time.sleep(FREEZE_S)
+        wait_until(
+            lambda: GAVE_UP.search(w.log(), seen) is not None, 60, "the worker to give up the COPY"
+        )
         net.link.restore()
         restored = time.monotonic()
 
@@ -189,9 +195,14 @@ def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
             "the worker, after the database came back, to write the batch again (at COMMIT)",
         )
         print(f"back at work {time.monotonic() - restored:.1f}s after the link returned")
+        seen = len(w.log())
         net.link.vanish()
         gates.open_gate(COMMIT_GATE)  # the COMMIT commits on the server; the reply is lost
-        time.sleep(FREEZE_S)
+        wait_until(
+            lambda: "COMMIT outcome unknown" in w.log()[seen:],
+            60,
+            "the worker to give up the COMMIT",
+        )
         net.link.restore()
         restored = time.monotonic()
         committed = db(observer, "SELECT count(*) AS n FROM ingest_batches")[0]["n"]
