@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from confluent_kafka import Producer
 from ackline.streams.admin import delete_topic, ensure_topic, partition_count
 from ackline.streams.errors import TopicError
 from tests.integration.harness import Services, db, wait_until
+from tests.integration.windows import watermarks
 
 SHUTDOWN_WAIT_S = 2
 BOUND_S = 60
@@ -198,7 +198,13 @@ def test_a_paced_replay_stops(services: Services, tmp_path: Path) -> None:
     argv = ["replay", str(source), "--to", target, "--pace", "5/s", "--quiet"]
     proc = _spawn(argv, _env(ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap), log)
     try:
-        time.sleep(3)  # a few records out, 40 s of pacing left
+        wait_until(  # a few records out, some 40 s of pacing left
+            lambda: (
+                sum(high for _, high in watermarks(services.bootstrap, target, 2).values()) >= 3
+            ),
+            30,
+            "the replay's first records",
+        )
         status = _stop(proc, log)
     finally:
         if proc.poll() is None:
