@@ -6,7 +6,8 @@ action on the n-th time the point is reached (default the first). Actions:
 - ``kill``: SIGKILL this process at that exact point;
 - ``stall``: stop there (sleep for ``stall_seconds``, an hour unless set); with a
   ``release_file``, a stall ends early once that file exists, and removes it, so a test
-  can end a stall as soon as what the stall waits for has happened (one file: one stall);
+  can end a stall as soon as what the stall waits for has happened (one file: one stall;
+  a file that names a point releases a stall at that point only);
 - ``fail``: raise :class:`InjectedFault` there.
 
 Disarmed (the default), a point costs one dict lookup. An armed point logs a warning
@@ -72,21 +73,25 @@ class Faults:
         self.stall_seconds = stall_seconds
         self.release_file = release_file
 
-    def _released(self) -> bool:
-        """Whether the release file exists; it is removed (it ends one stall)."""
+    def _released(self, point: str) -> bool:
+        """Whether the release file exists, empty or naming ``point``; it is removed (it
+        ends one stall)."""
         if self.release_file is None:
             return False
         try:
+            named = self.release_file.read_text().strip()
+            if named and named != point:
+                return False
             self.release_file.unlink()
         except FileNotFoundError:
             return False
-        log.warning("fault stall released")
+        log.warning("fault stall at %s released", point)
         return True
 
-    def _stall_left(self, deadline: float) -> float:
+    def _stall_left(self, point: str, deadline: float) -> float:
         """How long to sleep next: 0 once the stall is over."""
         left = deadline - time.monotonic()
-        if left <= 0 or self._released():
+        if left <= 0 or self._released(point):
             return 0.0
         return left if self.release_file is None else min(left, RELEASE_POLL_S)
 
@@ -108,14 +113,14 @@ class Faults:
         """Reach ``point`` from synchronous code."""
         if self._arms and self._fire(point) == "stall":
             deadline = time.monotonic() + self.stall_seconds
-            while (pause := self._stall_left(deadline)) > 0:
+            while (pause := self._stall_left(point, deadline)) > 0:
                 time.sleep(pause)
 
     async def ahit(self, point: str) -> None:
         """Reach ``point`` from the event loop (a stall blocks only this task)."""
         if self._arms and self._fire(point) == "stall":
             deadline = time.monotonic() + self.stall_seconds
-            while (pause := self._stall_left(deadline)) > 0:
+            while (pause := self._stall_left(point, deadline)) > 0:
                 await asyncio.sleep(pause)
 
 

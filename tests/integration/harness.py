@@ -142,10 +142,13 @@ class Worker:
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
-    def release_stall(self) -> None:
+    def release_stall(self, point: str = "") -> None:
         """End the worker's current ``stall`` fault now (``fault_stall_seconds`` bounds
-        it still): for a test whose stall only has to outlast what it waits for."""
-        self.release_path.touch()
+        it still): for a test whose stall only has to outlast what it waits for. With
+        ``point``, only a stall at that fault point (a later one, if that one is over)."""
+        ready = self.release_path.with_suffix(".next")
+        ready.write_text(point)
+        ready.replace(self.release_path)  # whole at once: never read empty half-way
 
     def kill(self) -> None:
         self.proc.kill()

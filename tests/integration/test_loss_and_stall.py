@@ -454,6 +454,15 @@ def test_a_standby_worker_takes_over_from_the_db_offset(
     )
     wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a's first batches")
     b = Worker(services, dsn, topic, tmp_path, name="b", **common)
+    if runtime == "faust":
+        # b's join revokes a's partition (faust rebalances eagerly) and waits for a's stalled
+        # batch: from there on, the rest of a's 8 s stall after its 2nd commit is padding
+        wait_until(
+            lambda: "Revoking previously assigned partitions frozenset(" in a.log(),
+            60,
+            "b's join to revoke a's partition",
+        )
+        a.release_stall("after_commit")
     wait_until(
         lambda: bool(backends(dsn, "a", "state = 'idle in transaction'")),
         60,

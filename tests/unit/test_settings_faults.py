@@ -61,6 +61,17 @@ def test_a_stall_ends_at_its_release_file_which_ends_one_stall(tmp_path: Path) -
     assert time.monotonic() - started < 10 and not release.exists()
 
 
+def test_a_release_that_names_a_point_ends_a_stall_there_only(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    f = Faults("after_fetch=stall,after_commit=stall", stall_seconds=0.3, release_file=release)
+    release.write_text("after_commit")
+    started = time.monotonic()
+    f.hit("after_fetch")
+    assert time.monotonic() - started >= 0.3 and release.exists()
+    f.hit("after_commit")
+    assert time.monotonic() - started < 5 and not release.exists()
+
+
 def test_a_stall_without_its_release_lasts_stall_seconds(tmp_path: Path) -> None:
     f = Faults("after_fetch=stall", stall_seconds=0.3, release_file=tmp_path / "never")
     started = time.monotonic()
