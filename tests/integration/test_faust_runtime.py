@@ -149,6 +149,14 @@ def test_two_workers_through_rebalances(
     )
     wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a to commit")
     b = _faust(services, dsn, topic, tmp_path, "b", batch_max_events=300)
+    # b's join revokes a's partitions (faust rebalances eagerly) and waits for a's stalled
+    # batch: from there on, the rest of a's 4 s stall is padding
+    wait_until(
+        lambda: "Revoking previously assigned partitions frozenset(" in a.log(),
+        60,
+        "b's join to revoke a's partitions",
+    )
+    a.release_stall()
     wait_until(lambda: batches(dsn, "b") >= 1, 90, "worker b to get partitions and commit")
     assert a.stop() == 0  # a leaves: b takes everything
     wait_drained(dsn, manifest, group, [b], 120)

@@ -462,7 +462,11 @@ def test_a_standby_worker_takes_over_from_the_db_offset(
             60,
             "b's join to revoke a's partition",
         )
-        a.release_stall("after_commit")
+    else:
+        # the default runtime's join of b waits for a's consumer, which the stall holds:
+        # once b runs, the rest of a's 8 s stall after its 2nd commit is padding
+        wait_until(lambda: "worker b starting" in b.log(), 60, "b to start")
+    a.release_stall("after_commit")
     wait_until(
         lambda: bool(backends(dsn, "a", "state = 'idle in transaction'")),
         60,
