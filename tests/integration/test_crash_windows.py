@@ -593,6 +593,15 @@ def test_window_14_concurrent_inserter_race(
         60,
         "the second insert to wait on the first's uncommitted key",
     )
+    # the race is set: the rest of the first's 3 s stall is padding, and so is the
+    # second's, once it lost the race and holds its re-read batch before COMMIT
+    workers[first_owner].release_stall()
+    wait_until(
+        lambda: fired(workers[second_owner], "before_commit"),
+        60,
+        "the second, past the race, to stall before its COMMIT",
+    )
+    workers[second_owner].release_stall()
     wait_drained(dsn, manifest, group, [a, b])
     assert a.stop() == 0 and b.stop() == 0
     verdict = verify_ok(dsn, manifest, group)
