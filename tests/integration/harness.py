@@ -115,6 +115,7 @@ class Worker:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.release_path = log_dir / f"{name}.release"
+        self.release_path.unlink(missing_ok=True)  # not one left by an earlier worker so named
         self.metrics_port = _free_port()
         env = {
             **os.environ,
