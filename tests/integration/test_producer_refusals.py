@@ -55,18 +55,25 @@ def _aio(block: bool) -> Send:
             )
             await producer.start()
             try:
-                if not block:
-                    await producer.send_transaction(records, timeout=30)
-                    return
-                async with producer.transaction(timeout=30):
-                    for record in records:
-                        await producer.send(record)
+                await _aio_send(producer, records, block, 30)
             finally:
                 await producer.close()
 
         asyncio.run(run())
 
     return send
+
+
+async def _aio_send(
+    producer: AsyncActivityProducer, records: Sequence[Outgoing], block: bool, timeout: float
+) -> None:
+    """``send_transaction``, or ``send`` calls in a ``transaction()`` block."""
+    if not block:
+        await producer.send_transaction(records, timeout=timeout)
+        return
+    async with producer.transaction(timeout=timeout):
+        for record in records:
+            await producer.send(record)
 
 
 def _sync_send(
@@ -391,12 +398,7 @@ def _stalled_aio(services: Services, topic: str, records: Sequence[Outgoing], bl
             await producer._client().list_topics(topic, timeout=10)  # no public way
             timer = _thawed_after(services, 6)
             with pytest.raises(TransientProduceError, match=_TIMED_OUT):
-                if not block:
-                    await producer.send_transaction(records, timeout=30)
-                else:
-                    async with producer.transaction(timeout=30):
-                        for record in records:
-                            await producer.send(record)
+                await _aio_send(producer, records, block, 30)
         finally:
             if timer is not None:
                 await asyncio.to_thread(timer.join)
