@@ -9,11 +9,14 @@ healthy for the next: after a failover the old primary is rebuilt as the standby
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import pytest
 
 from ackline.core.faults import Faults
 from ackline.dev import infra as infra_stack
+from ackline.dev.errors import DevStackError
 from ackline.dev.infra import TMPFS_SIZE, Infra
 from ackline.load.chaos.infra import readyz
 from ackline.load.chaos.workers import FENCED_LINE
@@ -33,8 +37,12 @@ from ackline.sinks.feed.changefeed import LocalReader, Reader
 from ackline.sinks.ingest.offsets import claim, locked_offsets
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import ensure_topic
-from ackline.streams.errors import TopicError
+from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.errors import ProduceError, TopicError, TransientProduceError
+from ackline.streams.producer import ActivityProducer, Outgoing, prepare
 from tests.integration.harness import Services, Worker, db, wait_until
+from tests.integration.producing import committed_values, unit_of_work
+from tests.integration.test_producer_refusals import _aio_send, _sync_send
 from tests.integration.test_writer import GROUP, TOPIC, batch, row
 from tests.integration.windows import produce_mix, verify_ok, wait_drained
 
@@ -471,3 +479,179 @@ def test_a_full_disk_is_retried_and_alerted_never_rejected(infra: Infra, tmp_pat
     assert _ends(infra, f"{topic}.dlq") == {0: 0, 1: 0, 2: 0}
     wait_until(lambda: readyz(worker.metrics_port) == 200, 60, "/readyz to pass again")
     worker.stop()
+
+
+# ---- a producer whose partition leader is away, its transaction coordinator not --------
+
+_PRODUCER_SLOT = 2
+_LEADER_AWAY = {"queue.buffering.max.messages": 3, "message.timeout.ms": 2_000}
+"""A local queue smaller than the transaction, records timing out 2 s after the cut."""
+Cut = Callable[[], AbstractContextManager[None]]
+"""The partition leader unreachable to the producer for the block."""
+_ABORTED = (
+    r"transaction aborted, nothing committed: \d+ record\(s\) not delivered, "
+    r"first: _MSG_TIMED_OUT: .*send the same records again.*"
+)
+"""What :func:`ackline.streams.producer.not_committed` says of records that timed out (an
+abort not confirmed says otherwise: "abort_transaction not confirmed")."""
+
+
+def _java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (a signed 32-bit int) of ASCII ``text``. Pure."""
+    assert text.isascii()
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _coordinator(infra: Infra, transactional_id: str) -> int:
+    """The broker coordinating ``transactional_id``'s transactions: the leader of its
+    ``__transaction_state`` partition, ``Utils.abs(id.hashCode()) % partitions`` (the
+    broker librdkafka's FindCoordinator found, in the runs its debug log was read)."""
+    leaders: dict[int, int] = {}
+
+    def known() -> bool:
+        nonlocal leaders
+        try:
+            leaders = infra.cluster.leaders("__transaction_state")
+        except DevStackError:  # not in the metadata of the broker asked yet
+            return False
+        return bool(leaders) and min(leaders.values()) >= 0
+
+    wait_until(known, 30, "a leader for every partition of __transaction_state")
+    h = _java_hash(transactional_id)
+    return leaders[(0 if h == -(1 << 31) else abs(h)) % len(leaders)]
+
+
+def _topic_led_by(infra: Infra, leader: int) -> str:
+    """A 1-partition topic, replication factor 3, whose leader is broker ``leader``."""
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    others = [n.node_id for n in infra.layout.cluster.nodes if n.node_id != leader]
+    new = NewTopic(
+        name, 1, replica_assignment=[[leader, *others]], config={"min.insync.replicas": "2"}
+    )
+    client = infra.cluster.admin()  # kept: the futures die with the client
+    client.create_topics([new], operation_timeout=30)[name].result(60)
+
+    def led() -> bool:
+        try:
+            return infra.cluster.leaders(name).get(0) == leader
+        except DevStackError:  # not in the metadata of the broker asked yet
+            return False
+
+    wait_until(led, 30, f"broker {leader} to lead {name}")
+    return name
+
+
+@dataclass(frozen=True)
+class _Outage:
+    """One producer's run: it learns the leader and commits ``before`` (if any, so that
+    it holds a connection to the leader), then sends ``records`` inside ``cut``."""
+
+    bootstrap: str
+    topic: str
+    transactional_id: str
+    before: list[Outgoing]
+    records: list[Outgoing]
+    cut: Cut
+
+
+def _sync_away(run: _Outage, block: bool) -> str:
+    """The synchronous producer's run: what its error said (a TransientProduceError)."""
+    producer = ActivityProducer(run.bootstrap, run.topic, run.transactional_id, extra=_LEADER_AWAY)
+    producer.start()
+    try:
+        producer.client.list_topics(run.topic, timeout=10)
+        if run.before:
+            producer.send_transaction(run.before, timeout=30)
+        with run.cut(), pytest.raises(ProduceError) as caught:
+            _sync_send(producer, run.records, block, 30)
+    finally:
+        producer.close()
+    assert caught.type is TransientProduceError, f"{caught.type.__name__}: {caught.value}"
+    return str(caught.value)
+
+
+def _aio_away(run: _Outage, block: bool) -> str:
+    """:func:`_sync_away` through the asyncio producer."""
+
+    async def go() -> str:
+        producer = AsyncActivityProducer(
+            run.bootstrap, run.topic, run.transactional_id, extra=_LEADER_AWAY
+        )
+        await producer.start()
+        try:
+            await producer._client().list_topics(run.topic, timeout=10)  # no public way
+            if run.before:
+                await producer.send_transaction(run.before, timeout=30)
+            with run.cut(), pytest.raises(ProduceError) as caught:
+                await _aio_send(producer, run.records, block, 30)
+        finally:
+            await producer.close()
+        assert caught.type is TransientProduceError, f"{caught.type.__name__}: {caught.value}"
+        return str(caught.value)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["unconnected", "connected"])
+@pytest.mark.parametrize(
+    ("away", "block"),
+    [(_aio_away, False), (_aio_away, True), (_sync_away, False), (_sync_away, True)],
+    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+)
+def test_a_transaction_whose_partition_leader_is_away_but_not_its_coordinator(
+    infra: Infra, away: Callable[[_Outage, bool], str], block: bool, connected: bool
+) -> None:
+    """The partial outage: the producer reaches the transaction coordinator (one broker)
+    but not the partition's leader (another: the producer's proxy to it a black hole),
+    with more records than the local queue holds. ``unconnected``: the producer only
+    learned the leader, its connection hangs in ApiVersion; ``connected``: it committed a
+    record through the leader first, so its ProduceRequest goes into the hole and times
+    out in flight. Either way the records time out, librdkafka fails the transaction
+    (abortable, epoch bump) and refuses every later produce() with ``_STATE``; the abort
+    and the bump reach the coordinator while the leader is still cut off. Nothing was
+    committed because a broker was away: TransientProduceError, not ProduceError (which
+    tells a caller to drop the records; the code before a9a9443 said so, all 8 ways).
+    Once the leader is back, a new instance with the same transactional.id sends the
+    same records: a read_committed consumer reads them once."""
+    # __transaction_state exists once a transactional producer has started
+    warm = ActivityProducer(infra.bootstrap, "unused", f"warm-{uuid.uuid4().hex[:8]}")
+    warm.start()
+    warm.close()
+    tid = f"svc-{uuid.uuid4().hex[:8]}"
+    coordinator = _coordinator(infra, tid)
+    leader = next(n.node_id for n in infra.layout.cluster.nodes if n.node_id != coordinator)
+    topic = _topic_led_by(infra, leader)
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-p", 4)]
+    before = records[:1] if connected else []  # committed first, through the leader
+    records = records[1:] if connected else records
+    assert len(records) > 2 * _LEADER_AWAY["queue.buffering.max.messages"]
+    proxy = infra.proxy(infra_stack.kafka_proxy(leader, _PRODUCER_SLOT))
+
+    @contextmanager
+    def cut() -> Iterator[None]:
+        proxy.add_timeout("leader-away", 0, "both")
+        try:
+            yield
+        finally:
+            proxy.remove_toxic("leader-away")
+
+    bootstrap = infra.slot_bootstrap(_PRODUCER_SLOT)
+    said = away(_Outage(bootstrap, topic, tid, before, records, cut), block)
+    assert _coordinator(infra, tid) == coordinator and infra.cluster.leaders(topic)[0] == leader
+    # judged by the records that timed out; the abort reached the coordinator during the cut
+    assert re.fullmatch(_ABORTED, said), said
+    assert committed_values(infra.bootstrap, topic, partitions=1) == [r.value for r in before]
+    again = ActivityProducer(bootstrap, topic, tid)
+    again.start()
+    try:
+        again.send_transaction(records, timeout=30)
+    finally:
+        again.close()
+    assert sorted(committed_values(infra.bootstrap, topic, partitions=1)) == sorted(
+        r.value for r in before + records
+    )
