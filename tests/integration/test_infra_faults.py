@@ -597,7 +597,10 @@ def _aio_away(run: _Outage, block: bool) -> str:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("connected", [False, True], ids=["unconnected", "connected"])
+# "unconnected" too (the producer only learned the leader: its connection hangs in
+# ApiVersion and the records time out queued) failed the same way on the old code and
+# passed with the fix; `make test` runs "connected" only, each way costs 5-10 s.
+@pytest.mark.parametrize("connected", [True], ids=["connected"])
 @pytest.mark.parametrize(
     ("away", "block"),
     [(_aio_away, False), (_aio_away, True), (_sync_away, False), (_sync_away, True)],
