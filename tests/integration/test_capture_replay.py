@@ -22,7 +22,10 @@ from ackline.streams.admin import delete_topic, ensure_topic
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 from tests.integration.harness import Services
 
-T0 = 1_714_554_000_000  # 2024-05-01T09:00:00Z
+# An hour ago, on a whole second: recent enough that the broker's retention (7 days by default)
+# keeps the records. A fixed date in the past let the retention check, every 5 minutes, delete
+# them between two captures of one test.
+T0 = (int(time.time()) - 3600) * 1000
 
 
 def _fill(services: Services, topic: str, n: int) -> None:
