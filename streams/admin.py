@@ -8,6 +8,7 @@ librdkafka's lines over only when polled, so every function here polls once when
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
 from ackline.streams.errors import KafkaUnavailableError, TopicError
+
+_VISIBLE_WITHIN_S = 30.0  # a created topic must show in metadata within this
 
 
 def admin(bootstrap: str, conf: Mapping[str, Any] | None = None) -> AdminClient:
@@ -140,9 +143,15 @@ def ensure_topic(
             raise TopicError(f"cannot create topic {topic}: {exc}") from exc
     finally:
         drain(client)
-    count = partition_count(bootstrap, topic, conf=conf)
-    if count is None:
-        raise TopicError(f"topic {topic} was created but is not visible")
+    # CreateTopics answers once the controller has the topic; the broker that answers the
+    # metadata request may learn of it a moment later, so one read can miss it.
+    deadline = time.monotonic() + _VISIBLE_WITHIN_S
+    while (count := partition_count(bootstrap, topic, conf=conf)) is None:
+        if time.monotonic() >= deadline:
+            raise TopicError(
+                f"topic {topic} was created but is not visible after {_VISIBLE_WITHIN_S:g} s"
+            )
+        time.sleep(0.1)
     return count
 
 
