@@ -61,6 +61,7 @@ from ackline.streams.producer import (
     not_committed,
     prepare,
     record_size,
+    send_failed,
     settle,
     start_failed,
     transactional_config,
@@ -103,6 +104,9 @@ class AsyncActivityProducer:
         self._room_bytes = self._limits.queue_max_bytes // 2
         self._sent: list[asyncio.Future[Message]] = []
         """The delivery futures of the open transaction's records."""
+        self._failed: BaseException | None = None
+        """The first error :meth:`send` raised since the open transaction began (reset at
+        begin): :meth:`transaction` aborts instead of committing without its record."""
         self._drain_s = 60.0
         """How long a send waits for the local queue to drain: the transaction's timeout."""
         self._unflushed = self._unflushed_bytes = 0
@@ -213,12 +217,28 @@ class AsyncActivityProducer:
 
     @asynccontextmanager
     async def transaction(self, timeout: float = 60.0) -> AsyncIterator[None]:
-        """Begin; run the block (its :meth:`send` calls); flush and commit.
+        """Begin; run the block (its :meth:`send` calls); flush and commit only if every
+        send in it succeeded, else abort.
 
-        An exception in the block aborts instead. Commit errors raise as in
-        :meth:`send_transaction`: a record whose delivery failed, or an abortable commit
-        error, aborts the whole transaction and raises :class:`ProduceError` (or
-        :class:`TransientProduceError`; the block is not run again).
+        The transaction is whole or absent: an exception out of the block aborts it, and
+        so does a :meth:`send` that raised even when the block caught the error and went
+        on (a commit would lack that record; Kafka's Java producer refuses it too).
+
+        Order of effects: begin; the block's sends; then :meth:`_commit` (flush, check
+        every delivery, commit), or, after an exception or a failed send,
+        :meth:`abort` (flush, abort marker) and an error. A crash before the commit
+        marker leaves nothing visible to read_committed consumers (the broker aborts the
+        transaction: its timeout, or the next instance's ``init_transactions``); a crash
+        in the abort leaves the same.
+
+        Commit errors raise as in :meth:`send_transaction`: a record whose delivery
+        failed, or an abortable commit error, aborts the whole transaction and raises
+        :class:`ProduceError` (or :class:`TransientProduceError`; the block is not run
+        again). A send the block caught raises here, after the abort, as
+        :func:`ackline.streams.producer.send_failed` (:class:`TransientProduceError` for
+        one whose local queue did not drain within ``timeout``); on an instance that send
+        left unusable (fenced, cancelled), the abort raises the instance's error instead.
+        The next transaction starts clean.
         """
         await self._begin(timeout)
         try:
@@ -227,6 +247,10 @@ class AsyncActivityProducer:
             if self._broken is None:
                 await self.abort(timeout)
             raise
+        first = self._failed
+        if first is not None:
+            await self.abort(timeout)
+            raise send_failed(first) from first
         try:
             await self._commit(asyncio.get_running_loop().time() + timeout)
         except (_Undelivered, _AbortRequired) as exc:
@@ -241,11 +265,17 @@ class AsyncActivityProducer:
 
         Returns its delivery future, resolved once the record is flushed (the commit
         flushes). Prepare records yourself when a retry may need them again. Raises
-        :class:`ProduceError` for a record over ``message.max.bytes``, before queueing it
-        (the ``transaction`` block's exception then aborts the transaction whole).
+        :class:`ProduceError` for a record over ``message.max.bytes``, before queueing it.
+        Whatever it raises, the open transaction can no longer commit: :meth:`transaction`
+        aborts it whole, whether the block lets the error out or not.
         """
-        record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
-        return await self._produce(record)
+        try:
+            record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
+            return await self._produce(record)
+        except BaseException as exc:
+            if self._failed is None:
+                self._failed = exc
+            raise
 
     async def flush(self, timeout: float) -> int:
         """Hand buffered records to the broker; how many are still undelivered."""
@@ -317,6 +347,7 @@ class AsyncActivityProducer:
         except (KafkaException, SystemError) as exc:
             raise self._settled(exc, "begin_transaction") from exc
         self._sent = []
+        self._failed = None
         self._drain_s = timeout
         self._unflushed = self._unflushed_bytes = 0
 

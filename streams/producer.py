@@ -254,6 +254,20 @@ def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
     return ProduceError(text)
 
 
+def send_failed(first: BaseException) -> ProduceError:
+    """The error for a ``transaction()`` block that went on after a send in it raised
+    ``first``: aborted, not committed, since a commit would lack that send's record.
+    :class:`TransientProduceError` when ``first`` was one (the same records may go
+    through later), else :class:`ProduceError`."""
+    text = (
+        "transaction aborted, nothing committed: its block went on after a send raised "
+        f"{type(first).__name__}: {first}"
+    )
+    if isinstance(first, TransientProduceError):
+        return TransientProduceError(text)
+    return ProduceError(text)
+
+
 # --- what a transactional error means ---------------------------------------------------
 
 TxnAction = Literal["retry", "abort", "fenced", "fatal", "unknown"]
@@ -346,6 +360,9 @@ class ActivityProducer:
         self._producer: Producer | None = None
         self._reports: list[tuple[KafkaError | None, Message | None]] | None = None
         """Delivery reports of the records sent in the open :meth:`transaction` block."""
+        self._failed: BaseException | None = None
+        """The first error a send raised since the open transaction began (reset at
+        begin): :meth:`transaction` aborts instead of committing without its record."""
         self._broken: ProduceError | None = None
         """Why this instance can do no more (an abort not confirmed, fenced)."""
         self._room_s = 60.0
@@ -403,6 +420,7 @@ class ActivityProducer:
             with self._failures_as_outcome("begin_transaction"):
                 self.client.begin_transaction()
             self._room_s = timeout
+            self._failed = None
             reports: list[tuple[KafkaError | None, Message | None]] = [(None, None)] * len(records)
             try:
                 for i, record in enumerate(records):
@@ -432,23 +450,31 @@ class ActivityProducer:
 
     @contextmanager
     def transaction(self, timeout: float = 60.0) -> Iterator[None]:
-        """Begin; run the block; commit. Any exception in the block aborts instead.
+        """Begin; run the block; commit only if every send in it succeeded, else abort.
 
-        Order of effects: begin_transaction; the block's sends; commit_transaction, which
-        flushes and waits for every record and the commit marker. A crash before the
-        commit marker is written leaves the records invisible to read_committed consumers
-        (the broker aborts the transaction when it times out or the id is re-initialised).
+        The transaction is whole or absent: an exception out of the block aborts it, and
+        so does a send in the block that raised even when the block caught the error and
+        went on (a commit would lack that record; Kafka's Java producer refuses it too).
+
+        Order of effects: begin_transaction; the block's sends; then commit_transaction,
+        which flushes and waits for every record and the commit marker, or, after an
+        exception or a failed send, abort_transaction (purge, abort marker) and an error.
+        A crash before the commit marker is written leaves the records invisible to
+        read_committed consumers (the broker aborts the transaction when it times out or
+        the id is re-initialised); a crash in the abort leaves the same.
+
         Commit errors raise as in :meth:`send_transaction` (an abortable one is aborted
         and raised as :class:`ProduceError`, or :class:`TransientProduceError` when every
         undelivered record met the broker's absence: the block is not run again). So does
         a send in the block that librdkafka refused because the transaction had already
-        failed, when the block lets its error out. A send that found no room in the local
-        queue within ``timeout`` raises :class:`TransientProduceError`: let it out, and the
-        transaction is aborted.
+        failed, caught or not. Another send the block caught raises here, after the
+        abort, as :func:`send_failed` (:class:`TransientProduceError` for one that found no
+        room in the local queue within ``timeout``). The next transaction starts clean.
         """
         producer = self.client
         producer.begin_transaction()
         self._room_s = timeout
+        self._failed = None
         reports: list[tuple[KafkaError | None, Message | None]] = []
         self._reports = reports
         try:
@@ -459,11 +485,18 @@ class ActivityProducer:
             self.abort(timeout)
             raise
         else:
-            try:
-                self._commit(time.monotonic() + timeout)
-                return
-            except _AbortRequired as exc:
-                failed = exc.err
+            first = self._failed
+            if isinstance(first, _TxnFailed):
+                failed = first.err  # judged by the delivery reports, as if it got out
+            elif first is not None:
+                self.abort(timeout)
+                raise send_failed(first) from first
+            else:
+                try:
+                    self._commit(time.monotonic() + timeout)
+                    return
+                except _AbortRequired as exc:
+                    failed = exc.err
         finally:
             self._reports = None
         self.abort(timeout)  # its flush serves the purged records' delivery reports
@@ -515,16 +548,27 @@ class ActivityProducer:
             raise self._broken from exc
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
-        """Queue one validated envelope inside the current transaction."""
-        self.send_record(prepare(envelope, self.key_by), on_delivery)
+        """Queue one validated envelope inside the current transaction (a
+        :class:`SchemaError` from :func:`prepare` is a failed send too)."""
+        try:
+            record = prepare(envelope, self.key_by)
+        except BaseException as exc:
+            self._note_failure(exc)
+            raise
+        self.send_record(record, on_delivery)
 
     def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one prepared record inside the current transaction.
 
         Raises :class:`ProduceError` for a record over ``message.max.bytes`` before it is
-        queued: inside :meth:`transaction` the block's exception then aborts it whole.
+        queued; inside :meth:`transaction` that transaction is then aborted whole, whether
+        the block lets the error out or not.
         """
-        check_fits([record], self._limits)
+        try:
+            check_fits([record], self._limits)
+        except BaseException as exc:
+            self._note_failure(exc)
+            raise
         if self._reports is not None:
             on_delivery = _collect_into(self._reports, on_delivery)
         self.send_bytes(record.key, record.value, list(record.headers), on_delivery)
@@ -543,8 +587,29 @@ class ActivityProducer:
         of the transaction is committed). ``_STATE`` is no verdict on the record:
         librdkafka refuses every produce() once the transaction has failed (records timed
         out while the queue was full, the broker away), so it raises :class:`_TxnFailed`,
-        which the transactional methods abort and judge by the delivery reports.
+        which the transactional methods abort and judge by the delivery reports. Whatever
+        it raises, the open transaction can no longer commit (:meth:`transaction`).
         """
+        try:
+            self._produce(key, value, headers, on_delivery)
+        except BaseException as exc:
+            self._note_failure(exc)
+            raise
+
+    def _note_failure(self, exc: BaseException) -> None:
+        """Keep the first error a send raised in the open transaction: its commit must
+        not happen (the record is missing from it) even if the caller goes on."""
+        if self._failed is None:
+            self._failed = exc
+
+    def _produce(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None,
+        on_delivery: DeliveryHook | None,
+    ) -> None:
+        """produce(), waiting for room in the local queue (:meth:`send_bytes`)."""
         producer = self.client
         deadline: float | None = None
         while True:

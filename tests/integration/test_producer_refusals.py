@@ -7,7 +7,7 @@ ways in, each against the real broker, each through both SDK producers:
 * an event that ackline's decoder accepts (up to 1 MiB) but librdkafka's default
   ``message.max.bytes`` (1,000,000) did not: it must be committed with its transaction;
 * a record over a ``message.max.bytes`` the service set lower: nothing is committed, and
-  the error names the setting;
+  the error names the setting, also when a ``transaction()`` block catches it and goes on;
 * more records in one transaction than librdkafka's local queue holds
   (``queue.buffering.max.messages``): every record committed, once; with the broker
   away, the wait for room ends at the call's timeout, nothing committed;
@@ -19,6 +19,9 @@ ways in, each against the real broker, each through both SDK producers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import re
 import secrets
 import threading
 import time
@@ -77,15 +80,22 @@ async def _aio_send(
 
 
 def _sync_send(
-    producer: ActivityProducer, records: Sequence[Outgoing], block: bool, timeout: float
+    producer: ActivityProducer,
+    records: Sequence[Outgoing],
+    block: bool,
+    timeout: float,
+    *,
+    catch: bool = False,
 ) -> None:
-    """``send_transaction``, or ``send_record`` calls in a ``transaction()`` block."""
+    """``send_transaction``, or ``send_record`` calls in a ``transaction()`` block (that
+    ``catch``es each send's ProduceError and goes on, if asked)."""
     if not block:
         producer.send_transaction(records, timeout=timeout)
         return
     with producer.transaction(timeout=timeout):
         for record in records:
-            producer.send_record(record)
+            with contextlib.suppress(*((ProduceError,) if catch else ())):
+                producer.send_record(record)
 
 
 def _sync(block: bool) -> Send:
@@ -166,6 +176,88 @@ def test_a_record_over_the_services_own_limit_commits_nothing(
         send(services, topic, records, {"message.max.bytes": 10_000})
     assert not isinstance(refused.value, OutcomeUnknownError)
     assert committed_values(services.bootstrap, topic) == []
+
+
+_LOW_LIMIT = {"message.max.bytes": 10_000}
+Caught = Callable[[Services, str, Sequence[Outgoing]], tuple[ProduceError | None, list[bytes]]]
+
+
+def _caught_sync(
+    services: Services, topic: str, records: Sequence[Outgoing]
+) -> tuple[ProduceError | None, list[bytes]]:
+    """A ``transaction()`` block that catches every send's ProduceError and goes on: what
+    it raised (None: it committed) and what a read_committed consumer saw after it; then
+    a second transaction on the same instance with the records that fit."""
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_LOW_LIMIT
+    )
+    producer.start()
+    raised = None
+    try:
+        try:
+            _sync_send(producer, records, True, 30, catch=True)
+        except ProduceError as exc:
+            raised = exc
+        visible = committed_values(services.bootstrap, topic)
+        _sync_send(producer, _fitting(records), True, 30)
+    finally:
+        producer.close()
+    return raised, visible
+
+
+def _caught_aio(
+    services: Services, topic: str, records: Sequence[Outgoing]
+) -> tuple[ProduceError | None, list[bytes]]:
+    """:func:`_caught_sync` through the asyncio producer."""
+
+    async def run() -> tuple[ProduceError | None, list[bytes]]:
+        producer = AsyncActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_LOW_LIMIT
+        )
+        await producer.start()
+        raised = None
+        try:
+            try:
+                async with producer.transaction(timeout=30):
+                    for record in records:
+                        with contextlib.suppress(ProduceError):
+                            await producer.send(record)
+            except ProduceError as exc:
+                raised = exc
+            visible = await asyncio.to_thread(committed_values, services.bootstrap, topic)
+            async with producer.transaction(timeout=30):
+                for record in _fitting(records):
+                    await producer.send(record)
+        finally:
+            await producer.close()
+        return raised, visible
+
+    return asyncio.run(run())
+
+
+def _fitting(records: Sequence[Outgoing]) -> list[Outgoing]:
+    """The records under :data:`_LOW_LIMIT`."""
+    return [r for r in records if len(r.value) < _LOW_LIMIT["message.max.bytes"]]
+
+
+@pytest.mark.parametrize("caught", [_caught_aio, _caught_sync], ids=["aio", "sync"])
+def test_a_refusal_the_block_catches_still_commits_nothing(
+    services: Services, topic: str, caught: Caught
+) -> None:
+    """The block catches the too-large record's ProduceError (refused before queueing,
+    so the broker's transaction never learns of it) and sends the others. Both producers
+    committed them without it: a partial transaction. Now the commit step aborts and
+    raises a ProduceError naming the refusal; the next transaction of the same instance
+    starts clean and commits."""
+    records = _around(_big(20_000))
+    raised, visible = caught(services, topic, records)
+    assert visible == [], "a transaction was committed without the record its block caught"
+    assert type(raised) is ProduceError, repr(raised)
+    refusal = r"nothing committed: .*ProduceError: record 0 .*message\.max\.bytes"
+    assert re.search(refusal, str(raised)), str(raised)
+    others = _fitting(records)
+    assert len(others) == len(records) - 1
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in others)
 
 
 @SENDS
@@ -371,8 +463,11 @@ _TIMED_OUT = r"record\(s\) not delivered, first: _MSG_TIMED_OUT.*again"
 """Judged by the records that timed out (an abort not confirmed also says "again")."""
 
 
-def _stalled_sync(services: Services, topic: str, records: Sequence[Outgoing], block: bool) -> None:
-    """The synchronous producer sends ``records`` while the broker is frozen for 6 s.
+def _stalled_sync(
+    services: Services, topic: str, records: Sequence[Outgoing], block: bool, catch: bool = False
+) -> None:
+    """The synchronous producer sends ``records`` while the broker is frozen for 6 s (in a
+    block that catches the sends' errors, if asked: the ``_STATE`` refusals).
 
     It learns the partitions' leader first: records then wait for it and time out on it,
     which fails the transaction at once (with no leader known they time out unassigned,
@@ -386,7 +481,7 @@ def _stalled_sync(services: Services, topic: str, records: Sequence[Outgoing], b
         producer.client.list_topics(topic, timeout=10)
         timer = _thawed_after(services, 6)
         with pytest.raises(TransientProduceError, match=_TIMED_OUT):
-            _sync_send(producer, records, block, 30)
+            _sync_send(producer, records, block, 30, catch=catch)
     finally:
         if timer is not None:
             timer.join()
@@ -417,8 +512,20 @@ def _stalled_aio(services: Services, topic: str, records: Sequence[Outgoing], bl
 
 @pytest.mark.parametrize(
     ("stalled", "block"),
-    [(_stalled_aio, False), (_stalled_aio, True), (_stalled_sync, False), (_stalled_sync, True)],
-    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+    [
+        (_stalled_aio, False),
+        (_stalled_aio, True),
+        (_stalled_sync, False),
+        (_stalled_sync, True),
+        (functools.partial(_stalled_sync, catch=True), True),
+    ],
+    ids=[
+        "aio-send_transaction",
+        "aio-transaction",
+        "sync-send_transaction",
+        "sync-transaction",
+        "sync-transaction-caught",
+    ],
 )
 def test_records_timed_out_behind_a_full_local_queue_commit_nothing_and_may_be_resent(
     services: Services,
@@ -431,8 +538,9 @@ def test_records_timed_out_behind_a_full_local_queue_commit_nothing_and_may_be_r
     records time out on the leader, librdkafka puts the transaction in its abortable-error
     state and refuses every later produce() with ``_STATE`` (and purges what is queued).
     Nothing is committed because the broker was away, not because a record was refused:
-    :class:`TransientProduceError`. A plain ``ProduceError`` told the caller the records
-    were bad, and a caller that drops refused records dropped good events."""
+    :class:`TransientProduceError`, also when the block caught the ``_STATE`` refusals
+    and went on. A plain ``ProduceError`` told the caller the records were bad, and a
+    caller that drops refused records dropped good events."""
     records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-s", 3)]
     assert len(records) > 2 * _STALL["queue.buffering.max.messages"]
     stalled(services, topic, records, block)

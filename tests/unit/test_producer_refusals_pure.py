@@ -17,6 +17,7 @@ from ackline.streams.producer import (
     failure_causes,
     not_committed,
     record_size,
+    send_failed,
     transactional_config,
 )
 
@@ -78,3 +79,14 @@ def test_refusals_and_purges_after_a_failure_are_not_its_cause() -> None:
     assert [err.code() for err in causes] == [KafkaError._MSG_TIMED_OUT]
     assert isinstance(not_committed(causes), TransientProduceError)
     assert failure_causes(after[1:]) == []
+
+
+def test_a_send_the_block_caught_keeps_its_meaning() -> None:
+    """A ``transaction()`` block that caught a send's error and went on is aborted: the
+    error says so, names the send's error, and stays transient only if that one was."""
+    away = send_failed(TransientProduceError("the local queue had no room for 2 s"))
+    assert isinstance(away, TransientProduceError)
+    assert "nothing committed" in str(away) and "TransientProduceError: the local" in str(away)
+    for refused in (ProduceError("record 0 is over"), ValueError("bad")):
+        error = send_failed(refused)
+        assert type(error) is ProduceError and str(refused) in str(error)
