@@ -318,18 +318,42 @@ class AsyncActivityProducer:
     async def close(self, timeout: float = 30.0) -> None:
         """Deliver what is buffered (up to ``timeout``), drop the rest, release the threads.
 
-        Never raises for a fenced or broken instance: there is nothing left to save.
+        Order of effects, as the synchronous ``close()``: the instance lets go of its
+        client (later calls raise :class:`ProduceError`); flush; what is still queued, or
+        all of it when the flush raises (fenced, librdkafka's fatal state), is purged and
+        logged at WARNING with its count; AIOProducer closes; the threads are released.
+        Never raises for a fenced or broken instance: there is nothing left to save, and
+        a ``finally: await close()`` must not replace the error the caller acts on. No
+        commit is asked for: a transaction left open stays invisible and the broker
+        aborts it (its timeout, or the next instance's ``init_transactions``), so a crash
+        at any step leaves nothing of it visible.
         """
         aio, executor = self._aio, self._executor
         self._aio = self._executor = None
         try:
             if aio is not None:
                 try:
-                    if await aio.flush(timeout):
-                        await aio.purge()
+                    left = await aio.flush(timeout)
+                    if left:
+                        log.warning(
+                            "closing the producer: %d record(s) not delivered in %g s, dropped",
+                            left,
+                            timeout,
+                        )
                 except (KafkaException, SystemError) as exc:
-                    log.info("closing a producer that cannot deliver: %s", exc)
-                    await aio.purge()
+                    left = len(aio)  # librdkafka's queue and AIOProducer's buffer
+                    log.warning(
+                        "closing a producer that cannot deliver (%s): %d record(s) dropped",
+                        kafka_error(exc) or exc,
+                        left,
+                    )
+                if left:
+                    for future in self._sent:  # counted above: no ERROR line for each
+                        future.add_done_callback(_seen)
+                    try:
+                        await aio.purge()
+                    except (KafkaException, SystemError) as exc:
+                        log.warning("closing the producer: purge failed: %s", exc)
                 try:
                     await aio.close()  # stops its timer task; flushes again, now empty
                 except (KafkaException, SystemError) as exc:
@@ -478,6 +502,13 @@ def _errors(futures: Sequence[asyncio.Future[Message]]) -> list[KafkaError]:
             err = kafka_error(exc)
             out.append(err if err is not None else KafkaError(KafkaError._FAIL, repr(exc)))
     return out
+
+
+def _seen(future: asyncio.Future[Message]) -> None:
+    """Retrieve a dropped record's error, so that asyncio does not log it as never
+    retrieved: :meth:`AsyncActivityProducer.close` logged the count of them."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _deliveries(futures: Sequence[asyncio.Future[Message]]) -> list[Delivery]:
