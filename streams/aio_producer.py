@@ -236,9 +236,12 @@ class AsyncActivityProducer:
         :class:`ProduceError` (or :class:`TransientProduceError`; the block is not run
         again). A send the block caught raises here, after the abort, as
         :func:`ackline.streams.producer.send_failed` (:class:`TransientProduceError` for
-        one whose local queue did not drain within ``timeout``); on an instance that send
-        left unusable (fenced, cancelled), the abort raises the instance's error instead.
-        The next transaction starts clean.
+        one that was no verdict on its record: its local queue did not drain within
+        ``timeout``, or it was cancelled); on an instance that send left unusable
+        (fenced, cancelled), or when the abort is not confirmed (the broker away: likely
+        after a queue that did not drain), the abort raises the instance's error instead
+        and the instance is done. After a confirmed abort the next transaction starts
+        clean.
         """
         await self._begin(timeout)
         try:

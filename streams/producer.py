@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -256,14 +257,16 @@ def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
 
 def send_failed(first: BaseException) -> ProduceError:
     """The error for a ``transaction()`` block that went on after a send in it raised
-    ``first``: aborted, not committed, since a commit would lack that send's record.
-    :class:`TransientProduceError` when ``first`` was one (the same records may go
-    through later), else :class:`ProduceError`."""
+    ``first``, once the transaction was aborted: a commit would lack that send's record.
+    :class:`TransientProduceError` when ``first`` was no fault of the record's (no room
+    in time, an outcome not known, the send cancelled: a caller's timeout around it), as
+    the abort left nothing committed: send the same again. Else :class:`ProduceError`,
+    a refusal (too large, invalid), which a caller may act on by dropping the record."""
     text = (
         "transaction aborted, nothing committed: its block went on after a send raised "
         f"{type(first).__name__}: {first}"
     )
-    if isinstance(first, TransientProduceError):
+    if isinstance(first, TransientProduceError | OutcomeUnknownError | asyncio.CancelledError):
         return TransientProduceError(text)
     return ProduceError(text)
 
@@ -469,7 +472,10 @@ class ActivityProducer:
         a send in the block that librdkafka refused because the transaction had already
         failed, caught or not. Another send the block caught raises here, after the
         abort, as :func:`send_failed` (:class:`TransientProduceError` for one that found no
-        room in the local queue within ``timeout``). The next transaction starts clean.
+        room in the local queue within ``timeout``). An abort not confirmed (the broker
+        away: likely after a queue that did not drain) raises its own error instead, and
+        the instance is done (:meth:`abort`). After a confirmed abort the next transaction
+        starts clean.
         """
         producer = self.client
         producer.begin_transaction()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 from confluent_kafka import KafkaError
 
 from ackline.schemas.decode import DEFAULT_LIMITS
-from ackline.streams.errors import ProduceError, TransientProduceError
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     SDK_MESSAGE_MAX_BYTES,
     Outgoing,
@@ -87,6 +88,9 @@ def test_a_send_the_block_caught_keeps_its_meaning() -> None:
     away = send_failed(TransientProduceError("the local queue had no room for 2 s"))
     assert isinstance(away, TransientProduceError)
     assert "nothing committed" in str(away) and "TransientProduceError: the local" in str(away)
+    # a caller's timeout around a send cancels it: no verdict on the record
+    for unknown in (asyncio.CancelledError(), OutcomeUnknownError("flush not confirmed")):
+        assert type(send_failed(unknown)) is TransientProduceError
     for refused in (ProduceError("record 0 is over"), ValueError("bad")):
         error = send_failed(refused)
         assert type(error) is ProduceError and str(refused) in str(error)
