@@ -158,6 +158,23 @@ def find_processes(needles: Iterable[str]) -> list[int]:
     return found
 
 
+def nice_session(pid: int, nice: int | None = None) -> None:
+    """Run ``pid``'s session at ``nice`` (default: this process's own nice value).
+
+    A detached service runs in a session of its own, and with the kernel's autogroup
+    scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) each session competes for
+    the CPU as one group, whatever its processes' nice values: a stack started under
+    ``nice`` would otherwise take its full share beside everything else. Nothing to do
+    at nice 0; where the kernel has no autogroups, the process's own nice value, which
+    it inherited, already applies.
+    """
+    value = os.getpriority(os.PRIO_PROCESS, 0) if nice is None else nice
+    if value <= 0:
+        return
+    with contextlib.suppress(OSError):  # no autogroups, or the process is gone
+        Path(f"/proc/{pid}/autogroup").write_text(str(value), encoding="ascii")
+
+
 def run(
     argv: Sequence[str],
     *,

@@ -298,6 +298,7 @@ class KafkaNode:
                 f"could not launch the Kafka JVM (exit {proc.returncode}): {proc.stderr.strip()}"
             ) from exc
         _proc.write_pid_file(self.pid_path, pid)
+        _proc.nice_session(pid)  # its own session: keep the priority it was started at
         return pid
 
     def properties(self) -> str:

@@ -214,6 +214,9 @@ class PostgresNode:
                 f"PostgreSQL did not start (pg_ctl exit {proc.returncode}): "
                 f"{(proc.stdout + proc.stderr).strip()}\nlast log lines:\n{self._log_tail()}"
             )
+        postmaster = self.pid
+        if postmaster is not None:  # pg_ctl starts it in a session of its own
+            _proc.nice_session(postmaster)
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 60.0) -> None:

@@ -1,17 +1,22 @@
 """The short chaos runs of `make test` (tests/integration/test_chaos_short.py), started in
 the background when the session starts and judged by the last tests of the session.
 
-Each run produces at a fixed rate for ~100 s on a stack of its own; started with the
-session, they overlap the rest of the suite instead of adding ~140 s to it. They run at a
-lower CPU priority (``nice``, which their brokers, databases and workers inherit), so that
-the tests with short timeouts running beside them keep the cores they would have alone:
-the chaos runs' own outcome does not depend on timing, only their fault counts, which the
-schedule ties to ingest progress. Under pytest-xdist they start when their tests do (each
-xdist worker collects every test, and only one of them runs the chaos group).
+Each run produces at a fixed rate for ~100 s on a stack of its own (~140 s a run); started
+with the first integration test, they overlap the rest of the suite instead of adding their
+wall time to it. They run at a lower CPU priority, so that the tests with short timeouts
+running beside them lose as little as can be of the cores they would have alone: nice 10
+for the harness and everything it starts, and the same for each of their sessions (the
+harness's, each broker's and each database's: with the kernel's autogroups a session
+competes as one group whatever its nice value, ackline.dev._proc.nice_session). Disk I/O
+is still shared. The chaos runs' outcome does not depend on timing, only their fault
+counts, which the schedule ties to ingest progress. Under pytest-xdist they start when
+their tests do (each xdist worker collects every test, and only one of them runs the chaos
+group).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -19,13 +24,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ackline.dev import stack
+from ackline.dev import _proc, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "test_chaos_short"
@@ -38,7 +44,8 @@ MINIMUM = {
     "commit_faults": 3,
     "processor_kills": 2,
 }
-NICE = 10  # a nice-10 process gets about a tenth of a core that a nice-0 one also wants
+NICE = 10  # a nice-10 group gets about a tenth of a core that a nice-0 one also wants
+RUN_LIMIT_S = 560.0  # a run that has not ended this long after its start has hung
 
 
 @dataclass
@@ -50,6 +57,11 @@ class Run:
     seed: int
     stdout: Path
     stderr: Path
+    started: float  # time.monotonic()
+
+    def left_s(self) -> float:
+        """How much longer the run may take before it counts as hung."""
+        return max(0.0, self.started + RUN_LIMIT_S - time.monotonic())
 
 
 def is_chaos_short(item: pytest.Item) -> bool:
@@ -91,7 +103,8 @@ def _start(runtime: str, logs: Path) -> Run:
         proc = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
         )
-    return Run(proc, state, seed, out, err)
+    _proc.nice_session(proc.pid, NICE)  # the harness's session; its stacks do the same
+    return Run(proc, state, seed, out, err, time.monotonic())
 
 
 def end(run: Run) -> None:
@@ -99,25 +112,34 @@ def end(run: Run) -> None:
     if run.proc.poll() is None:
         os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
-    stack.down(run.state)  # normally stopped by the run itself; not if it was killed
-    shutil.rmtree(run.state, ignore_errors=True)
+    try:
+        stack.down(run.state)  # normally stopped by the run itself; not if it was killed
+    finally:
+        shutil.rmtree(run.state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def chaos_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Run]]:
+) -> Iterator[dict[str, Run | Exception]]:
     """The selected runtimes' runs at once, each on a stack of its own (side by side they
-    take the wall time of one: the two cores are far from busy at 1,000 events/s each)."""
+    take the wall time of one: the two cores are far from busy at 1,000 events/s each).
+    A run that could not start is its error, for its own test to fail with: a failing
+    session fixture would fail every integration test."""
     logs = tmp_path_factory.mktemp("chaos-short")
-    started: dict[str, Run] = {}
+    started: dict[str, Run | Exception] = {}
     try:
         for runtime in sorted(selected_runtimes(request.session.items)):
-            started[runtime] = _start(runtime, logs)
+            try:
+                started[runtime] = _start(runtime, logs)
+            except Exception as exc:  # reported by the run's test
+                started[runtime] = exc
         yield started
     finally:
         for run in started.values():
-            end(run)
+            if isinstance(run, Run):
+                with contextlib.suppress(Exception):  # every run is ended
+                    end(run)
 
 
 @pytest.fixture(scope="session", autouse=True)

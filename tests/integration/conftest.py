@@ -95,16 +95,18 @@ _ONE_AT_A_TIME = {
     "test_infra_faults": "machine",
     "test_dev_stack": "machine",
     "test_toxiproxy": "machine",
-    # both runtimes' runs start together (one module fixture): one worker runs both
+    # both runtimes' runs start together (one session fixture): one worker runs both
     "test_chaos_short": "chaos",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), the tests of a module that uses a
-    machine-wide resource go to one worker, one after another. The short chaos tests go
-    last: their runs start with the session and overlap everything else (chaos_runs)."""
-    items.sort(key=is_chaos_short)  # stable: the others keep their order
+    machine-wide resource go to one worker, one after another. In one process the short
+    chaos tests go last: their runs start with the first integration test and overlap
+    everything else (chaos_runs)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        items.sort(key=is_chaos_short)  # stable: the others keep their order
     for item in items:
         group = _ONE_AT_A_TIME.get(item.module.__name__.rsplit(".", 1)[-1])  # type: ignore[attr-defined]
         if group is not None:
