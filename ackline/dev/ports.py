@@ -1,15 +1,27 @@
-"""Free TCP ports on 127.0.0.1 for the local stack."""
+"""Free TCP ports on 127.0.0.1 for the local stack.
+
+Ports are chosen outside the kernel's ephemeral range (``ip_local_port_range``): a port
+chosen there is bound by its service seconds later, and again after every restart on the
+same port, and meanwhile any outgoing connection on the machine may take it as its source
+port ("Address already in use": a chaos run's broker failed to start that way while the
+test suite beside it churned connections). Below the range no connection takes it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import time
 from collections.abc import Collection
+from pathlib import Path
 
 from ackline.dev.errors import DevStackError
 
 HOST = "127.0.0.1"
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST = 10_000  # above the well-known and most registered service ports; unprivileged
+_TRIES = 200
 
 
 def is_port_free(port: int, host: str = HOST) -> bool:
@@ -29,12 +41,47 @@ def is_port_free(port: int, host: str = HOST) -> bool:
     return True
 
 
+def parse_ephemeral_range(text: str) -> tuple[int, int]:
+    """``ip_local_port_range``'s two numbers, e.g. ``"32768\\t60999\\n"`` → (32768, 60999)."""
+    low, high = (int(part) for part in text.split())
+    return low, high
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range; Linux's default when it cannot be read."""
+    try:
+        return parse_ephemeral_range(EPHEMERAL_RANGE_FILE.read_text())
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
+def outside_ephemeral(ephemeral: tuple[int, int]) -> range:
+    """The ports to choose from: the larger stretch of ``LOWEST..65535`` below or above the
+    ephemeral range (below it on Linux's default). Empty when the range covers them all."""
+    low, high = ephemeral
+    below = range(LOWEST, max(LOWEST, low))
+    above = range(max(LOWEST, high + 1), 65_536)
+    return below if len(below) >= len(above) else above
+
+
 def pick_free_port(
     preferred: int | None = None, exclude: Collection[int] = (), host: str = HOST
 ) -> int:
-    """``preferred`` when it is still free (and not excluded), else a fresh free port."""
+    """``preferred`` when it is still free (and not excluded), else a free port outside
+    the ephemeral range (else, when the range leaves none, one the kernel hands out)."""
     if preferred is not None and preferred not in exclude and is_port_free(preferred, host):
         return preferred
+    candidates = outside_ephemeral(ephemeral_range())
+    if candidates:
+        rng = random.SystemRandom()  # two stacks starting at once rarely draw the same
+        for _ in range(_TRIES):
+            port = rng.choice(candidates)
+            if port not in exclude and is_port_free(port, host):
+                return port
+    return _kernel_port(exclude, host)
+
+
+def _kernel_port(exclude: Collection[int], host: str) -> int:
     held: list[socket.socket] = []
     try:
         # Ask the kernel for ephemeral ports until one is not excluded; keep the

@@ -43,7 +43,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -55,7 +54,7 @@ from typing import Any, Literal
 
 from ackline.dev import _proc
 from ackline.dev.errors import DevStackError
-from ackline.dev.ports import HOST
+from ackline.dev.ports import HOST, pick_free_port
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +135,6 @@ def ensure_binary() -> Path:
                 f"go install of toxiproxy failed (exit {proc.returncode}):\n{output}"
             )
     return binary
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def toxic_body(
@@ -355,7 +348,7 @@ class ToxiproxyServer:
         """Build if needed, start, and wait until ``/version`` answers."""
         binary = ensure_binary()
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            api_port = port or free_port(host)
+            api_port = port or pick_free_port(host=host)
             out: Any = subprocess.DEVNULL
             if log_path is not None:
                 out = log_path.open("ab")

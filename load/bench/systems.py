@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 import asyncpg
 from confluent_kafka import Consumer, TopicPartition
 
+from ackline.dev.ports import pick_free_port
 from ackline.load.bench.measure import Measured
-from ackline.load.bench.peers import ConnectJars, free_port, peer_table_ddl, render
+from ackline.load.bench.peers import ConnectJars, peer_table_ddl, render
 from ackline.sinks.admin.migrate import migrate
 
 T = TypeVar("T")
@@ -335,7 +336,7 @@ class Connect(System):
                     "bootstrap": self.env.bootstrap,
                     "state": str(state),
                     "plugin_path": str(jars.plugin_path),
-                    "rest_port": str(free_port()),
+                    "rest_port": str(pick_free_port()),
                 },
             )
         )

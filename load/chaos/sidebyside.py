@@ -505,14 +505,14 @@ class _Connect:
     its JDBC URL listing both PostgreSQL nodes."""
 
     def __init__(self, infra: Any, run_dir: Path, jars: Any, topic: str) -> None:
-        from ackline.load.bench.peers import free_port
+        from ackline.dev.ports import pick_free_port
 
         self.infra = infra
         self.dir = run_dir / "connect"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.topic = topic
         self.jars = jars
-        self.rest = free_port()
+        self.rest = pick_free_port()
         self.name = "sbs-jdbc"
         self.notes: list[str] = []
         self.proc: Any = None

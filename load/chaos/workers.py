@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from ackline.dev.ports import pick_free_port
+
 FENCED_LINE = "fenced and rolled back"
 FENCED_METRIC = "ackline_fenced_batches_total"
 STOP_MARGIN_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -96,7 +91,7 @@ class WorkerPool:
         worker_id = f"{self.prefix}{slot}-{number}"
         log_path = self.run_dir / "logs" / f"{worker_id}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = pick_free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
         env.update(self.env)
         env.update(self.slot_env.get(slot, {}))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from ackline.dev.ports import pick_free_port
 from ackline.sinks.admin.migrate import load_migrations, migrate
 
 T = TypeVar("T")
@@ -116,7 +116,7 @@ class Worker:
         self.log_path = log_dir / f"{name}.log"
         self.release_path = log_dir / f"{name}.release"
         self.release_path.unlink(missing_ok=True)  # not one left by an earlier worker so named
-        self.metrics_port = _free_port()
+        self.metrics_port = pick_free_port()
         env = {
             **os.environ,
             "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
@@ -200,9 +200,3 @@ class Worker:
             raise AssertionError(
                 f"worker {self.name} exited {self.proc.returncode}:\n{self.log()[-4000:]}"
             )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

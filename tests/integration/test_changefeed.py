@@ -33,8 +33,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 from ackline.core.faults import Faults
+from ackline.dev.ports import pick_free_port
 from ackline.dev.postgres import PostgresNode, find_pg_bindir
-from ackline.dev.toxiproxy import free_port
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.connection import Database
@@ -284,7 +284,7 @@ def test_a_database_copied_into_another_cluster_is_refused_until_its_xid_epoch_i
     bindir = find_pg_bindir()
     state = Path(tempfile.mkdtemp(prefix="ackline-copy-", dir="/tmp"))
     state.chmod(0o755)  # PostgreSQL runs as an unprivileged user
-    node = PostgresNode(state, free_port())
+    node = PostgresNode(state, pick_free_port())
     try:
         node.start()
         node.ensure_database("copy")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import time
 import urllib.request
 import uuid
@@ -41,6 +40,7 @@ import asyncpg
 import pytest
 
 from ackline.core.faults import Faults
+from ackline.dev.ports import pick_free_port
 from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
 from ackline.schemas import Envelope, new_envelope
@@ -870,12 +870,6 @@ def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str)
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
@@ -903,7 +897,7 @@ def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:
     assert (shown["state"], shown["lag_events"]) == ("paused", n)
     assert shown["lag_seconds"] > 0
 
-    port = _free_port()
+    port = pick_free_port()
     proc = Process(
         dsn,
         tmp_path,

@@ -13,7 +13,6 @@ installs them itself, outside the project's own environment:
 from __future__ import annotations
 
 import shutil
-import socket
 import string
 import subprocess
 import sys
@@ -143,12 +142,6 @@ def ensure_connect_jars() -> ConnectJars:
     return ConnectJars(runtime, plugins)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def render(template: str, values: dict[str, str]) -> str:
     """A config file of this package with its ``${name}`` placeholders filled in."""
     return string.Template((HERE / template).read_text()).substitute(values)
@@ -186,7 +179,6 @@ __all__ = [
     "bench_cache",
     "ensure_connect_jars",
     "ensure_python_peers",
-    "free_port",
     "peer_table_ddl",
     "render",
 ]
