@@ -1,13 +1,19 @@
-"""The short chaos runs of `make test` (tests/integration/test_chaos_short.py): both
-runtimes' runs start together when the first of their tests asks for them.
+"""The short chaos runs of `make test` (tests/integration/test_chaos_short.py), started in
+the background when the session starts and judged by the last tests of the session.
 
-Each run produces at a fixed rate for ~100 s on a stack of its own (~140 s a run). They
-run at nice 10, and so do their sessions (the harness's, each broker's and each
-database's: with the kernel's autogroups a session competes as one group whatever its
-nice value, ackline.dev._proc.nice_session). Started with the session instead, to overlap
-the rest of the suite, one run's broker once failed to bind its port ("Address already in
-use"): ports are chosen free and bound seconds later, while the suite's own connections
-take ephemeral ports from the same range. So they run on their own, as before.
+Each run produces at a fixed rate for ~100 s on a stack of its own (~140 s a run); started
+with the first integration test, they overlap the rest of the suite instead of adding their
+wall time to it. They run at a lower CPU priority, so that the tests with short timeouts
+running beside them lose as little as can be of the cores they would have alone: nice 10
+for the harness and everything it starts, and the same for each of their sessions (the
+harness's, each broker's and each database's: with the kernel's autogroups a session
+competes as one group whatever its nice value, ackline.dev._proc.nice_session). Disk I/O
+is still shared. The chaos runs' outcome does not depend on timing, only their fault
+counts, which the schedule ties to ingest progress. Their stacks' ports are chosen below
+the kernel's ephemeral range (ackline.dev.ports): chosen inside it, one run's broker once
+failed to bind its port while the suite's own connections churned. Under pytest-xdist
+they start when their tests do (each xdist worker collects every test, and only one of
+them runs the chaos group).
 """
 
 from __future__ import annotations
@@ -136,3 +142,10 @@ def chaos_runs(
             if isinstance(run, Run):
                 with contextlib.suppress(Exception):  # every run is ended
                     end(run)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chaos_runs_start_with_the_session(request: pytest.FixtureRequest) -> None:
+    """Start the short chaos runs with the first integration test (not under xdist)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and selected_runtimes(request.session.items):
+        request.getfixturevalue("chaos_runs")

@@ -20,7 +20,11 @@ from ackline.dev import stack
 from ackline.sinks.admin.migrate import migrate
 from ackline.streams.admin import delete_topic, ensure_topic
 from ackline.streams.errors import TopicError
-from tests.integration.chaos_runs import chaos_runs  # noqa: F401 (a fixture)
+from tests.integration.chaos_runs import (  # noqa: F401 (fixtures)
+    _chaos_runs_start_with_the_session,
+    chaos_runs,
+    is_chaos_short,
+)
 from tests.integration.harness import LIVE_WORKERS, Services, dsn_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +102,11 @@ _ONE_AT_A_TIME = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), the tests of a module that uses a
-    machine-wide resource go to one worker, one after another."""
+    machine-wide resource go to one worker, one after another. In one process the short
+    chaos tests go last: their runs start with the first integration test and overlap
+    everything else (chaos_runs)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        items.sort(key=is_chaos_short)  # stable: the others keep their order
     for item in items:
         group = _ONE_AT_A_TIME.get(item.module.__name__.rsplit(".", 1)[-1])  # type: ignore[attr-defined]
         if group is not None:
