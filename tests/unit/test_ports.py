@@ -34,9 +34,7 @@ def test_the_kernel_range_is_parsed() -> None:
         ((1024, 65535), range(0)),  # nothing left: the kernel's choice
     ],
 )
-def test_the_ports_outside_the_ephemeral_range(
-    ephemeral: tuple[int, int], expected: range
-) -> None:
+def test_the_ports_outside_the_ephemeral_range(ephemeral: tuple[int, int], expected: range) -> None:
     assert outside_ephemeral(ephemeral) == expected
 
 
