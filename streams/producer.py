@@ -556,12 +556,8 @@ class ActivityProducer:
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one validated envelope inside the current transaction (a
         :class:`SchemaError` from :func:`prepare` is a failed send too)."""
-        try:
-            record = prepare(envelope, self.key_by)
-        except BaseException as exc:
-            self._note_failure(exc)
-            raise
-        self.send_record(record, on_delivery)
+        with self._sending():
+            self._send_record(prepare(envelope, self.key_by), on_delivery)
 
     def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one prepared record inside the current transaction.
@@ -570,14 +566,8 @@ class ActivityProducer:
         queued; inside :meth:`transaction` that transaction is then aborted whole, whether
         the block lets the error out or not.
         """
-        try:
-            check_fits([record], self._limits)
-        except BaseException as exc:
-            self._note_failure(exc)
-            raise
-        if self._reports is not None:
-            on_delivery = _collect_into(self._reports, on_delivery)
-        self.send_bytes(record.key, record.value, list(record.headers), on_delivery)
+        with self._sending():
+            self._send_record(record, on_delivery)
 
     def send_bytes(
         self,
@@ -596,17 +586,27 @@ class ActivityProducer:
         which the transactional methods abort and judge by the delivery reports. Whatever
         it raises, the open transaction can no longer commit (:meth:`transaction`).
         """
-        try:
+        with self._sending():
             self._produce(key, value, headers, on_delivery)
+
+    @contextmanager
+    def _sending(self) -> Iterator[None]:
+        """Around each public send, once (they do not call one another): keep the first
+        error a send raised in the open transaction, whose commit must not happen (the
+        record is missing from it) even if the caller goes on."""
+        try:
+            yield
         except BaseException as exc:
-            self._note_failure(exc)
+            if self._failed is None:
+                self._failed = exc
             raise
 
-    def _note_failure(self, exc: BaseException) -> None:
-        """Keep the first error a send raised in the open transaction: its commit must
-        not happen (the record is missing from it) even if the caller goes on."""
-        if self._failed is None:
-            self._failed = exc
+    def _send_record(self, record: Outgoing, on_delivery: DeliveryHook | None) -> None:
+        """:meth:`send_record` without the bookkeeping of :meth:`_sending`."""
+        check_fits([record], self._limits)
+        if self._reports is not None:
+            on_delivery = _collect_into(self._reports, on_delivery)
+        self._produce(record.key, record.value, list(record.headers), on_delivery)
 
     def _produce(
         self,

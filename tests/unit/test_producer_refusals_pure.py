@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
+from typing import cast
 
 import pytest
 from confluent_kafka import KafkaError
 
+from ackline.schemas import Envelope, SchemaError
 from ackline.schemas.decode import DEFAULT_LIMITS
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     SDK_MESSAGE_MAX_BYTES,
+    ActivityProducer,
     Outgoing,
     check_fits,
     client_limits,
@@ -94,3 +98,24 @@ def test_a_send_the_block_caught_keeps_its_meaning() -> None:
     for refused in (ProduceError("record 0 is over"), ValueError("bad")):
         error = send_failed(refused)
         assert type(error) is ProduceError and str(refused) in str(error)
+
+
+def test_a_failed_send_is_kept_whichever_call_raised_it_and_only_the_first() -> None:
+    """``send``, ``send_record`` and ``send_bytes`` each keep the first error a send raised
+    (a transaction() block then aborts instead of committing without the record). Checked
+    on producers never started: the failures come before anything would connect."""
+    oversize = _record(SDK_MESSAGE_MAX_BYTES)
+    calls: list[Callable[[ActivityProducer], None]] = [
+        lambda p: p.send(cast(Envelope, object())),  # not an Envelope: SchemaError
+        lambda p: p.send_record(oversize),  # over message.max.bytes: ProduceError
+        lambda p: p.send_bytes(b"k", b"v"),  # not started: ProduceError
+    ]
+    for call in calls:
+        producer = ActivityProducer("127.0.0.1:1", "t", "svc-unit")
+        with pytest.raises(ProduceError if call is not calls[0] else SchemaError) as first:
+            call(producer)
+        assert producer._failed is first.value
+        for later in calls:
+            with pytest.raises((ProduceError, SchemaError)):
+                later(producer)
+        assert producer._failed is first.value
