@@ -459,7 +459,9 @@ class ActivityProducer:
         so does a send in the block that raised even when the block caught the error and
         went on (a commit would lack that record; Kafka's Java producer refuses it too).
 
-        Order of effects: begin_transaction; the block's sends; then commit_transaction,
+        Order of effects: begin_transaction (a failure raises as a commit's does, the block
+        not run: :class:`ProducerFencedError` on an instance a newer one fenced, else
+        :class:`OutcomeUnknownError`); the block's sends; then commit_transaction,
         which flushes and waits for every record and the commit marker, or, after an
         exception or a failed send, abort_transaction (purge, abort marker) and an error.
         A crash before the commit marker is written leaves the records invisible to
@@ -477,8 +479,8 @@ class ActivityProducer:
         the instance is done (:meth:`abort`). After a confirmed abort the next transaction
         starts clean.
         """
-        producer = self.client
-        producer.begin_transaction()
+        with self._failures_as_outcome("begin_transaction"):
+            self.client.begin_transaction()
         self._room_s = timeout
         self._failed = None
         reports: list[tuple[KafkaError | None, Message | None]] = []

@@ -225,14 +225,13 @@ def test_a_task_cancelled_between_two_commit_attempts_leaves_the_instance_unusab
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
 
 
-def test_a_fenced_synchronous_instance_closes_without_raising(
-    services: Services, topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A zombie fenced by its successor is in librdkafka's fatal state: its flush raises.
-    The synchronous close() let that KafkaException out (the asyncio one never raised), so
-    a ``finally: producer.close()`` replaced the ProducerFencedError the caller must act on.
-    Now it releases the client whatever its state; the successor commits the records."""
-    sent = records()
+@contextmanager
+def fenced_sync_zombie(
+    services: Services, topic: str, sent: list[Outgoing]
+) -> Iterator[tuple[ActivityProducer, ActivityProducer]]:
+    """A synchronous instance (the zombie) whose transaction held ``sent``, delivered, when
+    its successor with the same transactional.id started and fenced it; the zombie's
+    commit has raised ProducerFencedError. Both are closed after the block."""
     txn_id = f"svc-{uuid.uuid4().hex[:8]}"
     zombie = ActivityProducer(services.bootstrap, topic, txn_id)
     zombie.start()
@@ -243,6 +242,21 @@ def test_a_fenced_synchronous_instance_closes_without_raising(
                 zombie.send_record(record)
             assert zombie.client.flush(30) == 0  # delivered, inside its transaction
             successor.start()  # same transactional.id: fences the zombie
+        yield zombie, successor
+    finally:
+        zombie.close()
+        successor.close()
+
+
+def test_a_fenced_synchronous_instance_closes_without_raising(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A zombie fenced by its successor is in librdkafka's fatal state: its flush raises.
+    The synchronous close() let that KafkaException out (the asyncio one never raised), so
+    a ``finally: producer.close()`` replaced the ProducerFencedError the caller must act on.
+    Now it releases the client whatever its state; the successor commits the records."""
+    sent = records()
+    with fenced_sync_zombie(services, topic, sent) as (zombie, successor):
         with caplog.at_level(logging.WARNING, logger=sync_log.name):
             zombie.close()
         assert "closing a producer that cannot deliver (KafkaError{FATAL,code=_FENCED" in (
@@ -251,10 +265,23 @@ def test_a_fenced_synchronous_instance_closes_without_raising(
         with pytest.raises(ProduceError, match=r"start\(\) was not called"):
             zombie.client  # noqa: B018 (released)
         successor.send_transaction(sent)
-    finally:
-        zombie.close()
-        successor.close()
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
+
+
+def test_a_fenced_synchronous_instance_refuses_a_new_transaction_with_the_sdks_error(
+    services: Services, topic: str
+) -> None:
+    """Once librdkafka knows the instance is fenced (its commit failed so), its
+    begin_transaction raises. The synchronous transaction() let that KafkaException out
+    raw, where send_transaction and the asyncio producer map it; now it is the SDK's
+    ProducerFencedError, and the block does not run."""
+    with (
+        fenced_sync_zombie(services, topic, records()) as (zombie, _),
+        pytest.raises(ProducerFencedError, match="begin_transaction"),
+        zombie.transaction(timeout=30),
+    ):
+        pytest.fail("the block of a transaction that did not begin ran")
+    assert committed_values(services.bootstrap, topic) == []
 
 
 def test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_many(
