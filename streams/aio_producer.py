@@ -62,6 +62,7 @@ from ackline.streams.producer import (
     prepare,
     record_size,
     send_failed,
+    send_refused,
     settle,
     start_failed,
     transactional_config,
@@ -107,6 +108,9 @@ class AsyncActivityProducer:
         self._failed: BaseException | None = None
         """The first error :meth:`send` raised since the open transaction began (reset at
         begin): :meth:`transaction` aborts instead of committing without its record."""
+        self._in_block = False
+        """Whether a :meth:`transaction` block is running: a send after a failed one in it
+        is refused at once."""
         self._drain_s = 60.0
         """How long a send waits for the local queue to drain: the transaction's timeout."""
         self._unflushed = self._unflushed_bytes = 0
@@ -222,7 +226,8 @@ class AsyncActivityProducer:
 
         The transaction is whole or absent: an exception out of the block aborts it, and
         so does a :meth:`send` that raised even when the block caught the error and went
-        on (a commit would lack that record; Kafka's Java producer refuses it too).
+        on (a commit would lack that record; Kafka's Java producer refuses it too). Every
+        later :meth:`send` in the block then raises at once, its record not queued.
 
         Order of effects: begin; the block's sends; then :meth:`_commit` (flush, check
         every delivery, commit), or, after an exception or a failed send,
@@ -244,12 +249,15 @@ class AsyncActivityProducer:
         clean.
         """
         await self._begin(timeout)
+        self._in_block = True
         try:
             yield
         except BaseException:
             if self._broken is None:
                 await self.abort(timeout)
             raise
+        finally:
+            self._in_block = False
         first = self._failed
         if first is not None:
             await self.abort(timeout)
@@ -270,9 +278,14 @@ class AsyncActivityProducer:
         flushes). Prepare records yourself when a retry may need them again. Raises
         :class:`ProduceError` for a record over ``message.max.bytes``, before queueing it.
         Whatever it raises, the open transaction can no longer commit: :meth:`transaction`
-        aborts it whole, whether the block lets the error out or not.
+        aborts it whole, whether the block lets the error out or not, and every later send
+        in its block raises at once, its record not queued
+        (:func:`ackline.streams.producer.send_refused`, naming the first error).
         """
         try:
+            if self._in_block and (first := self._failed) is not None:
+                self._client()  # an instance that send left unusable says so first
+                raise send_refused(first) from first
             record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
             return await self._produce(record)
         except BaseException as exc:

@@ -262,10 +262,27 @@ def send_failed(first: BaseException) -> ProduceError:
     in time, an outcome not known, the send cancelled: a caller's timeout around it), as
     the abort left nothing committed: send the same again. Else :class:`ProduceError`,
     a refusal (too large, invalid), which a caller may act on by dropping the record."""
-    text = (
-        "transaction aborted, nothing committed: its block went on after a send raised "
-        f"{type(first).__name__}: {first}"
+    return _after_failed_send(
+        first, "transaction aborted, nothing committed: its block went on after a send raised"
     )
+
+
+def send_refused(first: BaseException) -> ProduceError:
+    """The error for a send in a ``transaction()`` block after an earlier send in it
+    raised ``first``: the record is not queued, as the transaction can no longer commit
+    (the block's end aborts it); the class as :func:`send_failed` says, so a block that
+    lets this one out learns what the commit step would have said."""
+    return _after_failed_send(
+        first,
+        "not sent: this transaction cannot commit and is aborted at the end of its block, "
+        "since an earlier send in it raised",
+    )
+
+
+def _after_failed_send(first: BaseException, text: str) -> ProduceError:
+    """:func:`send_failed` and :func:`send_refused`: ``text`` and ``first`` named; transient
+    only when ``first`` was no verdict on its record."""
+    text = f"{text} {type(first).__name__}: {first}"
     if isinstance(first, TransientProduceError | OutcomeUnknownError | asyncio.CancelledError):
         return TransientProduceError(text)
     return ProduceError(text)
@@ -458,6 +475,9 @@ class ActivityProducer:
         The transaction is whole or absent: an exception out of the block aborts it, and
         so does a send in the block that raised even when the block caught the error and
         went on (a commit would lack that record; Kafka's Java producer refuses it too).
+        Every later send in the block then raises at once, its record not queued:
+        :func:`send_refused`, which names the first error and is transient as
+        :func:`send_failed` would be.
 
         Order of effects: begin_transaction (a failure raises as a commit's does, the block
         not run: :class:`ProducerFencedError` on an instance a newer one fenced, else
@@ -595,7 +615,16 @@ class ActivityProducer:
     def _sending(self) -> Iterator[None]:
         """Around each public send, once (they do not call one another): keep the first
         error a send raised in the open transaction, whose commit must not happen (the
-        record is missing from it) even if the caller goes on."""
+        record is missing from it) even if the caller goes on; in a :meth:`transaction`
+        block, refuse every later send at once (queued, its record would only go to a
+        transaction bound to be aborted). After a ``_STATE`` refusal (:class:`_TxnFailed`)
+        the later send raises the same, as librdkafka would: the block's end then judges
+        the transaction by the delivery reports, whether the block lets it out or not."""
+        first = self._failed
+        if first is not None and self._reports is not None:
+            if isinstance(first, _TxnFailed):
+                raise _TxnFailed(first.err) from first
+            raise send_refused(first) from first
         try:
             yield
         except BaseException as exc:

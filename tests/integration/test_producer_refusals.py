@@ -26,8 +26,9 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -179,58 +180,81 @@ def test_a_record_over_the_services_own_limit_commits_nothing(
 
 
 _LOW_LIMIT = {"message.max.bytes": 10_000}
-Caught = Callable[[Services, str, Sequence[Outgoing]], tuple[ProduceError | None, list[bytes]]]
 
 
-def _caught_sync(
-    services: Services, topic: str, records: Sequence[Outgoing]
-) -> tuple[ProduceError | None, list[bytes]]:
-    """A ``transaction()`` block that catches every send's ProduceError and goes on: what
-    it raised (None: it committed) and what a read_committed consumer saw after it; then
-    a second transaction on the same instance with the records that fit."""
+@dataclass
+class Outcome:
+    """What a ``transaction()`` block that catches every send's ProduceError led to."""
+
+    raised: ProduceError | None = None
+    """What the block's end raised (None: it committed)."""
+    visible: list[bytes] = field(default_factory=list)
+    """What a read_committed consumer saw after it."""
+    sends: list[ProduceError | None] = field(default_factory=list)
+    """What each send raised (None: it queued its record)."""
+
+    @contextmanager
+    def send(self) -> Iterator[None]:
+        """Around one send: keep what it raised instead of raising it."""
+        try:
+            yield
+        except ProduceError as exc:
+            self.sends.append(exc)
+        else:
+            self.sends.append(None)
+
+
+Caught = Callable[[Services, str, Sequence[Outgoing]], Outcome]
+
+
+def _caught_sync(services: Services, topic: str, records: Sequence[Outgoing]) -> Outcome:
+    """A ``transaction()`` block that catches every send's ProduceError and goes on
+    (:class:`Outcome`); then a second transaction on the same instance with the records
+    that fit."""
     producer = ActivityProducer(
         services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_LOW_LIMIT
     )
     producer.start()
-    raised = None
+    out = Outcome()
     try:
         try:
-            _sync_send(producer, records, True, 30, catch=True)
+            with producer.transaction(timeout=30):
+                for record in records:
+                    with out.send():
+                        producer.send_record(record)
         except ProduceError as exc:
-            raised = exc
-        visible = committed_values(services.bootstrap, topic)
+            out.raised = exc
+        out.visible = committed_values(services.bootstrap, topic)
         _sync_send(producer, _fitting(records), True, 30)
     finally:
         producer.close()
-    return raised, visible
+    return out
 
 
-def _caught_aio(
-    services: Services, topic: str, records: Sequence[Outgoing]
-) -> tuple[ProduceError | None, list[bytes]]:
+def _caught_aio(services: Services, topic: str, records: Sequence[Outgoing]) -> Outcome:
     """:func:`_caught_sync` through the asyncio producer."""
 
-    async def run() -> tuple[ProduceError | None, list[bytes]]:
+    async def run() -> Outcome:
         producer = AsyncActivityProducer(
             services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_LOW_LIMIT
         )
         await producer.start()
-        raised = None
+        out = Outcome()
         try:
             try:
                 async with producer.transaction(timeout=30):
                     for record in records:
-                        with contextlib.suppress(ProduceError):
+                        with out.send():
                             await producer.send(record)
             except ProduceError as exc:
-                raised = exc
-            visible = await asyncio.to_thread(committed_values, services.bootstrap, topic)
+                out.raised = exc
+            out.visible = await asyncio.to_thread(committed_values, services.bootstrap, topic)
             async with producer.transaction(timeout=30):
                 for record in _fitting(records):
                     await producer.send(record)
         finally:
             await producer.close()
-        return raised, visible
+        return out
 
     return asyncio.run(run())
 
@@ -250,14 +274,35 @@ def test_a_refusal_the_block_catches_still_commits_nothing(
     raises a ProduceError naming the refusal; the next transaction of the same instance
     starts clean and commits."""
     records = _around(_big(20_000))
-    raised, visible = caught(services, topic, records)
-    assert visible == [], "a transaction was committed without the record its block caught"
-    assert type(raised) is ProduceError, repr(raised)
+    out = caught(services, topic, records)
+    assert out.visible == [], "a transaction was committed without the record its block caught"
+    assert type(out.raised) is ProduceError, repr(out.raised)
     refusal = r"nothing committed: .*ProduceError: record 0 .*message\.max\.bytes"
-    assert re.search(refusal, str(raised)), str(raised)
+    assert re.search(refusal, str(out.raised)), str(out.raised)
     others = _fitting(records)
     assert len(others) == len(records) - 1
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in others)
+
+
+@pytest.mark.parametrize("caught", [_caught_aio, _caught_sync], ids=["aio", "sync"])
+def test_sends_after_one_the_block_caught_raise_at_once(
+    services: Services, topic: str, caught: Caught
+) -> None:
+    """Once a send in a ``transaction()`` block raised, the transaction is bound to be
+    aborted, yet the later sends of a block that caught the error still queued their
+    records for the broker. Now each raises at once, its record not queued, naming the
+    first error, with the class the block's end raises (here a refusal: ProduceError)."""
+    big = _big(20_000)
+    records = [big, *_fitting(_around(big))]
+    out = caught(services, topic, records)
+    first, *later = out.sends
+    assert first is not None and "message.max.bytes" in str(first), repr(first)
+    assert later, "the block sent nothing after the refusal"
+    for exc in later:
+        assert type(exc) is ProduceError and exc.__cause__ is first, repr(exc)
+        assert re.search(r"not sent: .*earlier send .*message\.max\.bytes", str(exc)), str(exc)
+    assert type(out.raised) is ProduceError and str(first) in str(out.raised), repr(out.raised)
+    assert out.visible == []
 
 
 @SENDS

@@ -23,6 +23,7 @@ from ackline.streams.producer import (
     not_committed,
     record_size,
     send_failed,
+    send_refused,
     transactional_config,
 )
 
@@ -119,3 +120,13 @@ def test_a_failed_send_is_kept_whichever_call_raised_it_and_only_the_first() -> 
             with pytest.raises((ProduceError, SchemaError)):
                 later(producer)
         assert producer._failed is first.value
+
+
+def test_a_send_after_a_failed_one_is_refused_naming_it_with_its_meaning() -> None:
+    """A send in a ``transaction()`` block after one that raised is refused at once: the
+    error names the first one and is transient only if that one was (as send_failed)."""
+    away = send_refused(TransientProduceError("the local queue had no room for 2 s"))
+    assert isinstance(away, TransientProduceError)
+    assert "not sent" in str(away) and "TransientProduceError: the local" in str(away)
+    refused = send_refused(ProduceError("record 0 is over"))
+    assert type(refused) is ProduceError and "record 0 is over" in str(refused)
