@@ -196,6 +196,20 @@ class AsyncActivityProducer:
         marker leaves nothing visible to ackline.
         """
         check_fits(records, self._limits)
+        try:
+            return await self._send_rounds(records, timeout, rounds)
+        finally:
+            _errors_seen(self._sent)
+
+    async def _send_rounds(
+        self, records: Sequence[Outgoing], timeout: float, rounds: int
+    ) -> list[Delivery]:
+        """:meth:`send_transaction`'s attempts. Order of effects, each attempt: begin;
+        produce every record; :meth:`_commit` (flush, check every delivery, commit), or
+        :meth:`abort` after a failed send, an undelivered record or an abortable commit
+        error, and the next attempt. A crash before an attempt's commit marker leaves
+        nothing of it visible (the broker aborts it: its timeout, or the next instance's
+        ``init_transactions``); after it, the attempt is committed."""
         loop = asyncio.get_running_loop()
         for attempt in range(1, rounds + 1):
             await self._begin(timeout)
@@ -246,30 +260,35 @@ class AsyncActivityProducer:
         (fenced, cancelled), or when the abort is not confirmed (the broker away: likely
         after a queue that did not drain), the abort raises the instance's error instead
         and the instance is done. After a confirmed abort the next transaction starts
-        clean.
+        clean. Whatever it raises says what became of the records: their futures' errors
+        are retrieved here, so asyncio logs none of them as never retrieved (a future the
+        caller holds can still be awaited).
         """
         await self._begin(timeout)
         self._in_block = True
         try:
-            yield
-        except BaseException:
-            if self._broken is None:
+            try:
+                yield
+            except BaseException:
+                if self._broken is None:
+                    await self.abort(timeout)
+                raise
+            finally:
+                self._in_block = False
+            first = self._failed
+            if first is not None:
                 await self.abort(timeout)
-            raise
+                raise send_failed(first) from first
+            try:
+                await self._commit(asyncio.get_running_loop().time() + timeout)
+            except (_Undelivered, _AbortRequired) as exc:
+                await self.abort(timeout)
+                causes = failure_causes(_errors(self._sent))
+                if causes:
+                    raise not_committed(causes) from None
+                raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
         finally:
-            self._in_block = False
-        first = self._failed
-        if first is not None:
-            await self.abort(timeout)
-            raise send_failed(first) from first
-        try:
-            await self._commit(asyncio.get_running_loop().time() + timeout)
-        except (_Undelivered, _AbortRequired) as exc:
-            await self.abort(timeout)
-            causes = failure_causes(_errors(self._sent))
-            if causes:
-                raise not_committed(causes) from None
-            raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
+            _errors_seen(self._sent)
 
     async def send(self, item: Envelope | Outgoing) -> asyncio.Future[Message]:
         """Queue one envelope (prepared here) or prepared record in the open transaction.
@@ -364,8 +383,7 @@ class AsyncActivityProducer:
                         left,
                     )
                 if left:
-                    for future in self._sent:  # counted above: no ERROR line for each
-                        future.add_done_callback(_seen)
+                    _errors_seen(self._sent)  # counted above: no ERROR line for each
                     try:
                         await aio.purge()
                     except (KafkaException, SystemError) as exc:
@@ -520,9 +538,19 @@ def _errors(futures: Sequence[asyncio.Future[Message]]) -> list[KafkaError]:
     return out
 
 
+def _errors_seen(futures: Sequence[asyncio.Future[Message]]) -> None:
+    """Retrieve each failed record's error now, or when it comes, so that asyncio does not
+    log it as "Future exception was never retrieved": the error of the transactional call
+    (or close()'s count of dropped records) already says what became of them. A caller
+    holding a future can still await it."""
+    for future in futures:
+        if future.done():
+            _seen(future)
+        else:
+            future.add_done_callback(_seen)
+
+
 def _seen(future: asyncio.Future[Message]) -> None:
-    """Retrieve a dropped record's error, so that asyncio does not log it as never
-    retrieved: :meth:`AsyncActivityProducer.close` logged the count of them."""
     if not future.cancelled():
         future.exception()
 

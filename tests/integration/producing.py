@@ -10,10 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 import ackline
 from ackline.schemas import new_envelope
 from ackline.schemas.envelope import Envelope
+from ackline.streams.admin import admin_client
 from ackline.streams.producer import Delivery
 from tests.integration.harness import Worker, db, wait_until
 
@@ -164,3 +171,17 @@ def unit_of_work(request: str, agent: str, steps: int) -> list[Envelope]:
         )
     )
     return events
+
+
+def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
+    """The broker takes records of ``topic`` up to ``size`` bytes (``max.message.bytes``)."""
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", str(size), incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    with admin_client(bootstrap) as client:
+        for future in client.incremental_alter_configs([resource]).values():
+            future.result(timeout=30)

@@ -23,19 +23,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Message, Producer
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
 
 from ackline.load.manifest import ManifestRecord
 from ackline.schemas import hash_envelope
 from ackline.schemas.decode import Rejection, decode
-from ackline.streams.admin import admin, delete_topic, ensure_topic, partition_count
+from ackline.streams.admin import delete_topic, ensure_topic, partition_count
 from ackline.streams.producer import serialize
 from tests.integration.harness import Services, Worker, db, wait_until
+from tests.integration.producing import set_max_message_bytes
 from tests.integration.windows import (
     Item,
     Scenario,
@@ -57,20 +52,6 @@ def _reason(value: bytes) -> str:
     result = decode(value)
     assert isinstance(result, Rejection), value[:40]
     return result.reason
-
-
-def _set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
-    """The source topic takes records up to ``size`` (an 11 MiB key must get in)."""
-    resource = ConfigResource(
-        ResourceType.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry("max.message.bytes", str(size), incremental_operation=AlterConfigOpType.SET)
-        ],
-    )
-    client = admin(bootstrap)
-    for future in client.incremental_alter_configs([resource]).values():
-        future.result(timeout=30)
 
 
 def _hostile(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> list[tuple[int, int]]:
@@ -175,7 +156,7 @@ def test_item_6_poison_that_could_not_be_dead_lettered_ends_in_one_place(
     bootstrap = services.bootstrap
     group = f"g-{topic}"
     dlq = f"{topic}.dlq"
-    _set_max_message_bytes(bootstrap, topic, 16 * MIB)
+    set_max_message_bytes(bootstrap, topic, 16 * MIB)
     ensure_topic(bootstrap, dlq, 3, {"max.message.bytes": str(MIB)})
     sc = Scenario(bootstrap, topic, tmp_path / "poison.jsonl.gz")
     try:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
+import logging
 import re
 import secrets
 import threading
@@ -38,7 +40,7 @@ from ackline.streams.aio_producer import AsyncActivityProducer
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import ActivityProducer, Outgoing, prepare
 from tests.integration.harness import Services
-from tests.integration.producing import committed_values, unit_of_work
+from tests.integration.producing import committed_values, set_max_message_bytes, unit_of_work
 from tests.integration.test_aio_producer import frozen_broker
 
 pytestmark = pytest.mark.integration
@@ -303,6 +305,44 @@ def test_sends_after_one_the_block_caught_raise_at_once(
         assert re.search(r"not sent: .*earlier send .*message\.max\.bytes", str(exc)), str(exc)
     assert type(out.raised) is ProduceError and str(first) in str(out.raised), repr(out.raised)
     assert out.visible == []
+
+
+def test_an_aborted_block_leaves_no_delivery_error_unretrieved(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An asyncio ``transaction()`` block queues a record the broker will refuse (over the
+    topic's ``max.message.bytes``), then catches a send the client refused and ends: the
+    abort's flush fails the first record's future. That abort path never retrieved the
+    error, so asyncio logged "Future exception was never retrieved" for each such record
+    when it was collected, after the SDK had raised what became of them."""
+    set_max_message_bytes(services.bootstrap, topic, 20_000)
+    to_the_broker, to_the_client = _big(60_000), _big(200_000)
+
+    async def run() -> str:
+        producer = AsyncActivityProducer(
+            services.bootstrap,
+            topic,
+            f"svc-{uuid.uuid4().hex[:8]}",
+            extra={"message.max.bytes": 100_000},
+        )
+        await producer.start()
+        try:
+            async with producer.transaction(timeout=30):
+                await producer.send(to_the_broker)  # its future fails in the abort's flush
+                with contextlib.suppress(ProduceError):
+                    await producer.send(to_the_client)  # over message.max.bytes
+        except ProduceError as exc:
+            return f"{type(exc).__name__}: {exc}"  # not the error: its frames hold the futures
+        finally:
+            await producer.close()
+        return "committed"
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        raised = asyncio.run(run())
+        gc.collect()  # the futures are gone: asyncio logs any error never retrieved
+    assert re.match(r"ProduceError: transaction aborted.*message\.max\.bytes", raised), raised
+    assert "never retrieved" not in caplog.text
+    assert committed_values(services.bootstrap, topic) == []
 
 
 @SENDS
