@@ -60,9 +60,25 @@ def partition_count(
     bootstrap: str, topic: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
 ) -> int | None:
     """Partitions of ``topic``, or None when it does not exist."""
+    client = _reaching(bootstrap, conf)
     try:
-        with admin_client(bootstrap, conf) as client:
-            meta = client.list_topics(topic=topic, timeout=timeout)
+        return _partitions(client, bootstrap, topic, timeout)
+    finally:
+        drain(client)
+
+
+def _reaching(bootstrap: str, conf: Mapping[str, Any] | None) -> AdminClient:
+    """:func:`admin`, a client that cannot be made being :class:`KafkaUnavailableError`."""
+    try:
+        return admin(bootstrap, conf)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+
+
+def _partitions(client: AdminClient, bootstrap: str, topic: str, timeout: float) -> int | None:
+    """:func:`partition_count` through ``client``."""
+    try:
+        meta = client.list_topics(topic=topic, timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     found = meta.topics.get(topic)
@@ -124,35 +140,49 @@ def ensure_topic(
     replication_factor: int = 1,
     conf: Mapping[str, Any] | None = None,
 ) -> int:
-    """Create ``topic`` when missing; return its partition count."""
-    existing = partition_count(bootstrap, topic, conf=conf)
-    if existing is not None:
-        return existing
-    client = admin(bootstrap, conf)  # keep a reference: the futures die with the client
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config=config or {},
-    )
-    futures = client.create_topics([new], operation_timeout=30)
+    """Create ``topic`` when missing; return its partition count.
+
+    One admin client does it all (a client per metadata read connected anew each time),
+    and a created topic that does not show in metadata within ``_VISIBLE_WITHIN_S``
+    raises :class:`TopicError` then, not up to a read's timeout later."""
+    client = _reaching(bootstrap, conf)  # it outlives the create's futures (they die with it)
     try:
-        futures[topic].result(timeout=60)
-    except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
-            raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+        existing = _partitions(client, bootstrap, topic, 10.0)
+        if existing is not None:
+            return existing
+        new = NewTopic(
+            topic,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=config or {},
+        )
+        futures = client.create_topics([new], operation_timeout=30)
+        try:
+            futures[topic].result(timeout=60)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
+                raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+        return wait_visible(client, bootstrap, topic, _VISIBLE_WITHIN_S)
     finally:
         drain(client)
-    # CreateTopics answers once the controller has the topic; the broker that answers the
-    # metadata request may learn of it a moment later, so one read can miss it.
-    deadline = time.monotonic() + _VISIBLE_WITHIN_S
-    while (count := partition_count(bootstrap, topic, conf=conf)) is None:
-        if time.monotonic() >= deadline:
-            raise TopicError(
-                f"topic {topic} was created but is not visible after {_VISIBLE_WITHIN_S:g} s"
-            )
-        time.sleep(0.1)
-    return count
+
+
+def wait_visible(client: AdminClient, bootstrap: str, topic: str, within: float) -> int:
+    """The partition count of ``topic`` once metadata shows it, read through ``client``
+    until ``within`` seconds have passed (each read bounded by the time left): then
+    :class:`TopicError`, or :class:`KafkaUnavailableError` for a read not answered.
+
+    CreateTopics answers once the controller has the topic; the broker that answers the
+    metadata request may learn of it a moment later, so one read can miss it."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TopicError(f"topic {topic} was created but is not visible after {within:g} s")
+        count = _partitions(client, bootstrap, topic, min(left, 10.0))
+        if count is not None:
+            return count
+        time.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
 
 
 def delete_topic(bootstrap: str, topic: str, *, conf: Mapping[str, Any] | None = None) -> None:
