@@ -194,6 +194,8 @@ class Outcome:
     """What a read_committed consumer saw after it."""
     sends: list[ProduceError | None] = field(default_factory=list)
     """What each send raised (None: it queued its record)."""
+    on_error: Callable[[], object] = lambda: None
+    """Called after a send raised."""
 
     @contextmanager
     def send(self) -> Iterator[None]:
@@ -202,11 +204,39 @@ class Outcome:
             yield
         except ProduceError as exc:
             self.sends.append(exc)
+            self.on_error()
         else:
             self.sends.append(None)
 
 
 Caught = Callable[[Services, str, Sequence[Outgoing]], Outcome]
+
+
+def _block_sync(
+    producer: ActivityProducer, records: Sequence[Outgoing], timeout: float, out: Outcome
+) -> None:
+    """A ``transaction(timeout)`` block sending ``records``, each send's ProduceError
+    caught into ``out``, and what the block's end raised into ``out.raised``."""
+    try:
+        with producer.transaction(timeout=timeout):
+            for record in records:
+                with out.send():
+                    producer.send_record(record)
+    except ProduceError as exc:
+        out.raised = exc
+
+
+async def _block_aio(
+    producer: AsyncActivityProducer, records: Sequence[Outgoing], timeout: float, out: Outcome
+) -> None:
+    """:func:`_block_sync` through the asyncio producer."""
+    try:
+        async with producer.transaction(timeout=timeout):
+            for record in records:
+                with out.send():
+                    await producer.send(record)
+    except ProduceError as exc:
+        out.raised = exc
 
 
 def _caught_sync(services: Services, topic: str, records: Sequence[Outgoing]) -> Outcome:
@@ -219,13 +249,7 @@ def _caught_sync(services: Services, topic: str, records: Sequence[Outgoing]) ->
     producer.start()
     out = Outcome()
     try:
-        try:
-            with producer.transaction(timeout=30):
-                for record in records:
-                    with out.send():
-                        producer.send_record(record)
-        except ProduceError as exc:
-            out.raised = exc
+        _block_sync(producer, records, 30, out)
         out.visible = committed_values(services.bootstrap, topic)
         _sync_send(producer, _fitting(records), True, 30)
     finally:
@@ -243,13 +267,7 @@ def _caught_aio(services: Services, topic: str, records: Sequence[Outgoing]) -> 
         await producer.start()
         out = Outcome()
         try:
-            try:
-                async with producer.transaction(timeout=30):
-                    for record in records:
-                        with out.send():
-                            await producer.send(record)
-            except ProduceError as exc:
-                out.raised = exc
+            await _block_aio(producer, records, 30, out)
             out.visible = await asyncio.to_thread(committed_values, services.bootstrap, topic)
             async with producer.transaction(timeout=30):
                 for record in _fitting(records):
@@ -480,6 +498,75 @@ def test_a_full_local_queue_waits_no_longer_than_the_transactions_timeout(
     # the same records from a new instance of the same slot, broker back: its start aborts
     # what the old one left open (records that reached the broker after the thaw)
     _aio(False)(services, topic, records, {"transactional.id": slot})
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+def _swallowed_sync(services: Services, topic: str, records: Sequence[Outgoing]) -> Outcome:
+    """A synchronous ``transaction(timeout=3)`` block, the broker frozen, that catches
+    every send's ProduceError and goes on: the send that finds no room in the local queue
+    within 3 s raises TransientProduceError, and the block wakes the broker then (so the
+    abort can be confirmed). :class:`Outcome`, ``visible`` read after the block."""
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_SMALL_QUEUE
+    )
+    producer.start()
+    timer = _thawed_after(services, 20)
+    out = Outcome(on_error=functools.partial(_thaw_now, timer))
+    try:
+        _block_sync(producer, records, 3, out)
+    finally:
+        _thaw_now(timer)
+        producer.close()
+    out.visible = committed_values(services.bootstrap, topic)
+    return out
+
+
+def _swallowed_aio(services: Services, topic: str, records: Sequence[Outgoing]) -> Outcome:
+    """:func:`_swallowed_sync` through the asyncio producer (its send flushes when half
+    the local queue is taken, and raises when that flush does not drain in 3 s)."""
+
+    async def run() -> Outcome:
+        producer = AsyncActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_SMALL_QUEUE
+        )
+        await producer.start()
+        timer = _thawed_after(services, 20)
+        out = Outcome(on_error=functools.partial(_thaw_now, timer))
+        try:
+            await _block_aio(producer, records, 3, out)
+        finally:
+            _thaw_now(timer)
+            await producer.close()
+        return out
+
+    out = asyncio.run(run())
+    out.visible = committed_values(services.bootstrap, topic)
+    return out
+
+
+@pytest.mark.parametrize("swallowed", [_swallowed_aio, _swallowed_sync], ids=["aio", "sync"])
+def test_a_transient_send_error_the_block_swallows_commits_nothing_and_says_transient(
+    services: Services, topic: str, swallowed: Caught, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A send in a ``transaction()`` block meets no room in the local queue within the
+    transaction's timeout (the broker frozen), raises TransientProduceError, and the
+    block swallows it and goes on. The block's end must abort, not commit without that
+    record, and raise TransientProduceError naming it (nothing committed: send the same
+    records again); a read_committed consumer sees none of the block's records. The same
+    records then commit from a new instance."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-w", 1)]
+    assert len(records) > _SMALL_QUEUE["queue.buffering.max.messages"]
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        out = swallowed(services, topic, records)
+        gc.collect()
+    failed = [exc for exc in out.sends if exc is not None]
+    assert failed and isinstance(failed[0], TransientProduceError), out.sends
+    assert isinstance(out.raised, TransientProduceError), repr(out.raised)
+    no_room = r"nothing committed: .*TransientProduceError: the local queue .* 3 s \(the tr"
+    assert re.search(no_room, str(out.raised)), str(out.raised)
+    assert out.visible == []
+    assert "never retrieved" not in caplog.text
+    _sync(False)(services, topic, records, {})
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
 
 
