@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -356,7 +357,9 @@ class AsyncActivityProducer:
         Order of effects, as the synchronous ``close()``: the instance lets go of its
         client (later calls raise :class:`ProduceError`); flush; what is still queued, or
         all of it when the flush raises (fenced, librdkafka's fatal state), is purged and
-        logged at WARNING with its count; AIOProducer closes; the threads are released.
+        logged at WARNING with its count (the records not delivered when it began that it
+        did not deliver, not librdkafka's out-queue length, which also counts each report
+        waiting to be served); AIOProducer closes; the threads are released.
         Never raises for a fenced or broken instance: there is nothing left to save, and
         a ``finally: await close()`` must not replace the error the caller acts on. No
         commit is asked for: a transaction left open stays invisible and the broker
@@ -367,22 +370,27 @@ class AsyncActivityProducer:
         self._aio = self._executor = None
         try:
             if aio is not None:
+                pending = [future for future in self._sent if not future.done()]
                 try:
-                    left = await aio.flush(timeout)
-                    if left:
+                    queued = await aio.flush(timeout)
+                    await _serve(aio)  # reports that came as the flush gave up
+                    dropped = _undelivered(pending)
+                    if dropped:
                         log.warning(
                             "closing the producer: %d record(s) not delivered in %g s, dropped",
-                            left,
+                            dropped,
                             timeout,
                         )
                 except (KafkaException, SystemError) as exc:
-                    left = len(aio)  # librdkafka's queue and AIOProducer's buffer
+                    await _serve(aio)  # the flush stopped at the fatal error: the reports behind it
+                    queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
+                    dropped = _undelivered(pending)
                     log.warning(
                         "closing a producer that cannot deliver (%s): %d record(s) dropped",
                         kafka_error(exc) or exc,
-                        left,
+                        dropped,
                     )
-                if left:
+                if queued or dropped:
                     _errors_seen(self._sent)  # counted above: no ERROR line for each
                     try:
                         await aio.purge()
@@ -536,6 +544,21 @@ def _errors(futures: Sequence[asyncio.Future[Message]]) -> list[KafkaError]:
             err = kafka_error(exc)
             out.append(err if err is not None else KafkaError(KafkaError._FAIL, repr(exc)))
     return out
+
+
+def _undelivered(futures: Sequence[asyncio.Future[Message]]) -> int:
+    """How many of ``futures`` were not delivered (yet): no report, or a failed one."""
+    return sum(
+        not future.done() or future.cancelled() or future.exception() is not None
+        for future in futures
+    )
+
+
+async def _serve(aio: AIOProducer) -> None:
+    """Serve the delivery reports queued now; a client in librdkafka's fatal state may
+    raise its error again: it is known already."""
+    with contextlib.suppress(KafkaException, SystemError):
+        await aio.poll(0)
 
 
 def _errors_seen(futures: Sequence[asyncio.Future[Message]]) -> None:

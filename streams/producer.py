@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -388,6 +389,12 @@ class ActivityProducer:
         self._room_s = 60.0
         """How long a send waits for room in the local queue: the open transaction's
         timeout (the broker away, the queue holds until ``message.timeout.ms`` otherwise)."""
+        self._unreported = 0
+        """Records produced whose delivery report has not been served."""
+        self._delivered = 0
+        """Delivery reports served that said delivered. What close() drops is the records
+        unreported when it began less those it delivered (librdkafka's out-queue length,
+        ``len(producer)``, also counts each report and log line waiting to be served)."""
 
     def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older producers with the same transactional.id.
@@ -649,11 +656,13 @@ class ActivityProducer:
         """produce(), waiting for room in the local queue (:meth:`send_bytes`)."""
         producer = self.client
         deadline: float | None = None
+        report = self._counted(on_delivery)
         while True:
             try:
                 producer.produce(
-                    self.topic, value=value, key=key, headers=headers or [], on_delivery=on_delivery
+                    self.topic, value=value, key=key, headers=headers or [], on_delivery=report
                 )
+                self._unreported += 1
                 return
             except BufferError:
                 now = time.monotonic()
@@ -672,44 +681,70 @@ class ActivityProducer:
                     raise _TxnFailed(err) from exc
                 raise ProduceError(f"produce refused the record: {text}") from exc
 
+    def _counted(self, then: DeliveryHook | None) -> DeliveryHook:
+        """A delivery hook that counts the report served (:attr:`_unreported`,
+        :attr:`_delivered`), then calls the caller's own hook ``then``."""
+
+        def report(err: KafkaError | None, msg: Message) -> None:
+            self._unreported -= 1
+            self._delivered += err is None
+            if then is not None:
+                then(err, msg)
+
+        return report
+
     def close(self, timeout: float = 30.0) -> None:
         """Deliver what is queued (up to ``timeout``), drop the rest, release the client.
 
         Order of effects: the instance lets go of its client first (later calls raise
         :class:`ProduceError`); flush; what is still queued, or all of it when the flush
         raises (fenced, librdkafka's fatal state), is purged and logged at WARNING with
-        its count; the client is freed. Never raises for a fenced or broken instance, as
-        the asyncio ``close()``: nothing is left to save, and a ``finally: close()`` must
-        not replace the error the caller acts on. No commit is asked for: a transaction
-        left open stays invisible and the broker aborts it (its timeout, or the next
-        instance's ``init_transactions``), so a crash at any step leaves nothing of it
-        visible.
+        its count (the records sent through this instance that were not delivered when it
+        began and that it did not deliver: not librdkafka's out-queue length, which also
+        counts each report and log line waiting to be served); the client is freed. Never
+        raises for a fenced or broken instance, as the asyncio ``close()``: nothing is left
+        to save, and a ``finally: close()`` must not replace the error the caller acts on.
+        No commit is asked for: a transaction left open stays invisible and the broker
+        aborts it (its timeout, or the next instance's ``init_transactions``), so a crash
+        at any step leaves nothing of it visible.
         """
         producer, self._producer = self._producer, None
         if producer is None:
             return
+        pending, delivered = self._unreported, self._delivered
         try:
-            left = producer.flush(timeout)
-            if left:
+            queued = producer.flush(timeout)
+            _serve(producer)  # reports that came as the flush gave up
+            dropped = pending - (self._delivered - delivered)
+            if dropped:
                 log.warning(
                     "closing the producer: %d record(s) not delivered in %g s, dropped",
-                    left,
+                    dropped,
                     timeout,
                 )
         except KafkaException as exc:
-            left = len(producer)
+            _serve(producer)  # the flush stopped at the fatal error: the reports behind it
+            queued = len(producer)
+            dropped = pending - (self._delivered - delivered)
             log.warning(
                 "closing a producer that cannot deliver (%s): %d record(s) dropped",
                 exc.args[0],
-                left,
+                dropped,
             )
-        if not left:
+        if not (queued or dropped):
             return
         try:
             producer.purge()
             producer.poll(0)  # serves the purged records' delivery reports
         except KafkaException as exc:
             log.warning("closing the producer: purge failed: %s", exc.args[0])
+
+
+def _serve(producer: Producer) -> None:
+    """Serve the delivery reports (and log lines) queued now; a client in librdkafka's
+    fatal state may raise its error again: it is known already."""
+    with contextlib.suppress(KafkaException):
+        producer.poll(0)
 
 
 class _AbortRequired(Exception):

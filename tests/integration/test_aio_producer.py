@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import time
 import uuid
@@ -282,6 +283,56 @@ def test_a_fenced_synchronous_instance_refuses_a_new_transaction_with_the_sdks_e
     ):
         pytest.fail("the block of a transaction that did not begin ran")
     assert committed_values(services.bootstrap, topic) == []
+
+
+def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A zombie fenced before it knows it queues records in a transaction; its close()
+    flush meets the fencing (librdkafka's fatal error), and none of the records is
+    delivered. Both SDKs logged librdkafka's out-queue length as the records dropped:
+    "0 record(s) dropped", the records failed and their reports served by then (the
+    length also counts each report and log line waiting to be served, records or not).
+    Now they count the records not delivered when close() began that it did not
+    deliver."""
+    sent = records()
+    txn_id = f"svc-{uuid.uuid4().hex[:8]}"
+    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
+    zombie.start()
+    successor = ActivityProducer(services.bootstrap, topic, txn_id)
+    successor.start()  # fences the zombie, which does not know it yet
+    try:
+        zombie.client.begin_transaction()
+        for record in sent:
+            zombie.send_record(record)
+        with caplog.at_level(logging.WARNING, logger=sync_log.name):
+            zombie.close(timeout=10)
+    finally:
+        zombie.close()
+        successor.close()
+    dropped = re.escape("cannot deliver (KafkaError{FATAL,code=_FENCED") + (
+        rf".*\): {len(sent)} record\(s\) dropped"
+    )
+    assert re.search(dropped, caplog.text), caplog.text
+    caplog.clear()
+
+    async def aio() -> None:
+        zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await zombie.start()
+        successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await successor.start()
+        try:
+            await zombie._client().begin_transaction()  # left open: no public way
+            for record in sent:
+                await zombie.send(record)
+            with caplog.at_level(logging.WARNING, logger=producer_log.name):
+                await zombie.close(timeout=10)
+        finally:
+            await zombie.close()
+            await successor.close()
+
+    asyncio.run(aio())
+    assert re.search(dropped, caplog.text), caplog.text
 
 
 def test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_many(
