@@ -722,13 +722,16 @@ class ActivityProducer:
                     dropped,
                     timeout,
                 )
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
+            # SystemError: confluent-kafka's flush once came out as "returned NULL without
+            # setting an exception" on a fenced instance (a delivery callback had run while
+            # the fatal error was pending), as its asyncio producer's calls can
             _serve(producer)  # the flush stopped at the fatal error: the reports behind it
             queued = len(producer)
             dropped = pending - (self._delivered - delivered)
             log.warning(
                 "closing a producer that cannot deliver (%s): %d record(s) dropped",
-                exc.args[0],
+                kafka_error(exc) or exc,
                 dropped,
             )
         if not (queued or dropped):
