@@ -12,32 +12,39 @@ below), for which it builds the same canonical texts.
 Nothing here is a second schema. The payload checks are compiled at first use from the
 pydantic models' ``model_fields`` (the registry :data:`ackline.schemas.envelope.ENVELOPES`),
 by recognising the field types of ``envelope.py`` (``Text``, ``Ident``, bounded ``int``,
-``bool``, a ``Literal`` of strs, ``list[Text|Ident]``, ``JsonObject``); ``event_id`` goes
-through a pydantic TypeAdapter of the model's own UUID type, and ``occurred_at`` through
+``bool``, a ``Literal`` of strs, ``list[Text|Ident]``, ``JsonObject``) and turned into
+msgspec Struct types that accept exactly those values (strict, every field required, no
+other key), so the envelope and the payload are checked while they are parsed, in C;
+``event_id`` is msgspec's UUID, whose accepted texts (hyphenated or 32 hex digits, any case)
+are a subset of the model's UUID type's, with the same value (pinned by a unit test); and
+``occurred_at`` goes through
 the model's own parser unless it is canonical UTC already (then the parser's result is
 ``datetime.fromisoformat``'s, which is all it costs). A model it does not recognise (a
 plugin with defaults, validators or other field types) always takes the slow path:
 :func:`fast_path_models` tells which. If the envelope's fields ever differ from the ones
 this module assumes, the fast path is off.
 
-Parsing is msgspec's (C). It keeps integers exact like ``json`` (same 4300-digit limit),
-refuses NaN/Infinity, lone-surrogate escapes, invalid UTF-8, BOM and leading zeros, and
-hands every float *literal* to ``float_hook`` (:func:`ackline.schemas.numbers.exact_float`:
-the number rule, the reference's own). Encoding: strings, ints of any size, bools, None,
-lists and dicts with sorted keys are written by msgspec (``order="sorted"``) exactly as the
-canonical encoder writes them (pinned by unit tests for every code point and random ints);
-a payload holding a float is written by the canonical encoder itself
+Parsing is msgspec's (C): the envelope first, its payload kept as raw bytes, then the
+payload with the Struct of the model its ``type`` and ``schema_version`` name. It keeps
+integers exact like ``json`` (same 4300-digit limit), refuses NaN/Infinity, lone-surrogate
+escapes, invalid UTF-8, BOM and leading zeros, and hands every float *literal* to
+``float_hook`` (:func:`ackline.schemas.numbers.exact_float`: the number rule, the
+reference's own). Encoding: strings, ints of any size, bools, None, lists and dicts with
+sorted keys are written by msgspec (``order="sorted"``) exactly as the canonical encoder
+writes them (pinned by unit tests for every code point and random ints); a payload holding
+a float is written by the canonical encoder itself
 (:func:`ackline.schemas.canonical.canonical_text`: float texts differ, ``1e+300`` vs
-``1e300``). The body around the payload is assembled from its fixed keys in sorted order,
-its strings through ``json.encoder.encode_basestring``, the canonical encoder's own.
+``1e300``). The body around the payload is a Struct of its fixed keys in sorted order,
+written by msgspec around the payload's text, and hashed as those bytes.
 
 The fast path accepts when all of these hold (each failed one means "slow path"):
 
 1. ``value`` is non-empty and within ``limits.max_bytes`` (the reference's first checks).
 2. msgspec parses it (a non-ASCII value is also checked with ``bytes.decode``, so the
    ``not_utf8`` answer never depends on msgspec), and every float literal passes the hook.
-3. The top level has exactly the 8 envelope keys; ``type`` is a str and ``schema_version``
-   an int whose registered model has a compiled spec.
+3. The top level has exactly the 8 envelope keys, each of the model's type; ``type`` and
+   ``schema_version`` name a registered model with a compiled spec, whose Struct the
+   payload passes.
 4. No ``\\u0000`` text in the bytes: with 2., no string holds NUL or a lone surrogate.
 5. No duplicate key anywhere (:func:`_no_duplicates`: a colon count, no Python walk).
 6. Nesting within ``min(limits.max_depth, depth_cap)``: typed fields have a fixed depth,
@@ -48,7 +55,6 @@ The fast path accepts when all of these hold (each failed one means "slow path")
 from __future__ import annotations
 
 import hashlib
-import json.encoder
 import re
 import typing
 import uuid
@@ -59,7 +65,7 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypeVar
 
 import annotated_types
 import msgspec
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 
 from ackline.schemas.canonical import canonical_text
@@ -75,7 +81,6 @@ from ackline.schemas.envelope import (
     _parse_timestamp,
     format_timestamp,
 )
-from ackline.schemas.errors import SchemaError
 
 FAST_DEPTH_CAP: Final = 64
 """Deepest document the fast path decodes itself: realistic events nest 3-6 deep, and it
@@ -246,7 +251,6 @@ FAST_ENABLED: Final = _envelope_is_as_expected()
 _SPECS: dict[type[Envelope], PayloadSpec | None] = {}
 """Compiled specs by envelope model. Keyed by the model, not by (type, version): the
 registry is read on every record, so what the fast path accepts follows it exactly."""
-_EVENT_ID: Final = TypeAdapter(_EventId)
 
 
 def _spec_for(envelope: type[Envelope], event_type: str, version: int) -> PayloadSpec | None:
@@ -268,6 +272,91 @@ def _spec_for(envelope: type[Envelope], event_type: str, version: int) -> Payloa
     return spec
 
 
+_Ident: Any = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+"""``Ident`` as msgspec checks it: ``0 < len(value) <= MAX_ID_CHARS``, in code points like
+``len``."""
+
+
+def _envelope_struct() -> Any:
+    """The envelope as msgspec decodes it (C): exactly the eight keys (a duplicate one is
+    caught by the colon count), the three ids checked, the payload left as its bytes."""
+    return msgspec.defstruct(
+        "Envelope",
+        [
+            ("event_id", uuid.UUID),
+            ("txn_id", _Ident),
+            ("type", str),
+            ("agent_id", _Ident),
+            ("request_id", _Ident),
+            ("occurred_at", str),
+            ("schema_version", int),
+            ("payload", msgspec.Raw),
+        ],
+        forbid_unknown_fields=True,
+        gc=False,  # decoded JSON holds no cycle
+    )
+
+
+class _Body(msgspec.Struct, gc=False):
+    """The canonical body around its payload: the envelope without ``event_id``, its keys
+    in sorted order (msgspec writes a Struct's fields in the order declared, and its
+    strings exactly as the canonical encoder does), the payload's canonical text as is."""
+
+    agent_id: str
+    occurred_at: str
+    payload: msgspec.Raw
+    request_id: str
+    schema_version: int
+    txn_id: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class TypedPayload:
+    """A payload spec as a msgspec Struct decoder: typed decoding checks every field but the
+    free JSON objects (``objects``: their depth and floats are scanned) and the lists' depth
+    (``lists``: they need one level of room below the payload)."""
+
+    decode: Callable[[bytes], Any]
+    objects: tuple[str, ...]
+    lists: bool
+
+
+def _msgspec_type(kind: int, a: Any, b: Any) -> Any:
+    """The msgspec type that accepts exactly what the model accepts for a field of ``kind``
+    (strict: no coercion, as pydantic in strict mode)."""
+    if kind == _TEXT:
+        return str
+    if kind == _IDENT:
+        return _Ident
+    if kind == _INT:
+        return Annotated[int, msgspec.Meta(ge=a, le=b)]
+    if kind == _BOOL:
+        return bool
+    if kind == _LITERAL:
+        return Literal[tuple(sorted(a))]
+    if kind == _JSON_OBJECT:
+        return dict[str, Any]
+    if kind == _TEXT_LIST:
+        return list[str]
+    return list[_Ident]  # _IDENT_LIST, the only kind left
+
+
+def typed_payload(spec: PayloadSpec, float_hook: Callable[[str], float]) -> TypedPayload:
+    """A Struct decoder for ``spec``: strict types, every field required, no other key."""
+    struct = msgspec.defstruct(
+        "Payload",
+        [(name, _msgspec_type(kind, a, b)) for name, kind, a, b in spec.fields],
+        forbid_unknown_fields=True,
+        gc=False,  # decoded JSON holds no cycle
+    )
+    return TypedPayload(
+        msgspec.json.Decoder(struct, float_hook=float_hook).decode,
+        tuple(name for name, kind, _, _ in spec.fields if kind == _JSON_OBJECT),
+        any(kind in (_TEXT_LIST, _IDENT_LIST) for _, kind, _, _ in spec.fields),
+    )
+
+
 def fast_path_models() -> Mapping[tuple[str, int], bool]:
     """Which registered (type, version) the fast path handles (for a start-up log line)."""
     return {
@@ -277,8 +366,6 @@ def fast_path_models() -> Mapping[tuple[str, int], bool]:
 
 # --- the checks -----------------------------------------------------------------------------
 
-_MISSING: Final = object()
-"""A payload field not in the document: its type matches no kind, so the scan says _BAD."""
 _BAD: Final = -1
 _PLAIN: Final = 0
 _FLOATS: Final = 1
@@ -301,55 +388,6 @@ def _json_scan(container: Any, room: int) -> int:
                 return _BAD
             found |= inner
     return found
-
-
-def _payload_scan(payload: Any, spec: PayloadSpec, depth_room: int) -> int:  # noqa: C901
-    """_BAD unless ``payload`` passes the compiled spec; else _FLOATS or _PLAIN.
-    ``depth_room``: container levels that may still nest below the payload object."""
-    # As many keys as fields, each field found: exactly the model's keys.
-    if type(payload) is not dict or len(payload) != len(spec.fields):
-        return _BAD
-    found = _PLAIN
-    for name, kind, a, b in spec.fields:
-        value = payload.get(name, _MISSING)
-        vtype = type(value)
-        if kind == _IDENT:  # the commonest kind first
-            if vtype is not str or not 0 < len(value) <= MAX_ID_CHARS:
-                return _BAD
-        elif kind == _TEXT:
-            if vtype is not str:
-                return _BAD
-        elif kind == _INT:
-            if vtype is not int or not a <= value <= b:
-                return _BAD
-        elif kind == _BOOL:
-            if vtype is not bool:
-                return _BAD
-        elif kind == _LITERAL:
-            if vtype is not str or value not in a:
-                return _BAD
-        elif kind == _JSON_OBJECT:
-            if vtype is not dict:
-                return _BAD
-            inner = _json_scan(value, depth_room)
-            if inner == _BAD:
-                return _BAD
-            found |= inner
-        elif kind in (_TEXT_LIST, _IDENT_LIST):
-            if vtype is not list or depth_room < 1:
-                return _BAD
-            for item in value:
-                if type(item) is not str:
-                    return _BAD
-                if kind == _IDENT_LIST and not 0 < len(item) <= MAX_ID_CHARS:
-                    return _BAD
-        else:  # pragma: no cover - _compile makes only the kinds above
-            return _BAD
-    return found
-
-
-def _ident(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID_CHARS
 
 
 _CANONICAL_STAMP: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
@@ -394,54 +432,46 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
     the others (``ackline.schemas.numbers.exact_float`` for the reference decoder);
     ``row`` builds ``slow``'s accepted result from the ten Row fields in order.
     """
-    loads = msgspec.json.Decoder(float_hook=float_hook).decode
+    envelope_decode: Callable[[bytes], Any] = msgspec.json.Decoder(_envelope_struct()).decode
     dumps_sorted = msgspec.json.Encoder(order="sorted").encode
+    as_dict = msgspec.structs.asdict
     sha256 = hashlib.sha256
-    validate_event_id = _EVENT_ID.validate_python
     parse_stamp = _parse_timestamp
     canonical_stamp = _CANONICAL_STAMP.fullmatch
     find_escape = _ESCAPE.search
     from_iso = datetime.fromisoformat
-    enc = json.encoder.encode_basestring  # the canonical encoder's str encoder
-    specs = _SPECS
+    encode_body = msgspec.json.Encoder().encode
+    body_struct = _Body
+    raw = msgspec.Raw
+    typed: dict[type[Envelope], TypedPayload | None] = {}
     envelopes = ENVELOPES  # the registry itself (plugins add to it at start)
-    envelope_size = len(_ENVELOPE_KEYS)
-    ident = _ident
-    payload_scan = _payload_scan
+    json_scan = _json_scan
     enabled = FAST_ENABLED
+
+    def typed_for(model: type[Envelope], event_type: str, version: int) -> TypedPayload | None:
+        spec = _spec_for(model, event_type, version)
+        found = typed[model] = None if spec is None else typed_payload(spec, float_hook)
+        return found
 
     def decode(value: bytes | None, limits: LimitsT) -> ResultT:  # noqa: C901
         """Decode one record value: a row, or ``slow``'s answer (never raises for it)."""
         if not enabled or not value or len(value) > limits.max_bytes:
             return slow(value, limits)
         try:
-            obj = loads(value)
-        except Exception:  # msgspec's errors, a float_hook refusal, RecursionError
+            env = envelope_decode(value)
+        except Exception:  # msgspec's errors: not the eight keys, a type, a bad id, syntax
             return slow(value, limits)
-        # Eight distinct keys, each one found: exactly the envelope's keys.
-        if type(obj) is not dict or len(obj) != envelope_size:
-            return slow(value, limits)
-        try:
-            event_type = obj["type"]
-            version = obj["schema_version"]
-            txn_id = obj["txn_id"]
-            agent_id = obj["agent_id"]
-            request_id = obj["request_id"]
-            raw_event_id = obj["event_id"]
-            raw_stamp = obj["occurred_at"]
-            payload = obj["payload"]
-        except KeyError:
-            return slow(value, limits)
-        if type(event_type) is not str or type(version) is not int:
-            return slow(value, limits)
+        event_type = env.type
+        version = env.schema_version
         model = envelopes.get((event_type, version))
         if model is None:
             return slow(value, limits)
-        spec = specs.get(model)
+        try:
+            spec = typed[model]
+        except KeyError:
+            spec = typed_for(model, event_type, version)
         if spec is None:
-            spec = _spec_for(model, event_type, version)
-            if spec is None:
-                return slow(value, limits)
+            return slow(value, limits)
         if not value.isascii():
             try:
                 value.decode("utf-8")
@@ -452,43 +482,45 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
             return slow(value, limits)
         # The envelope is depth 1, the payload 2: room below the payload object.
         depth_room = min(limits.max_depth, depth_cap) - 2
-        if depth_room < 0:
+        if depth_room < 0 or (spec.lists and depth_room < 1):
             return slow(value, limits)
-        if not (ident(txn_id) and ident(agent_id) and ident(request_id)):
-            return slow(value, limits)
-        if type(raw_event_id) is not str or type(raw_stamp) is not str:
-            return slow(value, limits)
+        txn_id = env.txn_id
+        agent_id = env.agent_id
+        request_id = env.request_id
+        event_id = env.event_id
+        raw_stamp = env.occurred_at
         try:
-            found = payload_scan(payload, spec, depth_room)
-            if found == _BAD:
-                return slow(value, limits)
-            event_id = validate_event_id(raw_event_id)
+            payload = spec.decode(env.payload)
+            found = _PLAIN
+            for name in spec.objects:
+                inner = json_scan(getattr(payload, name), depth_room)
+                if inner == _BAD:
+                    return slow(value, limits)
+                found |= inner
             canonical = canonical_stamp(raw_stamp) is not None
             occurred_at: datetime = from_iso(raw_stamp) if canonical else parse_stamp(raw_stamp)
             if found == _PLAIN:
-                payload_json = dumps_sorted(payload).decode("utf-8")
+                payload_bytes = dumps_sorted(payload)
             else:  # floats: only the canonical encoder writes them canonically
-                payload_json = canonical_text(payload)
-        except (ValidationError, SchemaError, ValueError, TypeError, RecursionError):
+                payload_bytes = canonical_text(as_dict(payload)).encode("utf-8")
+        except Exception:  # msgspec's errors, a float_hook refusal, the models' own
             return slow(value, limits)
-        accounted = (
+        accounted = (  # a ':' byte of UTF-8 is always the character ':'
             8
-            + payload_json.count(":")
+            + payload_bytes.count(b":")
             + txn_id.count(":")
             + agent_id.count(":")
             + request_id.count(":")
             + event_type.count(":")
-            + raw_event_id.count(":")
             + raw_stamp.count(":")
         )
         if not _no_duplicates(value, accounted, escapes):
             return slow(value, limits)
         stamp = raw_stamp if canonical else format_timestamp(occurred_at)
-        # The body's keys in sorted order; strings through the canonical encoder's own.
-        body_json = (
-            f'{{"agent_id":{enc(agent_id)},"occurred_at":"{stamp}","payload":{payload_json},'
-            f'"request_id":{enc(request_id)},"schema_version":{version},'
-            f'"txn_id":{enc(txn_id)},"type":{enc(event_type)}}}'
+        body = encode_body(
+            body_struct(
+                agent_id, stamp, raw(payload_bytes), request_id, version, txn_id, event_type
+            )
         )
         return row(
             event_id,
@@ -498,9 +530,9 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
             request_id,
             occurred_at,
             version,
-            payload_json,
-            body_json,
-            sha256(body_json.encode("utf-8")).digest(),
+            payload_bytes.decode("utf-8"),
+            body.decode("utf-8"),
+            sha256(body).digest(),
         )
 
     return decode

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 import annotated_types
 import msgspec
 import pytest
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
@@ -29,7 +30,7 @@ from ackline.schemas.decode import (
     decode,
     reference_decode,
 )
-from ackline.schemas.decode_fast import fast_path_models, make_fast_decoder
+from ackline.schemas.decode_fast import _Body, _EventId, fast_path_models, make_fast_decoder
 from ackline.schemas.envelope import ENVELOPES, PAYLOADS, Payload, new_envelope, register_payloads
 from ackline.schemas.numbers import exact_float
 from ackline.settings import Settings
@@ -299,3 +300,56 @@ def test_canonical_vector_of_canonical_md() -> None:
     row = same(value, fast_path=True)
     digest = "93e64f4ed6030999a18c5a0ee716d6648bff66ed43607dfe8d78faf99b44b569"
     assert row.body_hash.hex() == digest
+
+
+_UUID_PIECES = [
+    "0",
+    "7",
+    "a",
+    "F",
+    "g",
+    "-",
+    "{",
+    "}",
+    "urn:uuid:",
+    " ",
+    "6a1b3c1e",
+    "1f0e",
+    "4a8a",
+]
+
+
+def _uuid_like(rng: random.Random) -> str:
+    """Texts near a UUID: canonical ones, then cut, padded, re-hyphenated or re-cased."""
+    base = "6a1b3c1e-1f0e-4a8a-9d47-4f3b0f0c7e11"
+    text = rng.choice([base, base.upper(), base.replace("-", ""), "{" + base + "}"])
+    for _ in range(rng.randrange(3)):
+        at = rng.randrange(len(text) + 1)
+        if rng.random() < 0.5:
+            text = text[:at] + rng.choice(_UUID_PIECES) + text[at:]
+        else:
+            text = text[:at] + text[at + 1 :]
+    return text
+
+
+def test_every_event_id_msgspec_accepts_the_model_accepts_with_the_same_value() -> None:
+    """The fast path takes ``event_id`` from msgspec's UUID: sound only while what msgspec
+    accepts is a subset of what the model's UUID type accepts, with the same value."""
+    model = TypeAdapter(_EventId).validate_python  # the model's own UUID type
+    parse = msgspec.json.Decoder(uuid.UUID).decode
+    rng = random.Random(3)
+    accepted = 0
+    for _ in range(20_000):
+        text = _uuid_like(rng)
+        try:
+            got = parse(json.dumps(text).encode())
+        except msgspec.ValidationError:
+            continue
+        accepted += 1
+        assert model(text) == got, text
+    assert accepted > 1_000  # the sample reaches msgspec's accepted forms
+
+
+def test_the_body_struct_writes_its_keys_in_sorted_order() -> None:
+    fields = list(_Body.__struct_fields__)
+    assert fields == sorted(fields)
