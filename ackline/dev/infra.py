@@ -252,8 +252,10 @@ def up(
         for name in NAMES:
             for slot in range(slots):
                 upstream = f"{HOST}:{pg_ports[name]}"
-                proxy = server.create_proxy(pg_proxy(name, slot), upstream=upstream)
+                # not a broker's port: the brokers are not listening yet
+                proxy = server.create_proxy(pg_proxy(name, slot), upstream, exclude=taken)
                 layout.pg_proxy_ports[proxy.name] = proxy.port
+                taken.append(proxy.port)
         _write_layout(state_dir, layout)
         infra.cluster.start(timeout)
     except BaseException:

@@ -47,7 +47,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -384,14 +384,26 @@ class ToxiproxyServer:
                 time.sleep(0.05)
         return False
 
-    def create_proxy(self, name: str, upstream: str, listen: str | None = None) -> Proxy:
-        """A proxy to ``upstream`` listening on ``listen`` (default: a free port of ours)."""
-        raw = self.api.call(
-            "POST",
-            "/proxies",
-            {"name": name, "listen": listen or f"{self.host}:0", "upstream": upstream},
-        )
-        return Proxy(self.api, raw["name"], raw["listen"], raw["upstream"])
+    def create_proxy(
+        self, name: str, upstream: str, listen: str | None = None, exclude: Collection[int] = ()
+    ) -> Proxy:
+        """A proxy to ``upstream`` listening on ``listen``; by default on a free port below
+        the kernel's ephemeral range (:func:`pick_free_port`, not in ``exclude``: ports
+        planned for services not yet listening). Not port 0: toxiproxy binds the port again
+        on every enable and reset, and meanwhile an outgoing connection could take an
+        ephemeral one as its source port."""
+        for _attempt in range(3):  # a free port can be taken between probe and bind
+            address = listen or f"{self.host}:{pick_free_port(exclude=exclude, host=self.host)}"
+            try:
+                raw = self.api.call(
+                    "POST", "/proxies", {"name": name, "listen": address, "upstream": upstream}
+                )
+            except ToxiproxyError as exc:
+                if listen is not None or "address already in use" not in str(exc):
+                    raise
+                continue
+            return Proxy(self.api, raw["name"], raw["listen"], raw["upstream"])
+        raise ToxiproxyError(f"no free port for proxy {name!r} on {self.host}")
 
     def proxies(self) -> dict[str, Proxy]:
         raw = self.api.call("GET", "/proxies")

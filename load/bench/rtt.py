@@ -137,8 +137,9 @@ def measure(env: Env, data: Dataset, runs: tuple[str, ...] = SEQUENCE) -> dict[s
             ports.append(pick_free_port(exclude=taken))
             taken.add(ports[-1])
         port, controller, bind = ports
-        kafka = server.create_proxy("kafka", upstream=f"{HOST}:{bind}")
-        pg = server.create_proxy("pg", upstream=f"{env.pg_host}:{env.pg_port}")
+        # not the broker's ports: it starts after the proxies
+        kafka = server.create_proxy("kafka", upstream=f"{HOST}:{bind}", exclude=taken)
+        pg = server.create_proxy("pg", f"{env.pg_host}:{env.pg_port}", exclude=taken)
         node = ProxiedKafka(home, port, controller, bind, kafka.port)
         say(f"rtt: a second broker on {node.bootstrap}, advertised through {kafka.listen}")
         node.start()

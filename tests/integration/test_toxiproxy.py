@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
+from ackline.dev.ports import ephemeral_range, port_accepts
 from ackline.dev.toxiproxy import ToxiproxyServer
 from tests.integration.harness import Services
 
@@ -44,3 +45,19 @@ def test_toxiproxy_black_hole_latency_and_disable(services: Services) -> None:
             await conn.close()
 
         asyncio.run(go())
+
+
+def test_a_proxys_default_port_is_outside_the_ephemeral_range_and_kept() -> None:
+    """A proxy listened on a kernel-chosen ephemeral port, which toxiproxy binds again on
+    every enable and reset: an outgoing connection meanwhile could take it as its source
+    port. Now its default port is chosen below the range (ackline.dev.ports), and kept."""
+    low, high = ephemeral_range()
+    with ToxiproxyServer.start() as server:
+        proxies = [server.create_proxy(f"p{i}", upstream="127.0.0.1:9") for i in range(5)]
+        ports = [proxy.port for proxy in proxies]
+        assert all(not low <= port <= high for port in ports), ports
+        proxies[0].set_enabled(False)
+        proxies[0].set_enabled(True)
+        server.reset()
+        assert sorted(p.port for p in server.proxies().values()) == sorted(ports)
+        assert all(port_accepts(port) for port in ports)
