@@ -268,25 +268,32 @@ def send_failed(first: BaseException) -> ProduceError:
     )
 
 
-def send_refused(first: BaseException) -> ProduceError:
+def send_refused(first: BaseException, transient: bool | None = None) -> ProduceError:
     """The error for a send in a ``transaction()`` block after an earlier send in it
     raised ``first``: the record is not queued, as the transaction can no longer commit
     (the block's end aborts it); the class as :func:`send_failed` says, so a block that
-    lets this one out learns what the commit step would have said."""
+    lets this one out learns what the commit step would have said. ``transient``, when
+    given, is that verdict instead (``first`` a ``_STATE`` refusal, which is none: the
+    block's end judges by the delivery errors)."""
     return _after_failed_send(
         first,
         "not sent: this transaction cannot commit and is aborted at the end of its block, "
         "since an earlier send in it raised",
+        transient,
     )
 
 
-def _after_failed_send(first: BaseException, text: str) -> ProduceError:
+def _after_failed_send(
+    first: BaseException, text: str, transient: bool | None = None
+) -> ProduceError:
     """:func:`send_failed` and :func:`send_refused`: ``text`` and ``first`` named; transient
-    only when ``first`` was no verdict on its record."""
+    (unless ``transient`` says) only when ``first`` was no verdict on its record."""
     text = f"{text} {type(first).__name__}: {first}"
-    if isinstance(first, TransientProduceError | OutcomeUnknownError | asyncio.CancelledError):
-        return TransientProduceError(text)
-    return ProduceError(text)
+    if transient is None:
+        transient = isinstance(
+            first, TransientProduceError | OutcomeUnknownError | asyncio.CancelledError
+        )
+    return TransientProduceError(text) if transient else ProduceError(text)
 
 
 # --- what a transactional error means ---------------------------------------------------
@@ -499,7 +506,8 @@ class ActivityProducer:
         and raised as :class:`ProduceError`, or :class:`TransientProduceError` when every
         undelivered record met the broker's absence: the block is not run again). So does
         a send in the block that librdkafka refused because the transaction had already
-        failed, caught or not. Another send the block caught raises here, after the
+        failed (``_STATE``), caught or not, and a later send's :func:`send_refused` after
+        it that the block lets out. Another send the block caught raises here, after the
         abort, as :func:`send_failed` (:class:`TransientProduceError` for one that found no
         room in the local queue within ``timeout``). An abort not confirmed (the broker
         away: likely after a queue that did not drain) raises its own error instead, and
@@ -516,9 +524,12 @@ class ActivityProducer:
             yield
         except _TxnFailed as exc:
             failed = exc.err
-        except BaseException:
-            self.abort(timeout)
-            raise
+        except BaseException as exc:
+            first = self._failed
+            if not (isinstance(first, _TxnFailed) and _refused_after(exc, first)):
+                self.abort(timeout)
+                raise
+            failed = first.err  # a later send's refusal: judged as the _STATE one
         else:
             first = self._failed
             if isinstance(first, _TxnFailed):
@@ -613,7 +624,8 @@ class ActivityProducer:
         librdkafka refuses every produce() once the transaction has failed (records timed
         out while the queue was full, the broker away), so it raises :class:`_TxnFailed`,
         which the transactional methods abort and judge by the delivery reports. Whatever
-        it raises, the open transaction can no longer commit (:meth:`transaction`).
+        it raises, the open transaction can no longer commit, and in a
+        :meth:`transaction` block every later send raises :func:`send_refused`.
         """
         with self._sending():
             self._produce(key, value, headers, on_delivery)
@@ -623,21 +635,32 @@ class ActivityProducer:
         """Around each public send, once (they do not call one another): keep the first
         error a send raised in the open transaction, whose commit must not happen (the
         record is missing from it) even if the caller goes on; in a :meth:`transaction`
-        block, refuse every later send at once (queued, its record would only go to a
-        transaction bound to be aborted). After a ``_STATE`` refusal (:class:`_TxnFailed`)
-        the later send raises the same, as librdkafka would: the block's end then judges
-        the transaction by the delivery reports, whether the block lets it out or not."""
+        block, refuse every later send at once with :func:`send_refused` (queued, its
+        record would only go to a transaction bound to be aborted), as the block's
+        docstring and docs/producing.md say."""
         first = self._failed
         if first is not None and self._reports is not None:
-            if isinstance(first, _TxnFailed):
-                raise _TxnFailed(first.err) from first
-            raise send_refused(first) from first
+            raise self._refusal(first, self._reports) from first
         try:
             yield
         except BaseException as exc:
             if self._failed is None:
                 self._failed = exc
             raise
+
+    def _refusal(
+        self, first: BaseException, reports: list[tuple[KafkaError | None, Message | None]]
+    ) -> ProduceError:
+        """:func:`send_refused` for a send after ``first`` in the open block. After a
+        ``_STATE`` refusal (no verdict on any record) its class is what the block's end
+        will say, judged as it judges: by the delivery errors served by now (those
+        waiting are served first), transient when every cause was the broker's absence."""
+        if not isinstance(first, _TxnFailed):
+            return send_refused(first)
+        _serve(self.client)
+        causes = failure_causes(_errors(reports))
+        judged = not_committed(causes) if causes else None
+        return send_refused(first, isinstance(judged, TransientProduceError))
 
     def _send_record(self, record: Outgoing, on_delivery: DeliveryHook | None) -> None:
         """:meth:`send_record` without the bookkeeping of :meth:`_sending`."""
@@ -769,6 +792,12 @@ class _TxnFailed(ProduceError):
             "earlier: abort it, nothing of it can be committed)"
         )
         self.err = err
+
+
+def _refused_after(exc: BaseException, first: _TxnFailed) -> bool:
+    """Whether ``exc``, out of a block, is a send's refusal after the ``_STATE`` one
+    ``first`` (:meth:`ActivityProducer._sending` raises it ``from first``)."""
+    return isinstance(exc, ProduceError) and exc.__cause__ is first
 
 
 def _collect(reports: list[tuple[KafkaError | None, Message | None]], i: int) -> DeliveryHook:

@@ -719,3 +719,57 @@ def test_records_timed_out_behind_a_full_local_queue_commit_nothing_and_may_be_r
     assert committed_values(services.bootstrap, topic) == []
     _sync(False)(services, topic, records, {})  # the same records again, broker back
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+@pytest.mark.parametrize("let_out", [False, True], ids=["caught", "let-out"])
+def test_after_a_state_refusal_a_blocks_later_sends_are_refused_as_documented(
+    services: Services, topic: str, let_out: bool
+) -> None:
+    """Records time out behind a full local queue (the broker frozen), so librdkafka
+    refuses the next produce() with ``_STATE``, and the block catches that and goes on.
+    Every later send must raise as ``transaction()`` and docs/producing.md say: at once,
+    not queued, :func:`send_refused` naming the first error, of the class the block's end
+    raises (transient: the broker was away). They raised the internal ``_STATE``
+    refusal again, a plain ProduceError. A block that lets such a refusal out still gets
+    the transaction judged by its records' delivery errors; nothing is committed."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-z", 3)]
+    assert len(records) > 2 * _STALL["queue.buffering.max.messages"]
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_STALL
+    )
+    producer.start()
+    out = Outcome()
+    timer: threading.Timer | None = None
+    try:
+        producer.client.list_topics(topic, timeout=10)  # so records time out on the leader
+        timer = _thawed_after(services, 6)
+        if let_out:
+            try:
+                with producer.transaction(timeout=30):
+                    for record in records:
+                        if any(exc is not None for exc in out.sends):
+                            producer.send_record(record)  # its refusal leaves the block
+                        else:
+                            with out.send():
+                                producer.send_record(record)
+            except ProduceError as exc:
+                out.raised = exc
+        else:
+            _block_sync(producer, records, 30, out)
+    finally:
+        if timer is not None:
+            timer.join()
+        producer.close()
+    assert isinstance(out.raised, TransientProduceError), repr(out.raised)
+    assert re.search(_TIMED_OUT, str(out.raised)), str(out.raised)
+    failed = [exc for exc in out.sends if exc is not None]
+    assert failed and "_STATE" in str(failed[0]), out.sends
+    for later in failed[1:]:
+        assert isinstance(later, TransientProduceError), repr(later)
+        assert str(later).startswith("not sent: this transaction cannot commit"), str(later)
+        assert "_STATE" in str(later), str(later)
+    if not let_out:
+        assert len(failed) > 1, out.sends
+    assert committed_values(services.bootstrap, topic) == []
+    _sync(False)(services, topic, records, {})  # the same records again, broker back
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
