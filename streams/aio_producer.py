@@ -98,6 +98,13 @@ class AsyncActivityProducer:
         self.key_by: KeyBy = key_by
         self.transactional_id = transactional_id
         self._conf = transactional_config(bootstrap, transactional_id, extra)
+        if "on_delivery" in self._conf:
+            # AIOProducer gives every record its own callback (its future): a default
+            # one would never fire, so say so now rather than stay silent
+            raise ProduceError(
+                "on_delivery in extra is not supported by the asyncio producer (it would "
+                "never be called): await or add a callback to each send()'s delivery future"
+            )
         self._limits = client_limits(self._conf)
         # Half of librdkafka's local queue: past it, send() waits for a flush first.
         # AIOProducer fails a record that meets a full queue on its own (its future only),

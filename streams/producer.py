@@ -364,6 +364,17 @@ def transactional_config(
     }
 
 
+def default_hook(conf: dict[str, Any]) -> DeliveryHook | None:
+    """The ``on_delivery`` a configuration sets (confluent-kafka's default delivery
+    callback), taken out of ``conf``: librdkafka calls it only for a record produced
+    without a callback, and the SDK gives every record one (its bookkeeping), so the SDK
+    calls it itself, last, for each record sent without a hook of its own."""
+    hook = conf.pop("on_delivery", None)
+    if hook is not None and not callable(hook):
+        raise ProduceError(f"on_delivery must be a callable(err, msg), not {hook!r}")
+    return hook  # type: ignore[no-any-return]
+
+
 class ActivityProducer:
     """A transactional producer of activity envelopes. Nothing connects until start()."""
 
@@ -385,6 +396,8 @@ class ActivityProducer:
             **transactional_config(bootstrap, transactional_id, extra),
         }
         self._limits = client_limits(self._conf)
+        self._default_hook = default_hook(self._conf)
+        """``on_delivery`` of ``extra``: the hook of each record sent without its own."""
         self._producer: Producer | None = None
         self._reports: list[tuple[KafkaError | None, Message | None]] | None = None
         """Delivery reports of the records sent in the open :meth:`transaction` block."""
@@ -458,7 +471,7 @@ class ActivityProducer:
             reports: list[tuple[KafkaError | None, Message | None]] = [(None, None)] * len(records)
             try:
                 for i, record in enumerate(records):
-                    self.send_record(record, _collect(reports, i))
+                    self.send_record(record, _chain(_collect(reports, i), self._default_hook))
             except _TxnFailed as exc:
                 failed = exc.err
             except BaseException:
@@ -597,7 +610,7 @@ class ActivityProducer:
         """Queue one validated envelope inside the current transaction (a
         :class:`SchemaError` from :func:`prepare` is a failed send too)."""
         with self._sending():
-            self._send_record(prepare(envelope, self.key_by), on_delivery)
+            self._send_record(prepare(envelope, self.key_by), on_delivery or self._default_hook)
 
     def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one prepared record inside the current transaction.
@@ -607,7 +620,7 @@ class ActivityProducer:
         the block lets the error out or not.
         """
         with self._sending():
-            self._send_record(record, on_delivery)
+            self._send_record(record, on_delivery or self._default_hook)
 
     def send_bytes(
         self,
@@ -628,7 +641,7 @@ class ActivityProducer:
         :meth:`transaction` block every later send raises :func:`send_refused`.
         """
         with self._sending():
-            self._produce(key, value, headers, on_delivery)
+            self._produce(key, value, headers, on_delivery or self._default_hook)
 
     @contextmanager
     def _sending(self) -> Iterator[None]:
@@ -679,7 +692,7 @@ class ActivityProducer:
         """produce(), waiting for room in the local queue (:meth:`send_bytes`)."""
         producer = self.client
         deadline: float | None = None
-        report = self._counted(on_delivery)
+        report = self._counted(on_delivery)  # the SDK's own hook replaces the config's
         while True:
             try:
                 producer.produce(
@@ -818,12 +831,16 @@ def _collect_into(
     """A delivery hook keeping the report of a record :meth:`transaction` sends, then
     calling the caller's own hook ``then``."""
     reports.append((None, None))
-    keep = _collect(reports, len(reports) - 1)
+    return _chain(_collect(reports, len(reports) - 1), then)
+
+
+def _chain(first: DeliveryHook, then: DeliveryHook | None) -> DeliveryHook:
+    """A delivery hook calling ``first``, then ``then`` (if any)."""
     if then is None:
-        return keep
+        return first
 
     def both(err: KafkaError | None, msg: Message) -> None:
-        keep(err, msg)
+        first(err, msg)
         then(err, msg)
 
     return both

@@ -21,6 +21,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 
 from ackline.dev import stack
 from ackline.streams.aio_producer import AsyncActivityProducer
@@ -383,3 +384,37 @@ def test_an_asyncio_close_drops_what_the_broker_did_not_take_and_says_how_many(
     assert f"{len(sent)} record(s) not delivered in 1 s, dropped" in caplog.text
     assert "never retrieved" not in caplog.text  # counted once, not an ERROR a record
     assert committed_values(services.bootstrap, topic) == []
+
+
+def test_a_default_on_delivery_in_extra_reports_each_record_without_a_hook_of_its_own(
+    services: Services, topic: str
+) -> None:
+    """confluent-kafka calls the configuration's ``on_delivery`` for each record produced
+    without a callback of its own. The synchronous SDK gives every record its own (to
+    count what close() drops), so a service's default in ``extra`` never fired. It must,
+    for every record sent without a hook: in a transaction of the caller's own, in
+    send_transaction and in a transaction() block; a send's own hook replaces it, as in
+    confluent-kafka."""
+    sent = records()
+    default: list[tuple[object, bytes | None]] = []
+    own: list[bytes | None] = []
+
+    def report(err: object, msg: Message) -> None:
+        default.append((err, msg.value()))
+
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra={"on_delivery": report}
+    )
+    producer.start()
+    try:
+        producer.client.begin_transaction()
+        producer.send_record(sent[0])
+        producer.client.commit_transaction(30)
+        producer.send_transaction(sent[1:3])
+        with producer.transaction():
+            producer.send_record(sent[3])
+            producer.send_record(sent[4], on_delivery=lambda err, msg: own.append(msg.value()))
+    finally:
+        producer.close()
+    assert default == [(None, r.value) for r in sent[:4]]
+    assert own == [sent[4].value]

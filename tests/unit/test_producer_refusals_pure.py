@@ -130,3 +130,13 @@ def test_a_send_after_a_failed_one_is_refused_naming_it_with_its_meaning() -> No
     assert "not sent" in str(away) and "TransientProduceError: the local" in str(away)
     refused = send_refused(ProduceError("record 0 is over"))
     assert type(refused) is ProduceError and "record 0 is over" in str(refused)
+
+
+def test_the_asyncio_producer_refuses_a_default_on_delivery_naming_it() -> None:
+    """AIOProducer gives every record a callback of its own (its future), so an
+    ``on_delivery`` in ``extra`` would never fire: refused when the producer is made,
+    naming the setting and what to use instead."""
+    from ackline.streams.aio_producer import AsyncActivityProducer
+
+    with pytest.raises(ProduceError, match=r"on_delivery.*delivery future"):
+        AsyncActivityProducer("127.0.0.1:9", "t", "svc", extra={"on_delivery": print})
