@@ -6,9 +6,11 @@ port by the test suite's own connections before the broker bound it."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
+from ackline.dev import ports
 from ackline.dev.ports import (
     LOWEST,
     ephemeral_range,
@@ -39,14 +41,36 @@ def test_the_ports_outside_the_ephemeral_range(ephemeral: tuple[int, int], expec
 
 
 def test_a_chosen_port_is_free_and_outside_this_machines_ephemeral_range() -> None:
+    """Outside the range when it leaves room (it does on Linux's default); on a machine
+    whose range covers 10000-65535, the kernel's choice (the fallback)."""
     low, high = ephemeral_range()
     chosen = [pick_free_port() for _ in range(50)]
-    assert all(not low <= port <= high for port in chosen), chosen
+    if outside_ephemeral((low, high)):
+        assert all(not low <= port <= high for port in chosen), chosen
+    else:
+        assert all(low <= port <= high for port in chosen), chosen
     assert all(is_port_free(port) for port in chosen)
+
+
+def test_with_no_room_outside_the_range_the_kernel_chooses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A machine whose ephemeral range covers every port from LOWEST up: a free port the
+    kernel hands out, not an error (and not one excluded)."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("1024\t65535\n")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", ranges)
+    assert outside_ephemeral(ephemeral_range()) == range(0)
+    first = pick_free_port()
+    assert is_port_free(first)
+    assert pick_free_port(exclude=[first]) != first
 
 
 def test_a_taken_or_excluded_port_is_not_chosen() -> None:
     with socket.socket() as held:
+        # SO_REUSEADDR as is_port_free: a chosen port may hold a TIME_WAIT connection of
+        # an earlier test, which a plain bind refuses ("Address already in use")
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("127.0.0.1", pick_free_port()))
         taken = int(held.getsockname()[1])
         held.listen()
