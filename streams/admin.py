@@ -67,12 +67,17 @@ def partition_count(
         drain(client)
 
 
+def unreachable(bootstrap: str, exc: KafkaException) -> KafkaUnavailableError:
+    """The error for a client that could not reach the brokers at ``bootstrap``."""
+    return KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}")
+
+
 def _reaching(bootstrap: str, conf: Mapping[str, Any] | None) -> AdminClient:
     """:func:`admin`, a client that cannot be made being :class:`KafkaUnavailableError`."""
     try:
         return admin(bootstrap, conf)
     except KafkaException as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise unreachable(bootstrap, exc) from exc
 
 
 def _partitions(client: AdminClient, bootstrap: str, topic: str, timeout: float) -> int | None:
@@ -80,7 +85,7 @@ def _partitions(client: AdminClient, bootstrap: str, topic: str, timeout: float)
     try:
         meta = client.list_topics(topic=topic, timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise unreachable(bootstrap, exc) from exc
     found = meta.topics.get(topic)
     if found is None or found.error is not None:
         return None
@@ -108,7 +113,7 @@ def topic_shape(
         try:
             meta = client.list_topics(topic=topic, timeout=timeout)
         except KafkaException as exc:
-            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+            raise unreachable(bootstrap, exc) from exc
         found = meta.topics.get(topic)
         if found is None or found.error is not None:
             return None

@@ -378,24 +378,26 @@ class AsyncActivityProducer:
         try:
             if aio is not None:
                 pending = [future for future in self._sent if not future.done()]
+                failed: BaseException | None = None
                 try:
-                    queued = await aio.flush(timeout)
-                    await _serve(aio)  # reports that came as the flush gave up
-                    dropped = _undelivered(pending)
-                    if dropped:
-                        log.warning(
-                            "closing the producer: %d record(s) not delivered in %g s, dropped",
-                            dropped,
-                            timeout,
-                        )
+                    queued: int | None = await aio.flush(timeout)
                 except (KafkaException, SystemError) as exc:
-                    await _serve(aio)  # the flush stopped at the fatal error: the reports behind it
+                    queued, failed = None, exc
+                await _serve(aio)  # reports that came as the flush gave up, or behind its error
+                if queued is None:
                     queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
-                    dropped = _undelivered(pending)
+                dropped = _undelivered(pending)
+                if failed is not None:
                     log.warning(
                         "closing a producer that cannot deliver (%s): %d record(s) dropped",
-                        kafka_error(exc) or exc,
+                        kafka_error(failed) or failed,
                         dropped,
+                    )
+                elif dropped:
+                    log.warning(
+                        "closing the producer: %d record(s) not delivered in %g s, dropped",
+                        dropped,
+                        timeout,
                     )
                 if queued or dropped:
                     _errors_seen(self._sent)  # counted above: no ERROR line for each

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
-from ackline.streams.admin import admin, admin_client, drain
+from ackline.streams.admin import admin, admin_client, drain, unreachable
 from ackline.streams.errors import KafkaUnavailableError
 
 Conf = Mapping[str, Any]
@@ -120,7 +120,7 @@ def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
         with admin_client(bootstrap, conf) as client:
             return len(client.list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise unreachable(bootstrap, exc) from exc
 
 
 @dataclass(frozen=True, slots=True)

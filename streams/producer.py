@@ -748,27 +748,29 @@ class ActivityProducer:
         if producer is None:
             return
         pending, delivered = self._unreported, self._delivered
+        failed: BaseException | None = None
         try:
-            queued = producer.flush(timeout)
-            _serve(producer)  # reports that came as the flush gave up
-            dropped = pending - (self._delivered - delivered)
-            if dropped:
-                log.warning(
-                    "closing the producer: %d record(s) not delivered in %g s, dropped",
-                    dropped,
-                    timeout,
-                )
+            queued: int | None = producer.flush(timeout)
         except (KafkaException, SystemError) as exc:
             # SystemError: confluent-kafka's flush once came out as "returned NULL without
             # setting an exception" on a fenced instance (a delivery callback had run while
             # the fatal error was pending), as its asyncio producer's calls can
-            _serve(producer)  # the flush stopped at the fatal error: the reports behind it
+            queued, failed = None, exc
+        _serve(producer)  # reports that came as the flush gave up, or behind its error
+        if queued is None:
             queued = len(producer)
-            dropped = pending - (self._delivered - delivered)
+        dropped = pending - (self._delivered - delivered)
+        if failed is not None:
             log.warning(
                 "closing a producer that cannot deliver (%s): %d record(s) dropped",
-                kafka_error(exc) or exc,
+                kafka_error(failed) or failed,
                 dropped,
+            )
+        elif dropped:
+            log.warning(
+                "closing the producer: %d record(s) not delivered in %g s, dropped",
+                dropped,
+                timeout,
             )
         if not (queued or dropped):
             return
