@@ -123,9 +123,11 @@ FieldSpec = tuple[str, int, Any, Any]
 @dataclass(frozen=True, slots=True)
 class PayloadSpec:
     """A payload model compiled to the checks the fast path runs: one per field, names
-    distinct (so a document with as many keys, each of them found, has exactly these)."""
+    distinct (so a document with as many keys, each of them found, has exactly these), and
+    the msgspec Struct that runs them while parsing (:func:`_payload_struct`)."""
 
     fields: tuple[FieldSpec, ...]
+    struct: Any
 
 
 def _shape(annotation: Any) -> tuple[Any, list[Any]]:
@@ -207,7 +209,8 @@ def _compile(payload: type[Payload]) -> PayloadSpec | None:
         if kind is None:
             return None
         fields.append((name, *kind))
-    return PayloadSpec(tuple(fields))
+    struct = _payload_struct(fields)
+    return None if struct is None else PayloadSpec(tuple(fields), struct)
 
 
 _ENVELOPE_KEYS: Final = frozenset(
@@ -324,7 +327,8 @@ class TypedPayload:
 
 def _msgspec_type(kind: int, a: Any, b: Any) -> Any:
     """The msgspec type that accepts exactly what the model accepts for a field of ``kind``
-    (strict: no coercion, as pydantic in strict mode)."""
+    (strict: no coercion, as pydantic in strict mode), where msgspec can type it at all
+    (:func:`_payload_struct` says when it cannot)."""
     if kind == _TEXT:
         return str
     if kind == _IDENT:
@@ -342,16 +346,27 @@ def _msgspec_type(kind: int, a: Any, b: Any) -> Any:
     return list[_Ident]  # _IDENT_LIST, the only kind left
 
 
+def _payload_struct(fields: list[FieldSpec]) -> Any:
+    """The Struct of a payload's fields (strict types, every field required, no other
+    key), or None where msgspec cannot type what pydantic can (int bounds beyond int64,
+    field names that are not identifiers): such a model is the reference's."""
+    try:
+        struct = msgspec.defstruct(
+            "Payload",
+            [(name, _msgspec_type(kind, a, b)) for name, kind, a, b in fields],
+            forbid_unknown_fields=True,
+            gc=False,  # decoded JSON holds no cycle
+        )
+        msgspec.json.Decoder(struct)  # the bounds are checked when a decoder is made
+    except (TypeError, ValueError):
+        return None
+    return struct
+
+
 def typed_payload(spec: PayloadSpec, float_hook: Callable[[str], float]) -> TypedPayload:
-    """A Struct decoder for ``spec``: strict types, every field required, no other key."""
-    struct = msgspec.defstruct(
-        "Payload",
-        [(name, _msgspec_type(kind, a, b)) for name, kind, a, b in spec.fields],
-        forbid_unknown_fields=True,
-        gc=False,  # decoded JSON holds no cycle
-    )
+    """A decoder of ``spec``'s Struct, with the free JSON objects and lists it leaves."""
     return TypedPayload(
-        msgspec.json.Decoder(struct, float_hook=float_hook).decode,
+        msgspec.json.Decoder(spec.struct, float_hook=float_hook).decode,
         tuple(name for name, kind, _, _ in spec.fields if kind == _JSON_OBJECT),
         any(kind in (_TEXT_LIST, _IDENT_LIST) for _, kind, _, _ in spec.fields),
     )
