@@ -139,13 +139,19 @@ FROM batch LEFT JOIN fenced ON true
 # loop over the keys with a primary-key index scan inside. Written as `= ANY($1)`, the
 # planner's estimate for 2,000 keys preferred a sequential scan of the whole ledger once
 # it held ~200k rows (48 ms per read against 11 ms probed; linear in the table's size).
+# Layer 2 is read only for the events whose txn_id the ledger does not hold ($2, $3: each
+# event's pair): classify() judges the others on layer 1 and never looks at their
+# event_id, so on a replay one row comes back per event, not two.
 _LEDGER_KEYS = """
-SELECT true AS ledger, l.txn_id, l.body_hash, l.event_id
-FROM unnest($1::text[]) AS k(txn_id)
-CROSS JOIN LATERAL (
-    SELECT t.txn_id, t.body_hash, t.event_id FROM txn_ledger AS t
-    WHERE t.txn_id = k.txn_id OFFSET 0
-) AS l
+WITH l AS MATERIALIZED (
+    SELECT t.txn_id, t.body_hash, t.event_id
+    FROM unnest($1::text[]) AS k(txn_id)
+    CROSS JOIN LATERAL (
+        SELECT t.txn_id, t.body_hash, t.event_id FROM txn_ledger AS t
+        WHERE t.txn_id = k.txn_id OFFSET 0
+    ) AS t
+)
+SELECT true AS ledger, l.txn_id, l.body_hash, l.event_id FROM l
 UNION ALL
 """
 
@@ -153,10 +159,11 @@ _STORED_KEYS = (
     _LEDGER_KEYS
     + """
 SELECT false, NULL, e.body_hash, e.event_id
-FROM unnest($2::uuid[]) AS k(event_id)
+FROM unnest($2::text[], $3::uuid[]) AS k(txn_id, event_id)
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM event_keys AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS e
+WHERE k.txn_id NOT IN (SELECT txn_id FROM l)
 """
 )
 
@@ -166,10 +173,11 @@ _STORED_KEYS_UNPARTITIONED = (
     _LEDGER_KEYS
     + """
 SELECT false, NULL, a.body_hash, a.event_id
-FROM unnest($2::uuid[]) AS k(event_id)
+FROM unnest($2::text[], $3::uuid[]) AS k(txn_id, event_id)
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM activity AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS a
+WHERE k.txn_id NOT IN (SELECT txn_id FROM l)
 """
 )
 
@@ -635,15 +643,15 @@ class BatchWriter:
         self, conn: asyncpg.Connection, batch: Batch, keyed: bool
     ) -> tuple[Classified, bool]:
         """The batch classified against its stored keys, and whether any key was stored."""
-        txn_ids = list({i.row.txn_id for i in batch.events})
-        event_ids = list({i.row.event_id for i in batch.events})
+        pairs = {(i.row.txn_id, i.row.event_id) for i in batch.events}
+        txn_ids = list({txn_id for txn_id, _ in pairs})
+        pair_txn_ids = [txn_id for txn_id, _ in pairs]
+        pair_event_ids = [event_id for _, event_id in pairs]
         ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
         activity: dict[uuid.UUID, bytes] = {}
         if txn_ids:
-            if keyed:
-                rows = await conn.fetch(_STORED_KEYS, txn_ids, event_ids)
-            else:
-                rows = await conn.fetch(_STORED_KEYS_UNPARTITIONED, txn_ids, event_ids)
+            query = _STORED_KEYS if keyed else _STORED_KEYS_UNPARTITIONED
+            rows = await conn.fetch(query, txn_ids, pair_txn_ids, pair_event_ids)
             for r in rows:
                 if r["ledger"]:
                     ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])

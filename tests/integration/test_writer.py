@@ -260,13 +260,43 @@ def test_key_reads_probe_the_indexes_of_a_large_ledger(dsn: str) -> None:
             event_ids = [uuid.uuid4() for _ in range(2_000)]
             await conn.execute("SET plan_cache_mode = force_custom_plan")
             plan = "\n".join(
-                r[0] for r in await conn.fetch("EXPLAIN " + _STORED_KEYS, txn_ids, event_ids)
+                r[0]
+                for r in await conn.fetch("EXPLAIN " + _STORED_KEYS, txn_ids, txn_ids, event_ids)
             )
         finally:
             await conn.close()
         assert "Seq Scan" not in plan and "Bitmap" not in plan, plan
         assert "Index Scan using txn_ledger_pkey" in plan, plan
         assert "Index Scan using event_keys_pkey" in plan, plan
+
+    asyncio.run(go())
+
+
+def test_the_key_read_returns_layer_2_only_for_events_whose_txn_id_is_new(dsn: str) -> None:
+    """classify() never looks at the event_id of an event whose txn_id is stored, so the
+    read leaves those rows out: a replay reads one row per event, not two. An event with a
+    new txn_id and a stored event_id still gets its layer-2 row."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "first", [0]))[0]
+        db = Database(dsn)
+        await BatchWriter(db, GROUP, "first").write(batch(0, [row(1), row(2)], epoch))
+        await db.close()
+        stored_1, stored_2 = row(1), row(2)
+        new_txn = _envelope_row("run:new", 2, "x")  # new txn_id, event_id of row(2)
+        pairs = [(r.txn_id, r.event_id) for r in (stored_1, stored_2, new_txn)]
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                _STORED_KEYS,
+                [t for t, _ in pairs],
+                [t for t, _ in pairs],
+                [e for _, e in pairs],
+            )
+        finally:
+            await conn.close()
+        got = sorted((r["ledger"], r["txn_id"], r["event_id"].int) for r in rows)
+        assert got == [(False, None, 2), (True, "run:1", 1), (True, "run:2", 2)]
 
     asyncio.run(go())
 
