@@ -650,8 +650,12 @@ class BatchWriter:
         ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
         activity: dict[uuid.UUID, bytes] = {}
         if txn_ids:
-            query = _STORED_KEYS if keyed else _STORED_KEYS_UNPARTITIONED
-            rows = await conn.fetch(query, txn_ids, pair_txn_ids, pair_event_ids)
+            if keyed:
+                rows = await conn.fetch(_STORED_KEYS, txn_ids, pair_txn_ids, pair_event_ids)
+            else:
+                rows = await conn.fetch(
+                    _STORED_KEYS_UNPARTITIONED, txn_ids, pair_txn_ids, pair_event_ids
+                )
             for r in rows:
                 if r["ledger"]:
                     ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
