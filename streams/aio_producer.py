@@ -68,6 +68,7 @@ from ackline.streams.producer import (
     start_failed,
     transactional_config,
     txn_action,
+    warn_dropped,
 )
 
 log = logging.getLogger(__name__)
@@ -387,18 +388,7 @@ class AsyncActivityProducer:
                 if queued is None:
                     queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
                 dropped = _undelivered(pending)
-                if failed is not None:
-                    log.warning(
-                        "closing a producer that cannot deliver (%s): %d record(s) dropped",
-                        kafka_error(failed) or failed,
-                        dropped,
-                    )
-                elif dropped:
-                    log.warning(
-                        "closing the producer: %d record(s) not delivered in %g s, dropped",
-                        dropped,
-                        timeout,
-                    )
+                warn_dropped(log, failed, dropped, timeout)
                 if queued or dropped:
                     _errors_seen(self._sent)  # counted above: no ERROR line for each
                     try:

@@ -364,6 +364,25 @@ def transactional_config(
     }
 
 
+def warn_dropped(
+    logger: logging.Logger, failed: BaseException | None, dropped: int, timeout: float
+) -> None:
+    """close()'s WARNING (both SDKs): the ``dropped`` records, and why (``failed``: the
+    flush's error, the client can no longer deliver; else the ``timeout`` ran out)."""
+    if failed is not None:
+        logger.warning(
+            "closing a producer that cannot deliver (%s): %d record(s) dropped",
+            kafka_error(failed) or failed,
+            dropped,
+        )
+    elif dropped:
+        logger.warning(
+            "closing the producer: %d record(s) not delivered in %g s, dropped",
+            dropped,
+            timeout,
+        )
+
+
 def default_hook(conf: dict[str, Any]) -> DeliveryHook | None:
     """The ``on_delivery`` a configuration sets (confluent-kafka's default delivery
     callback), taken out of ``conf``: librdkafka calls it only for a record produced
@@ -610,7 +629,7 @@ class ActivityProducer:
         """Queue one validated envelope inside the current transaction (a
         :class:`SchemaError` from :func:`prepare` is a failed send too)."""
         with self._sending():
-            self._send_record(prepare(envelope, self.key_by), on_delivery or self._default_hook)
+            self._send_record(prepare(envelope, self.key_by), on_delivery)
 
     def send_record(self, record: Outgoing, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one prepared record inside the current transaction.
@@ -620,7 +639,7 @@ class ActivityProducer:
         the block lets the error out or not.
         """
         with self._sending():
-            self._send_record(record, on_delivery or self._default_hook)
+            self._send_record(record, on_delivery)
 
     def send_bytes(
         self,
@@ -676,8 +695,10 @@ class ActivityProducer:
         return send_refused(first, isinstance(judged, TransientProduceError))
 
     def _send_record(self, record: Outgoing, on_delivery: DeliveryHook | None) -> None:
-        """:meth:`send_record` without the bookkeeping of :meth:`_sending`."""
+        """:meth:`send_record` without the bookkeeping of :meth:`_sending`; a record
+        without a hook of its own gets the configuration's default."""
         check_fits([record], self._limits)
+        on_delivery = on_delivery or self._default_hook
         if self._reports is not None:
             on_delivery = _collect_into(self._reports, on_delivery)
         self._produce(record.key, record.value, list(record.headers), on_delivery)
@@ -760,18 +781,7 @@ class ActivityProducer:
         if queued is None:
             queued = len(producer)
         dropped = pending - (self._delivered - delivered)
-        if failed is not None:
-            log.warning(
-                "closing a producer that cannot deliver (%s): %d record(s) dropped",
-                kafka_error(failed) or failed,
-                dropped,
-            )
-        elif dropped:
-            log.warning(
-                "closing the producer: %d record(s) not delivered in %g s, dropped",
-                dropped,
-                timeout,
-            )
+        warn_dropped(log, failed, dropped, timeout)
         if not (queued or dropped):
             return
         try:
