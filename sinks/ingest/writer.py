@@ -139,16 +139,21 @@ FROM batch LEFT JOIN fenced ON true
 # loop over the keys with a primary-key index scan inside. Written as `= ANY($1)`, the
 # planner's estimate for 2,000 keys preferred a sequential scan of the whole ledger once
 # it held ~200k rows (48 ms per read against 11 ms probed; linear in the table's size).
-# Layer 2 is read only for the events whose txn_id the ledger does not hold ($2, $3: each
-# event's pair): classify() judges the others on layer 1 and never looks at their
-# event_id, so on a replay one row comes back per event, not two.
-_LEDGER_KEYS = """
-WITH l AS MATERIALIZED (
+# Layer 2 is read only for the events whose txn_id the ledger does not hold: classify()
+# judges the others on layer 1 and never looks at their event_id, so on a replay one row
+# comes back per event, not two. The keys go once, as the batch's (txn_id, event_id)
+# pairs ($1, $2); the ledger is probed once per distinct txn_id. A third array of the
+# distinct txn_ids cost the worker ~40 % more bytes to encode and send on every replayed
+# batch (docs/performance.md).
+_KEYS_AND_LEDGER = """
+WITH k AS MATERIALIZED (
+    SELECT k.txn_id, k.event_id FROM unnest($1::text[], $2::uuid[]) AS k(txn_id, event_id)
+), l AS MATERIALIZED (
     SELECT t.txn_id, t.body_hash, t.event_id
-    FROM unnest($1::text[]) AS k(txn_id)
+    FROM (SELECT DISTINCT k.txn_id FROM k) AS d
     CROSS JOIN LATERAL (
         SELECT t.txn_id, t.body_hash, t.event_id FROM txn_ledger AS t
-        WHERE t.txn_id = k.txn_id OFFSET 0
+        WHERE t.txn_id = d.txn_id OFFSET 0
     ) AS t
 )
 SELECT true AS ledger, l.txn_id, l.body_hash, l.event_id FROM l
@@ -156,10 +161,10 @@ UNION ALL
 """
 
 _STORED_KEYS = (
-    _LEDGER_KEYS
+    _KEYS_AND_LEDGER
     + """
 SELECT false, NULL, e.body_hash, e.event_id
-FROM unnest($2::text[], $3::uuid[]) AS k(txn_id, event_id)
+FROM k
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM event_keys AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS e
@@ -170,10 +175,10 @@ WHERE k.txn_id NOT IN (SELECT txn_id FROM l)
 # Before migration 0008 (a worker of this version may run while it is applied): layer 2
 # is activity's own primary key.
 _STORED_KEYS_UNPARTITIONED = (
-    _LEDGER_KEYS
+    _KEYS_AND_LEDGER
     + """
 SELECT false, NULL, a.body_hash, a.event_id
-FROM unnest($2::text[], $3::uuid[]) AS k(txn_id, event_id)
+FROM k
 CROSS JOIN LATERAL (
     SELECT x.body_hash, x.event_id FROM activity AS x WHERE x.event_id = k.event_id OFFSET 0
 ) AS a
@@ -644,18 +649,15 @@ class BatchWriter:
     ) -> tuple[Classified, bool]:
         """The batch classified against its stored keys, and whether any key was stored."""
         pairs = {(i.row.txn_id, i.row.event_id) for i in batch.events}
-        txn_ids = list({txn_id for txn_id, _ in pairs})
-        pair_txn_ids = [txn_id for txn_id, _ in pairs]
-        pair_event_ids = [event_id for _, event_id in pairs]
+        txn_ids = [txn_id for txn_id, _ in pairs]
+        event_ids = [event_id for _, event_id in pairs]
         ledger: dict[str, tuple[bytes, uuid.UUID]] = {}
         activity: dict[uuid.UUID, bytes] = {}
-        if txn_ids:
+        if pairs:
             if keyed:
-                rows = await conn.fetch(_STORED_KEYS, txn_ids, pair_txn_ids, pair_event_ids)
+                rows = await conn.fetch(_STORED_KEYS, txn_ids, event_ids)
             else:
-                rows = await conn.fetch(
-                    _STORED_KEYS_UNPARTITIONED, txn_ids, pair_txn_ids, pair_event_ids
-                )
+                rows = await conn.fetch(_STORED_KEYS_UNPARTITIONED, txn_ids, event_ids)
             for r in rows:
                 if r["ledger"]:
                     ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])

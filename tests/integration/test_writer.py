@@ -260,8 +260,7 @@ def test_key_reads_probe_the_indexes_of_a_large_ledger(dsn: str) -> None:
             event_ids = [uuid.uuid4() for _ in range(2_000)]
             await conn.execute("SET plan_cache_mode = force_custom_plan")
             plan = "\n".join(
-                r[0]
-                for r in await conn.fetch("EXPLAIN " + _STORED_KEYS, txn_ids, txn_ids, event_ids)
+                r[0] for r in await conn.fetch("EXPLAIN " + _STORED_KEYS, txn_ids, event_ids)
             )
         finally:
             await conn.close()
@@ -289,7 +288,6 @@ def test_the_key_read_returns_layer_2_only_for_events_whose_txn_id_is_new(dsn: s
         try:
             rows = await conn.fetch(
                 _STORED_KEYS,
-                [t for t, _ in pairs],
                 [t for t, _ in pairs],
                 [e for _, e in pairs],
             )
