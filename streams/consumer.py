@@ -33,7 +33,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -52,7 +53,7 @@ from ackline.streams.assemble import Record, assemble
 from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
-from ackline.streams.deadletter import DeadLetterProducer, Headers, safe_headers
+from ackline.streams.deadletter import DeadLetterProducer, safe_headers
 from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
@@ -181,12 +182,11 @@ class ConsumerRuntime:
             self._wait_any(0.05)
             msg = consumer.poll(0)  # serves rebalance callbacks while paused
             if msg is not None:
-                self._accept(msg)  # never drop a record of an owned partition
+                self._accept([msg])  # never drop a record of an owned partition
             return
         self._resume(consumer)
         msgs = self._fetch(consumer)
-        for msg in msgs:
-            self._accept(msg)
+        self._accept(msgs)
         if self._watch.due():
             self._report(consumer)
         idle = not msgs and not self._buffered() and not self._writing()
@@ -264,28 +264,40 @@ class ConsumerRuntime:
                 return False
         return True
 
-    def _accept(self, msg: Message) -> None:
-        err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise FatalConsumerError(f"fatal consumer error: {err}")
-            log.warning("consumer error: %s", err)
-            return
-        tp = _tp(msg)
-        offset = msg.offset() or 0
-        expected = self.ledger.expected(tp)
-        if self.ledger.admit(tp, offset) is not Admit.TAKE:
-            return  # not owned, already committed, a repeat, or read before a seek back
-        if expected is not None and offset > expected:
-            count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
-        key, value = msg.key(), msg.value()
-        record = Record(tp[0], tp[1], offset, key, value, _headers_of(msg))
-        size = record.size()
-        self._size_hint = next_size_hint(self._size_hint, size)  # parked records count too
-        if self._holds.is_held(tp):
-            self._holds.park(tp, record)  # read before the pause took effect: kept, in order
-            return
-        self._slots[self._slot_map.of(tp)].add(record, size)
+    def _accept(self, msgs: Iterable[Message]) -> None:
+        """Take ``msgs`` into their slots' buffers, in order: each one owned and not taken
+        yet, else dropped (not owned, already committed, a repeat, or read before a seek
+        back); a partition that is held parks it. One call per fetch, its lookups bound
+        once: it runs for every record, and with a call (and a closure) per record it
+        took ~11 % of a replay's worker samples (py-spy; docs/performance.md)."""
+        ledger, holds, slots, slot_of = self.ledger, self._holds, self._slots, self._slot_map.of
+        hint = self._size_hint
+        try:
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.fatal():
+                        raise FatalConsumerError(f"fatal consumer error: {err}")
+                    log.warning("consumer error: %s", err)
+                    continue
+                tp = (msg.topic() or "", msg.partition() or 0)
+                offset = msg.offset() or 0
+                expected = ledger.expected(tp)
+                if ledger.admit(tp, offset) is not Admit.TAKE:
+                    continue
+                if expected is not None and offset > expected:
+                    count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
+                key, value = msg.key(), msg.value()
+                # Record.size(), inline; headers are read only for poison
+                size = len(value or b"") + len(key or b"")
+                hint = next_size_hint(hint, size)  # parked records count too
+                record = Record(tp[0], tp[1], offset, key, value, partial(safe_headers, msg))
+                if holds.is_held(tp):
+                    holds.park(tp, record)  # read before the pause took effect: kept, in order
+                    continue
+                slots[slot_of(tp)].add(record, size)
+        finally:
+            self._size_hint = hint
 
     # ---- batches ---------------------------------------------------------------------
 
@@ -764,16 +776,3 @@ class ConsumerRuntime:
 
 def _tp_of(tp: Any) -> TP:
     return (tp.topic, tp.partition)
-
-
-def _tp(msg: Message) -> TP:
-    return (msg.topic() or "", msg.partition() or 0)
-
-
-def _headers_of(msg: Message) -> Any:
-    """The headers of ``msg``, read only when needed (poison) and never raising."""
-
-    def read() -> Headers:
-        return safe_headers(msg)
-
-    return read
