@@ -94,9 +94,10 @@ def assemble(
     spans: dict[TP, list[int]] = {}
     draft = Draft(batch=Batch(ranges=()))
     for rec, result in zip(records, decoded, strict=True):
-        span = spans.get(rec.tp)
+        tp = (rec.topic, rec.partition)  # Record.tp without a call per record
+        span = spans.get(tp)
         if span is None:
-            spans[rec.tp] = [rec.offset, rec.offset]
+            spans[tp] = [rec.offset, rec.offset]
         else:
             span[1] = rec.offset
         coord = Coord(rec.topic, rec.partition, rec.offset)

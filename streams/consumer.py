@@ -341,12 +341,15 @@ class ConsumerRuntime:
         self._faults.hit("after_fetch")
         limits = self.cfg.limits
         results.extend([decode(rec.value, limits) for rec in records[len(results) :]])
-        taken: list[Record] = []
-        decoded: list[Row | Rejection] = []
-        for rec, result in zip(records, results, strict=True):
-            if not self._held_back(rec, result):
-                taken.append(rec)
-                decoded.append(result)
+        taken: list[Record] = records
+        decoded: list[Row | Rejection] = results
+        # Only a rejection can start a hold: with none held and none rejected, all is taken.
+        if self._holds.held or any(isinstance(result, Rejection) for result in results):
+            taken, decoded = [], []
+            for rec, result in zip(records, results, strict=True):
+                if not self._held_back(rec, result):
+                    taken.append(rec)
+                    decoded.append(result)
         if self._holds.held:  # records buffered behind a hold that began here: parked, in order
             for rec in slot.pull(set(self._holds.held)):
                 self._holds.park(rec.tp, rec)
