@@ -658,11 +658,11 @@ class BatchWriter:
                 rows = await conn.fetch(_STORED_KEYS, txn_ids, event_ids)
             else:
                 rows = await conn.fetch(_STORED_KEYS_UNPARTITIONED, txn_ids, event_ids)
-            for r in rows:
-                if r["ledger"]:
-                    ledger[r["txn_id"]] = (bytes(r["body_hash"]), r["event_id"])
+            for is_ledger, txn_id, body_hash, event_id in rows:  # a row per replayed event
+                if is_ledger:
+                    ledger[txn_id] = (bytes(body_hash), event_id)
                 else:
-                    activity[r["event_id"]] = bytes(r["body_hash"])
+                    activity[event_id] = bytes(body_hash)
         return classify(batch.events, ledger, activity), bool(ledger or activity)
 
     async def _after_erasures(self, conn: asyncpg.Connection, batch: Batch) -> None:
