@@ -75,6 +75,7 @@ from typing import Any, Final, NamedTuple
 
 from pydantic import ValidationError
 
+from ackline.core.tuples import builder
 from ackline.schemas.canonical import canonical_texts
 from ackline.schemas.decode_fast import FAST_DEPTH_CAP, make_fast_decoder
 from ackline.schemas.envelope import (
@@ -427,7 +428,7 @@ def reference_decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Ro
     )
 
 
-_FAST: Final = make_fast_decoder(reference_decode, Row, exact_float, FAST_DEPTH_CAP)
+_FAST: Final = make_fast_decoder(reference_decode, builder(Row), exact_float, FAST_DEPTH_CAP)
 
 
 def decode(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Rejection:

@@ -101,9 +101,9 @@ class LimitsLike(Protocol):
 LimitsT = TypeVar("LimitsT", bound=LimitsLike)
 ResultT = TypeVar("ResultT")
 
-RowMaker = Callable[[uuid.UUID, str, str, str, str, datetime, int, str, str, bytes], ResultT]
-"""The Row class: (event_id, txn_id, type, agent_id, request_id, occurred_at,
-schema_version, payload_json, body_json, body_hash), positional."""
+RowMaker = Callable[[tuple[Any, ...]], ResultT]
+"""The Row built from one tuple: (event_id, txn_id, type, agent_id, request_id,
+occurred_at, schema_version, payload_json, body_json, body_hash) (ackline.core.tuples)."""
 
 # --- compiled payload specs -----------------------------------------------------------------
 
@@ -213,36 +213,35 @@ def _compile(payload: type[Payload]) -> PayloadSpec | None:
     return None if struct is None else PayloadSpec(tuple(fields), struct)
 
 
-_ENVELOPE_KEYS: Final = frozenset(
-    (
-        "event_id",
-        "txn_id",
-        "type",
-        "agent_id",
-        "request_id",
-        "occurred_at",
-        "schema_version",
-        "payload",
-    )
-)
 _EventId = Annotated[uuid.UUID, Field(strict=False)]
+
+_Ident: Any = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+"""``Ident`` as msgspec checks it: ``0 < len(value) <= MAX_ID_CHARS``, in code points like
+``len``."""
+
+
+def _envelope_fields() -> tuple[tuple[str, tuple[Any, list[Any]], Any], ...]:
+    """The envelope as the fast path hard-codes it, field by field: the name, the field's
+    shape in the model (annotation, metadata) and the msgspec type it is decoded as (read
+    when a decoder is made)."""
+    return (
+        ("event_id", _shape(_EventId), uuid.UUID),
+        ("txn_id", _IDENT_SHAPE, _Ident),
+        ("type", (str, []), str),
+        ("agent_id", _IDENT_SHAPE, _Ident),
+        ("request_id", _IDENT_SHAPE, _Ident),
+        ("occurred_at", _shape(Timestamp), str),
+        ("schema_version", (int, []), int),
+        ("payload", (Payload, []), msgspec.Raw),
+    )
 
 
 def _envelope_is_as_expected() -> bool:
     """The fast path hard-codes the envelope fields: check they are still these."""
     fields = Envelope.model_fields
-    if frozenset(fields) != _ENVELOPE_KEYS or not _plain_model(Envelope):
+    expect = {name: shape for name, shape, _ in _envelope_fields()}
+    if fields.keys() != expect.keys() or not _plain_model(Envelope):
         return False
-    expect = {
-        "event_id": _shape(_EventId),
-        "txn_id": _IDENT_SHAPE,
-        "agent_id": _IDENT_SHAPE,
-        "request_id": _IDENT_SHAPE,
-        "occurred_at": _shape(Timestamp),
-        "type": (str, []),
-        "schema_version": (int, []),
-        "payload": (Payload, []),
-    }
     return all(
         (info.annotation, list(info.metadata)) == expect[name] for name, info in fields.items()
     )
@@ -275,26 +274,12 @@ def _spec_for(envelope: type[Envelope], event_type: str, version: int) -> Payloa
     return spec
 
 
-_Ident: Any = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-"""``Ident`` as msgspec checks it: ``0 < len(value) <= MAX_ID_CHARS``, in code points like
-``len``."""
-
-
 def _envelope_struct() -> Any:
     """The envelope as msgspec decodes it (C): exactly the eight keys (a duplicate one is
     caught by the colon count), the three ids checked, the payload left as its bytes."""
     return msgspec.defstruct(
         "Envelope",
-        [
-            ("event_id", uuid.UUID),
-            ("txn_id", _Ident),
-            ("type", str),
-            ("agent_id", _Ident),
-            ("request_id", _Ident),
-            ("occurred_at", str),
-            ("schema_version", int),
-            ("payload", msgspec.Raw),
-        ],
+        [(name, decoded_as) for name, _, decoded_as in _envelope_fields()],
         forbid_unknown_fields=True,
         gc=False,  # decoded JSON holds no cycle
     )
@@ -538,16 +523,18 @@ def make_fast_decoder(  # noqa: C901 - one flat hot function, on purpose
         if not _no_duplicates(value, accounted, escapes):
             return slow(value, limits)
         return row(
-            event_id,
-            txn_id,
-            event_type,
-            agent_id,
-            request_id,
-            occurred_at,
-            version,
-            payload_bytes.decode("utf-8"),
-            body.decode("utf-8"),
-            sha256(body).digest(),
+            (
+                event_id,
+                txn_id,
+                event_type,
+                agent_id,
+                request_id,
+                occurred_at,
+                version,
+                payload_bytes.decode("utf-8"),
+                body.decode("utf-8"),
+                sha256(body).digest(),
+            )
         )
 
     return decode

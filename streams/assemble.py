@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
+from ackline.core.tuples import builder
 from ackline.schemas.decode import Limits, Rejection, Row, decode
-from ackline.sinks.ingest.batch import TP, Batch, Coord, Incoming, PartitionRange
+from ackline.sinks.ingest.batch import TP, Batch, PartitionRange, new_coord, new_incoming
 from ackline.streams.deadletter import Headers, Poison
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger
 
@@ -47,6 +48,11 @@ class Record(NamedTuple):
     def size(self) -> int:
         """What the record counts against ``batch_max_bytes``: key and value, not headers."""
         return len(self.value or b"") + len(self.key or b"")
+
+
+new_record: Final = builder(Record)
+"""Record((topic, partition, offset, key, value, headers, generation)), once per record
+(ackline.core.tuples): every field, the generation too."""
 
 
 @dataclass(slots=True)
@@ -100,13 +106,13 @@ def assemble(
             spans[tp] = [rec.offset, rec.offset]
         else:
             span[1] = rec.offset
-        coord = Coord(rec.topic, rec.partition, rec.offset)
+        coord = new_coord((rec.topic, rec.partition, rec.offset))
         if isinstance(result, Rejection):
             draft.poison.append(
                 Poison(coord, result.reason, result.detail, rec.key, rec.value, rec.header_list())
             )
         else:
-            draft.batch.events.append(Incoming(coord, result))
+            draft.batch.events.append(new_incoming((coord, result)))
     draft.batch.ranges = tuple(
         PartitionRange(t, p, first, last + 1, epochs[(t, p)])
         for (t, p), (first, last) in sorted(spans.items())

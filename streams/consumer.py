@@ -49,7 +49,7 @@ from ackline.sinks.errors import FencedError
 from ackline.sinks.ingest.batch import TP, Batch
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
-from ackline.streams.assemble import Record, assemble
+from ackline.streams.assemble import Record, assemble, new_record
 from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
@@ -60,7 +60,7 @@ from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
-from ackline.streams.ownership import Admit, Ledger, Rewind, past_log_end
+from ackline.streams.ownership import NO_GENERATION, Admit, Ledger, Rewind, past_log_end
 from ackline.streams.slots import BUFFERED_BATCHES, Slot, SlotMap
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,8 @@ class ConsumerRuntime:
                 # Record.size(), inline; headers are read only for poison
                 size = len(value or b"") + len(key or b"")
                 hint = next_size_hint(hint, size)  # parked records count too
-                record = Record(tp[0], tp[1], offset, key, value, partial(safe_headers, msg))
+                headers = partial(safe_headers, msg)
+                record = new_record((tp[0], tp[1], offset, key, value, headers, NO_GENERATION))
                 if holds.is_held(tp):
                     holds.park(tp, record)  # read before the pause took effect: kept, in order
                     continue

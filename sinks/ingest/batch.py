@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
+from ackline.core.tuples import builder
 from ackline.schemas.decode import Row
 
 TP = tuple[str, int]
@@ -25,6 +26,12 @@ class Incoming(NamedTuple):
 
     coord: Coord
     row: Row
+
+
+new_coord: Final = builder(Coord)
+"""Coord((topic, partition, offset)), once per event (ackline.core.tuples)."""
+new_incoming: Final = builder(Incoming)
+"""Incoming((coord, row)), once per event (ackline.core.tuples)."""
 
 
 @dataclass(frozen=True, slots=True)

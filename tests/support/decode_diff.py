@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ackline.core.progress import Progress
+from ackline.core.tuples import builder
 from ackline.load.generate import POISON_KINDS, Knobs, generate, make_poison
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
@@ -65,7 +66,7 @@ FastFactory = Callable[[Decoder], Decoder]
 
 def default_fast(slow: Decoder) -> Decoder:
     """The fast decoder exactly as ``ackline.schemas.decode`` builds it."""
-    return make_fast_decoder(slow, Row, exact_float)
+    return make_fast_decoder(slow, builder(Row), exact_float)
 
 
 def norm(result: Row | Rejection) -> tuple[Any, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ackline.core.tuples import builder
 from ackline.schemas import decode_fast
 from ackline.schemas.decode import Row
 from ackline.schemas.numbers import finite_float
@@ -30,7 +31,7 @@ def test_the_fast_path_equals_the_reference_on_a_sample_of_every_source() -> Non
 
 
 def _without_the_number_rule(slow: decode_diff.Decoder) -> decode_diff.Decoder:
-    return decode_fast.make_fast_decoder(slow, Row, finite_float)
+    return decode_fast.make_fast_decoder(slow, builder(Row), finite_float)
 
 
 @pytest.mark.parametrize(

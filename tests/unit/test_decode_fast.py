@@ -21,6 +21,7 @@ import msgspec
 import pytest
 from pydantic import Field, TypeAdapter, create_model
 
+from ackline.core.tuples import builder
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
     MAX_SUPPORTED_DEPTH,
@@ -43,7 +44,7 @@ def _counted(value: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Row | Reje
     return reference_decode(value, limits)
 
 
-_fast = make_fast_decoder(_counted, Row, exact_float)
+_fast = make_fast_decoder(_counted, builder(Row), exact_float)
 
 
 def same(value: bytes, limits: Limits = DEFAULT_LIMITS, *, fast_path: bool | None = None) -> Any:
