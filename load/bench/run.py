@@ -159,6 +159,7 @@ class Bench:
     def processor(self, system: Ackline, name: str = "runs") -> Phase:
         """`ackline process NAME --until-caught-up` on ``system``'s ingested database."""
         say(f"processor {name}: applying the events ingested by {system.name}")
+        settle_disk(self.env)
         cpu0 = self.cluster.cpu()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
         env.update(
