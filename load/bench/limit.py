@@ -35,9 +35,8 @@ from ackline.sinks.ingest.rows import (
     ACTIVITY_COLUMNS,
     EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
-    activity_record,
-    event_key_record,
-    ledger_record,
+    Placed,
+    copy_records,
 )
 
 CHUNK: Final = 10_000
@@ -84,15 +83,12 @@ def rounds(records: Iterator[CapturedRecord], chunk: int, width: int) -> Iterato
 def _rows(
     chunk: list[CapturedRecord], topic: str, batch: int, day: date
 ) -> tuple[list[Any], list[Any], list[Any]]:
-    ledger, keys, activity = [], [], []
+    placed: list[Placed] = []
     for rec in chunk:
         row = decode(rec.value)
-        if not isinstance(row, Row):
-            continue
-        ledger.append(ledger_record(row, topic, rec.partition, rec.offset, batch))
-        keys.append(event_key_record(row, batch))
-        activity.append(activity_record(row, topic, rec.partition, rec.offset, batch, day))
-    return ledger, keys, activity
+        if isinstance(row, Row):
+            placed.append(((topic, rec.partition, rec.offset), row))
+    return copy_records(placed, batch, day)
 
 
 async def _copy(

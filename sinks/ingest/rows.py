@@ -9,6 +9,7 @@ transaction). Before migration 0008 there is no ``event_keys`` and ``activity`` 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import date
 from typing import Any, Final
 
@@ -47,36 +48,55 @@ UNPARTITIONED_ACTIVITY_COLUMNS: Final = ACTIVITY_COLUMNS[:-1]
 """The columns of ``activity`` before migration 0008 (ingested_on is then a default)."""
 
 
-def ledger_record(
-    row: Row, topic: str, partition: int, offset: int, batch_id: int
-) -> tuple[Any, ...]:
-    """The ``txn_ledger`` record of ``row``, in LEDGER_COLUMNS order."""
-    return (row.txn_id, row.event_id, row.body_hash, topic, partition, offset, batch_id)
+Placed = tuple[tuple[str, int, int], Row]
+"""An event and where it came from: ((topic, partition, offset), row), as ``Incoming`` is."""
 
 
-def event_key_record(row: Row, batch_id: int) -> tuple[Any, ...]:
-    """The ``event_keys`` record of ``row``, in EVENT_KEY_COLUMNS order."""
-    return (row.event_id, row.body_hash, batch_id)
+def copy_records(
+    placed: Iterable[Placed], batch_id: int, ingested_on: date
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The ``txn_ledger``, ``event_keys`` and ``activity`` records of ``placed``, each in
+    its column list's order (drop the last field of an activity record for
+    UNPARTITIONED_ACTIVITY_COLUMNS).
 
-
-def activity_record(
-    row: Row, topic: str, partition: int, offset: int, batch_id: int, ingested_on: date
-) -> tuple[Any, ...]:
-    """The ``activity`` record of ``row``, in ACTIVITY_COLUMNS order (drop the last field
-    for UNPARTITIONED_ACTIVITY_COLUMNS)."""
-    return (
-        row.event_id,
-        row.txn_id,
-        row.type,
-        row.agent_id,
-        row.request_id,
-        row.occurred_at,
-        row.schema_version,
-        row.payload_json,
-        row.body_hash,
-        topic,
-        partition,
-        offset,
-        batch_id,
-        ingested_on,
-    )
+    One loop that unpacks each row by position, because it runs once per event on the
+    hot path: three record functions per event cost ~0.3 us more (1.5 against 1.2 us per
+    event, 20,000 bench events). A Row with another field fails the unpacking at once.
+    """
+    ledger: list[tuple[Any, ...]] = []
+    keys: list[tuple[Any, ...]] = []
+    activity: list[tuple[Any, ...]] = []
+    add_ledger, add_key, add_activity = ledger.append, keys.append, activity.append
+    for (topic, partition, offset), (
+        event_id,
+        txn_id,
+        type_,
+        agent_id,
+        request_id,
+        occurred_at,
+        version,
+        payload,
+        _body,
+        body_hash,
+    ) in placed:
+        add_ledger((txn_id, event_id, body_hash, topic, partition, offset, batch_id))
+        add_key((event_id, body_hash, batch_id))
+        add_activity(
+            (
+                event_id,
+                txn_id,
+                type_,
+                agent_id,
+                request_id,
+                occurred_at,
+                version,
+                payload,
+                body_hash,
+                topic,
+                partition,
+                offset,
+                batch_id,
+                ingested_on,
+            )
+        )
+    return ledger, keys, activity

@@ -107,9 +107,7 @@ from ackline.sinks.ingest.rows import (
     EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
     UNPARTITIONED_ACTIVITY_COLUMNS,
-    activity_record,
-    event_key_record,
-    ledger_record,
+    copy_records,
 )
 
 log = logging.getLogger(__name__)
@@ -568,16 +566,7 @@ class BatchWriter:
         which has no default there) roll back and are retried too.
         """
         batch_id, day = fenced.batch_id, fenced.ingested_on
-        ledger = []
-        keys = []
-        activity = []
-        for i in verdict.inserts:
-            row, coord = i.row, i.coord
-            ledger.append(ledger_record(row, coord.topic, coord.partition, coord.offset, batch_id))
-            keys.append(event_key_record(row, batch_id))
-            activity.append(
-                activity_record(row, coord.topic, coord.partition, coord.offset, batch_id, day)
-            )
+        ledger, keys, activity = copy_records(verdict.inserts, batch_id, day)
         try:
             await conn.copy_records_to_table("txn_ledger", columns=LEDGER_COLUMNS, records=ledger)
             if not self._mid_copy_hit:  # once per attempt, however many COPYs it makes

@@ -13,9 +13,7 @@ from ackline.sinks.ingest.rows import (
     EVENT_KEY_COLUMNS,
     LEDGER_COLUMNS,
     UNPARTITIONED_ACTIVITY_COLUMNS,
-    activity_record,
-    event_key_record,
-    ledger_record,
+    copy_records,
 )
 
 SQL = Path(__file__).resolve().parents[2] / "schemas" / "sql"
@@ -38,22 +36,35 @@ def _row() -> Row:
 
 def test_records_follow_their_columns() -> None:
     row = _row()
-    ledger = dict(zip(LEDGER_COLUMNS, ledger_record(row, "t", 3, 42, 7), strict=True))
     day = date(2026, 1, 2)
-    activity = dict(zip(ACTIVITY_COLUMNS, activity_record(row, "t", 3, 42, 7, day), strict=True))
-    keys = dict(zip(EVENT_KEY_COLUMNS, event_key_record(row, 7), strict=True))
+    (ledger_rec,), (key_rec,), (activity_rec,) = copy_records([(("t", 3, 42), row)], 7, day)
+    ledger = dict(zip(LEDGER_COLUMNS, ledger_rec, strict=True))
+    activity = dict(zip(ACTIVITY_COLUMNS, activity_rec, strict=True))
+    keys = dict(zip(EVENT_KEY_COLUMNS, key_rec, strict=True))
     assert keys == {"event_id": row.event_id, "body_hash": row.body_hash, "batch_id": 7}
     assert activity["ingested_on"] == day
     for rec in (ledger, activity):
-        assert (rec["txn_id"], rec["event_id"], rec["body_hash"]) == (
-            row.txn_id,
-            row.event_id,
-            row.body_hash,
-        )
         assert (rec["src_topic"], rec["src_partition"], rec["src_offset"]) == ("t", 3, 42)
         assert rec["batch_id"] == 7
+    # every column named as a Row field holds that field (the rows are unpacked by position)
+    fields = row._asdict()
+    for rec in (ledger, activity, keys):
+        for column, value in rec.items():
+            if column in fields:
+                assert value == fields[column], column
     assert activity["payload"] == row.payload_json
-    assert activity["occurred_at"] == row.occurred_at
+    named = {c for c in ACTIVITY_COLUMNS if c in fields}
+    assert named == set(fields) - {"payload_json", "body_json"}
+
+
+def test_records_keep_the_order_of_their_events() -> None:
+    rows = [
+        r for s in generate(20) if s.poison_reason is None and isinstance(r := decode(s.value), Row)
+    ]
+    placed = [(("t", i % 3, i), row) for i, row in enumerate(rows)]
+    ledger, keys, activity = copy_records(placed, 1, date(2026, 1, 2))
+    assert [k[0] for k in keys] == [a[0] for a in activity] == [r.event_id for r in rows]
+    assert [rec[5] for rec in ledger] == list(range(len(rows)))
 
 
 def test_columns_exist_in_the_schema() -> None:
