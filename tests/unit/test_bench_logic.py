@@ -205,12 +205,16 @@ def test_targets_are_met_missed_or_not_measured() -> None:
 
 def test_the_recorded_peer_settings_are_the_peers_own() -> None:
     from ackline.load.bench.peers import HERE, PEER_SETTINGS
+    from ackline.settings import Settings
 
     assert "COMMIT_EVERY = 10_000" in (HERE / "quix_app.py").read_text()
     assert "commit_every=10000" in PEER_SETTINGS["quix"]
+    # Connect's batch is ackline's own batch cap (docs/performance.md, "The peers' settings")
+    cap = Settings.model_fields["batch_max_events"].default
     connector = (HERE / "connect" / "connector.properties").read_text()
-    assert "batch.size=2000" in connector and "batch.size=2000" in PEER_SETTINGS["connect"]
-    assert "consumer.max.poll.records=2000" in (HERE / "connect" / "worker.properties").read_text()
+    assert f"batch.size={cap}\n" in connector and f"batch.size={cap}`" in PEER_SETTINGS["connect"]
+    worker = (HERE / "connect" / "worker.properties").read_text()
+    assert f"consumer.max.poll.records={cap}\n" in worker
     assert "CONCURRENCY = 4" in (HERE / "faust_app.py").read_text()
     assert "concurrency=4" in PEER_SETTINGS["faust"]
 
