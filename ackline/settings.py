@@ -155,10 +155,11 @@ class Settings(BaseSettings):
 
     # Batching and backpressure.
     batch_max_events: int = Field(
-        # 5,000: 1M-event drains in interleaved runs went from 48,491-50,161 to 52,468-
-        # 53,914 events/s, PostgreSQL from 13.8-14.3 to 12.5-13.0 us per event (fewer,
-        # larger COPYs); 10,000 made no further difference (docs/performance.md)
-        default=5_000,
+        # 2,000: 5,000 drained a 1M backlog ~8 % faster (PostgreSQL 12.5-13.0 against
+        # 13.8-14.3 us per event), but at half load batches grew with it: p50 / p99
+        # 54 / 174 ms against 40 / 104, and a replay 67,066 against 70,457 events/s
+        # (docs/performance.md, "Batches of 5,000, measured again")
+        default=2_000,
         ge=1,
         le=100_000,
         description="a batch is written at this many records",

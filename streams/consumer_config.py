@@ -17,7 +17,7 @@ class RuntimeConfig:
     group_protocol: str = "classic"
     session_timeout_ms: int = 10_000
     start_from: str = "earliest"
-    batch_max_events: int = 5_000  # the settings' default
+    batch_max_events: int = 2_000  # the settings' default
     batch_max_bytes: int = 8 * 1_048_576
     batch_linger_ms: int = 0  # 0: a batch closes as soon as the writer is free
     limits: Limits = DEFAULT_LIMITS

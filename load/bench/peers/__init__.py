@@ -32,7 +32,7 @@ PEER_PACKAGES = (
 )
 PEER_SETTINGS = {
     "quix": "`commit_every=10000`",
-    "connect": "1 task, `batch.size=5000`",
+    "connect": "1 task, `batch.size=2000`",
     "faust": "`concurrency=4`",
 }
 """The throughput settings each peer runs with (docs/performance.md, "The peers' settings"),
