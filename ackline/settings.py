@@ -156,9 +156,9 @@ class Settings(BaseSettings):
     # Batching and backpressure.
     batch_max_events: int = Field(
         # 2,000: 5,000 drained a 1M backlog ~8 % faster (PostgreSQL 12.5-13.0 against
-        # 13.8-14.3 us per event), but at half load batches grew with it: p50 / p99
-        # 54 / 174 ms against 40 / 104, and a replay 67,066 against 70,457 events/s
-        # (docs/performance.md, "Batches of 5,000, measured again")
+        # 13.8-16.5 us per event), but in one whole run of each its p50 / p99 at half load
+        # were 54 / 174 ms against 40 / 104, and its replay 67,066 against 70,457 events/s
+        # (docs/performance.md, "... batches of 5,000 measured again")
         default=2_000,
         ge=1,
         le=100_000,

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:8]
     logs = state_dir / "logs" / f"backlog-{run_id}"
     logs.mkdir(parents=True, exist_ok=True)
-    info, started_here = ensure_stack(state_dir)
+    info, started_here = ensure_stack(state_dir, autovacuum=True)
     ok = True
     try:
         if args.part in ("rss", "both"):

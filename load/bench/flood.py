@@ -37,6 +37,7 @@ from ackline.load.bench.common import (
     fill,
     load_avg,
     say,
+    settle_disk,
     stop_all,
     wait_for,
 )
@@ -178,6 +179,7 @@ def drain(env: Env, cluster: Cluster, count: int = FLOOD_RECORDS) -> Phase:
     want = expected(count)
     worker = Ackline("flood", env)
     worker.reset()
+    settle_disk(env)
     cpu0 = cluster.cpu()
     started = time.time()
     worker.start(topic)

@@ -55,6 +55,7 @@ from ackline.load.bench.common import (
     BenchError,
     Cluster,
     Phase,
+    RowCounter,
     drain_backlog,
     drop_run_topics,
     ensure_stack,
@@ -284,6 +285,7 @@ class Bench:
         ensure_topic(self.env.bootstrap, topic, PARTITIONS)
         system.reset()
         settle_disk(self.env)
+        counter = RowCounter(system.dsn, system.table)  # not a new connection per poll
         system.start(topic)
         parts = list(range(PARTITIONS))
         try:
@@ -297,16 +299,17 @@ class Bench:
                 source_partitions=parts,
                 warm=warm,
                 on_warm=lambda: wait_for(
-                    lambda: system.rows() >= warm, system, 300, "the warm-up rows"
+                    lambda: counter.reached(warm), system, 300, "the warm-up rows"
                 ),
             )
             wait_for(
-                lambda: system.rows() >= warm + count,
+                lambda: counter.reached(warm + count),
                 system,
                 timeout=300 + count / 200,
                 what="the timed rows",
             )
         finally:
+            counter.close()
             stop_all(system)
         created = _create_times(self.env.bootstrap, topic, skip=warm)
         committed = system.commit_times_by_id()
