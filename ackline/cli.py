@@ -20,8 +20,8 @@ from types import FrameType
 from typing import Any
 
 from ackline.commands import MODULES, Handler
-from ackline.commands.guard import Terminated, explain
-from ackline.core.errors import AcklineError
+from ackline.commands.guard import explain
+from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import KAFKA_LOGGER, configure_logging
 from ackline.settings import load_settings
 

@@ -30,11 +30,6 @@ DSN_HINT = (
 )
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived while a command ran (a BaseException, like KeyboardInterrupt, so
-    ``except Exception`` cleanup paths do not swallow it); ``ackline.cli`` raises it."""
-
-
 class DatabaseUnavailableError(AcklineError):
     """PostgreSQL cannot be reached at the address of the DSN."""
 

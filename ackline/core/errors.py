@@ -8,6 +8,8 @@ the errors of its client library (confluent-kafka, asyncpg) at its boundary with
 
 from __future__ import annotations
 
+import signal
+
 
 class AcklineError(Exception):
     """Root of every error ackline raises on purpose."""
@@ -20,3 +22,15 @@ class SettingsError(AcklineError):
         super().__init__(f"setting {setting}: {problem}")
         self.setting = setting
         self.problem = problem
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while a command ran; ``ackline.cli`` raises it. A stop, not an
+    error, so not an AcklineError; here because every layer may meet it.
+
+    A SystemExit, so neither ``except Exception`` cleanup paths nor asyncio swallow it:
+    asyncio logs and drops any other BaseException a callback or a transport's write
+    raises, and a command cut there ran on to its end. Escaping ``main``, it exits 143."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)

@@ -24,6 +24,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from ackline.core.errors import Terminated
 from ackline.core.metrics import Metrics
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
@@ -89,6 +90,8 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     worker = _Worker(app, quiet=True, loglevel=logging.getLogger().level or logging.INFO)
     try:
         worker.execute_from_commandline()
+    except Terminated:
+        raise  # a stop before faust took the signal over: ackline.cli's clean stop
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     else:  # pragma: no cover - execute_from_commandline always raises SystemExit

@@ -104,7 +104,7 @@ def test_a_failure_while_stopping_is_part_of_the_stop() -> None:
     chaos run printed asyncpg's InternalClientError traceback after SIGTERM): an error
     raised while a stop is handled is reported as the stop."""
     from ackline.cli import _while_stopping
-    from ackline.commands.guard import Terminated
+    from ackline.core.errors import Terminated
 
     try:
         try:
@@ -142,3 +142,29 @@ def test_replay_refuses_the_ingested_topic_unless_told(
     code = cli.main(["replay", missing, "--to", "agent-activity", "--into-ingested-topic"])
     err = capsys.readouterr().err
     assert code == 2 and "ingests" not in err and "absent.ackcap" in err
+
+
+def test_sigterm_inside_an_asyncio_callback_stops_the_command() -> None:
+    """asyncio logs and drops every BaseException a callback or a transport's write
+    raises, except SystemExit and KeyboardInterrupt. A chaos run given SIGTERM while
+    asyncpg wrote to its socket printed 'Fatal write error on socket transport' with the
+    Terminated traceback and ran on to its end (CI, stop 35): the stop must reach the
+    command. A real SIGTERM, handled by the CLI's handler, lands inside a loop callback."""
+    import asyncio
+    import signal
+
+    from ackline.core.errors import Terminated
+
+    ran_on: list[str] = []
+
+    async def command() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_soon(os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        ran_on.append("the loop went on after the stop request")
+
+    with cli._terminate_as_interrupt(), pytest.raises(Terminated):
+        asyncio.run(command())
+    assert ran_on == []
+    assert isinstance(Terminated(), SystemExit)
+    assert Terminated().code == cli.EXIT_TERMINATED  # escaping main, it still exits 143
