@@ -286,9 +286,9 @@ class Bench:
         system.reset()
         settle_disk(self.env)
         counter = RowCounter(system.dsn, system.table)  # not a new connection per poll
-        system.start(topic)
         parts = list(range(PARTITIONS))
         try:
+            system.start(topic)  # in the try: a start that fails still closes the counter
             # One producer for both: the timed records go out on a producer that has its
             # producer id, so none of them waits out the producer's own start-up.
             sent = replay(
