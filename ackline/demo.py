@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 
 import asyncpg
 
 from ackline.clients import database_dsn, kafka_client_config
+from ackline.core.errors import Terminated
 from ackline.core.progress import Progress
 from ackline.load.produce import Knobs, produce
 from ackline.load.verify import print_summary, verify
@@ -49,13 +51,20 @@ async def _ingest_progress(dsn: str, group: str, total: int, stop: asyncio.Event
 
 
 async def _run_and_watch(settings: Settings, bootstrap: str, dsn: str, total: int) -> int:
+    """The worker until drained, with a progress line. Stopped by SIGTERM or SIGINT, the
+    worker stops cleanly and so does the demo: the stop is raised here (the CLI's exit
+    143 or 130, the stack stopped on the way out), not a verification of half an ingest."""
     stop = asyncio.Event()
+    signalled: list[int] = []
     watcher = asyncio.create_task(_ingest_progress(dsn, settings.group_id, total, stop))
     try:
-        return await run(settings, bootstrap, dsn, until_drained=True)
+        status = await run(settings, bootstrap, dsn, until_drained=True, on_signal=signalled.append)
     finally:
         stop.set()
         await watcher
+    if signalled:
+        raise KeyboardInterrupt() if signalled[0] == signal.SIGINT else Terminated()
+    return status
 
 
 def demo(settings: Settings, events: int, keep: bool) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 from pathlib import Path
 
 from ackline.commands import Subparsers
@@ -80,8 +79,8 @@ def _infra(args: argparse.Namespace, settings: Settings) -> int:
         minimums=minimums,
         keep_stack=args.keep,
     )
-    # A SIGTERM unwinds the run, so that its stack (mounts, servers) is stopped.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    # A SIGTERM unwinds the run (ackline.cli raises Terminated), so that its stack (mounts,
+    # servers) is stopped on the way out.
     report = run_infra_chaos(cfg)
     print(report.render(), flush=True)
     print(json.dumps(report.to_json()), flush=True)
@@ -100,10 +99,6 @@ def _connections(text: str) -> tuple[int, ...]:
     if not counts or not all(1 <= c <= 8 for c in counts):
         raise SettingsError("--writer-connections", f"{text!r}: a comma list of counts from 1 to 8")
     return counts
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def register(sub: Subparsers) -> None:

@@ -32,5 +32,5 @@ class Terminated(SystemExit):
     asyncio logs and drops any other BaseException a callback or a transport's write
     raises, and a command cut there ran on to its end. Escaping ``main``, it exits 143."""
 
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
+    def __init__(self, code: int = 128 + signal.SIGTERM) -> None:
+        super().__init__(code)  # the code as an argument: copies and pickles rebuild it

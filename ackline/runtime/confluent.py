@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 
 from ackline.clients import kafka_client_config
 from ackline.runtime.health import probe_database
@@ -47,7 +48,13 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
     )
 
 
-async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:
+async def run(
+    settings: Settings,
+    bootstrap: str,
+    dsn: str,
+    until_drained: bool = False,
+    on_signal: Callable[[int], None] | None = None,
+) -> int:
     """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
 
     Order of effects at start: wire the worker (:func:`build_ingest`: the ingest DSN may
@@ -57,7 +64,8 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
     SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
-    and the status is 0.
+    and the status is 0; ``on_signal`` is told which signal it was, and the handlers that
+    were there before are back (:func:`stop_signals`).
 
     ``dsn`` is the operator's; every connection of the worker is made as the ingest
     role (:func:`ackline.clients.ingest_dsn`), which may only append event data.
@@ -77,41 +85,73 @@ async def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool 
     runtime.drain_and_stop = until_drained
     # First, so a stop request during start-up ends the run cleanly (status 0) as soon as
     # the loop runs again, instead of killing the process mid-start.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runtime.request_stop)
-    partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
-    ingest.metrics.topic_partitions.set(partitions)
-    ingest.serve()
-    done: asyncio.Future[None] = loop.create_future()
+    with stop_signals(loop, runtime.request_stop, on_signal):
+        partitions = prepare_topics(
+            bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf
+        )
+        ingest.metrics.topic_partitions.set(partitions)
+        ingest.serve()
+        done: asyncio.Future[None] = loop.create_future()
 
-    def body() -> None:
+        def body() -> None:
+            try:
+                runtime.run()
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, None)
+
+        probe = asyncio.create_task(
+            probe_database(
+                ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id
+            )
+        )
+        _tune_gc()
+        tune_malloc()
+        _tune_switching()
+        thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
+        thread.start()
         try:
-            runtime.run()
-        except BaseException as exc:
-            loop.call_soon_threadsafe(_settle, done, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, done, None)
-
-    probe = asyncio.create_task(
-        probe_database(ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id)
-    )
-    _tune_gc()
-    tune_malloc()
-    _tune_switching()
-    thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
-    thread.start()
-    try:
-        await done
-    finally:
-        runtime.request_stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        probe.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await probe
-        await ingest.close()
+            await done
+        finally:
+            runtime.request_stop()
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
+            await ingest.close()
     log.info("stopped after %d committed batches", runtime.committed_batches)
     return 0
+
+
+@contextlib.contextmanager
+def stop_signals(
+    loop: asyncio.AbstractEventLoop,
+    request_stop: Callable[[], None],
+    on_signal: Callable[[int], None] | None = None,
+) -> Iterator[None]:
+    """SIGTERM and SIGINT request a clean stop while the block runs (``on_signal`` is told
+    which came); after it, the handlers that were there before are back. The loop's
+    ``remove_signal_handler`` leaves the default action behind (SIGTERM kills at once), so
+    a command that goes on after the worker (``ackline demo`` verifies, then stops its
+    stack) would have been killed mid-cleanup by a later SIGTERM."""
+    stops = (signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in stops}
+
+    def stop(sig: int) -> None:
+        if on_signal is not None:
+            on_signal(sig)
+        request_stop()
+
+    for sig in stops:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        yield
+    finally:
+        for sig in stops:
+            loop.remove_signal_handler(sig)
+            previous = before[sig]
+            if previous is not None:  # None: not set from Python; nothing to restore
+                signal.signal(sig, previous)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

@@ -309,8 +309,10 @@ class Bench:
                 what="the timed rows",
             )
         finally:
-            counter.close()
-            stop_all(system)
+            try:
+                counter.close()
+            finally:
+                stop_all(system)
         created = _create_times(self.env.bootstrap, topic, skip=warm)
         committed = system.commit_times_by_id()
         lat = [1000 * (committed[i] - ts) for i, ts in created.items() if i in committed]

@@ -65,6 +65,8 @@ class Pg:
                 self._drop()  # its transport closed, the task ends at the next turn
                 with contextlib.suppress(Exception):
                     self._loop.run_until_complete(asyncio.wait([task], timeout=1))
+            else:  # the stop was raised in the task's own step: it holds it too
+                take_outcome(task)
             raise
 
     def try_fetch(self, sql: str, *args: Any) -> list[asyncpg.Record] | None:

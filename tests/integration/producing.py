@@ -99,7 +99,6 @@ def committed_values(bootstrap: str, topic: str, partitions: int = 3) -> list[by
             "isolation.level": "read_committed",
         }
     )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     values: list[bytes] = []
     at_end: set[int] = set()
     errors: list[str] = []
@@ -116,6 +115,9 @@ def committed_values(bootstrap: str, topic: str, partitions: int = 3) -> list[by
         return len(at_end) >= partitions
 
     try:
+        found = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        assert found == partitions, f"{topic} has {found} partitions, not {partitions}"
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         try:
             wait_until(more, 60, f"the end of every partition of {topic}", interval=0)
         except AssertionError as exc:

@@ -391,3 +391,33 @@ def test_a_chaos_probe_cut_mid_query_by_a_stop_drops_its_connection(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+def test_a_stopped_demo_stops_instead_of_verifying_half_an_ingest(
+    services: Services, dsn: str, tmp_path: Path
+) -> None:
+    """SIGTERM while the demo's worker ingests: the worker stops cleanly and so does the
+    demo, exit 143, its cleanup run. It went on to verify half an ingest (exit 1), and the
+    worker's loop left SIGTERM's default action behind (a second SIGTERM killed it before
+    its ``finally``, which stops the local stack)."""
+    log = tmp_path / "demo.log"
+    env = _env(
+        ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
+        ACKLINE_DATABASE_URL=dsn,
+        ACKLINE_STATE_DIR=str(tmp_path / "state"),
+    )
+    proc = _spawn(["demo", "--events", "200000"], env, log)
+    try:
+        wait_until(
+            lambda: proc.poll() is not None or "== ingesting" in log.read_text(errors="replace"),
+            300,
+            "the demo's ingest",
+        )
+        status = _stop(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert "== verifying" not in text, text[-3000:]
+    assert status == 143, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]

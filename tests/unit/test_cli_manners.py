@@ -168,3 +168,59 @@ def test_sigterm_inside_an_asyncio_callback_stops_the_command() -> None:
     assert ran_on == []
     assert isinstance(Terminated(), SystemExit)
     assert Terminated().code == cli.EXIT_TERMINATED  # escaping main, it still exits 143
+
+
+def test_the_workers_stop_signals_leave_the_previous_handler_behind() -> None:
+    """The loop's remove_signal_handler sets SIGTERM's default action: a command that goes
+    on after the worker (the demo verifies, then stops its stack) was killed outright by a
+    later SIGTERM. ``stop_signals`` puts the previous handler back and says which came."""
+    import asyncio
+    import signal
+
+    from ackline.runtime.confluent import stop_signals
+
+    def previous(signum: int, frame: object) -> None:  # the CLI's role
+        raise AssertionError("not while the worker runs")
+
+    stopped: list[str] = []
+    told: list[int] = []
+
+    async def worker() -> None:
+        loop = asyncio.get_running_loop()
+        with stop_signals(loop, lambda: stopped.append("stop"), told.append):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)  # the loop serves the signal
+
+    before = signal.signal(signal.SIGTERM, previous)
+    try:
+        asyncio.run(worker())
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped == ["stop"]
+    assert told == [signal.SIGTERM]
+
+
+def test_a_stop_raised_in_a_probe_task_leaves_no_unretrieved_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stop request raised inside the task's own step (a SystemExit: asyncio re-raises
+    it out of the loop and also stores it in the task) left the task done with an
+    exception nobody read: asyncio logged 'Task exception was never retrieved'."""
+    import gc
+    import logging
+
+    from ackline.core.errors import Terminated
+    from load.chaos.probe import Pg
+
+    async def cut() -> None:
+        raise Terminated()
+
+    pg = Pg("postgresql://nobody@127.0.0.1:1/none")  # never connects
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(Terminated):
+            pg._run(cut())
+        gc.collect()
+    finally:
+        pg.close()
+    assert "never retrieved" not in caplog.text
