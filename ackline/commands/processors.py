@@ -13,15 +13,14 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
+from ackline.core.signals import stop_signals
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,18 +43,6 @@ def _operator_dsn(settings: Settings) -> str:
     from ackline.endpoints import endpoints
 
     return endpoints(settings)[1]
-
-
-@contextmanager
-def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 # --- `ackline process` -------------------------------------------------------------------
@@ -137,7 +124,7 @@ async def _process(
     server.serve(settings)
     stop = asyncio.Event()
     try:
-        with _stop_on_signals(stop):
+        with stop_signals(asyncio.get_running_loop(), stop.set):
             log.info(
                 "processors %s following the feed as instance %s",
                 ", ".join(r.name for r in runners),

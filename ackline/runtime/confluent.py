@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from ackline.clients import kafka_client_config
+from ackline.core.signals import stop_signals
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
 from ackline.schemas.decode import Limits
@@ -121,37 +121,6 @@ async def run(
             await ingest.close()
     log.info("stopped after %d committed batches", runtime.committed_batches)
     return 0
-
-
-@contextlib.contextmanager
-def stop_signals(
-    loop: asyncio.AbstractEventLoop,
-    request_stop: Callable[[], None],
-    on_signal: Callable[[int], None] | None = None,
-) -> Iterator[None]:
-    """SIGTERM and SIGINT request a clean stop while the block runs (``on_signal`` is told
-    which came); after it, the handlers that were there before are back. The loop's
-    ``remove_signal_handler`` leaves the default action behind (SIGTERM kills at once), so
-    a command that goes on after the worker (``ackline demo`` verifies, then stops its
-    stack) would have been killed mid-cleanup by a later SIGTERM."""
-    stops = (signal.SIGTERM, signal.SIGINT)
-    before = {sig: signal.getsignal(sig) for sig in stops}
-
-    def stop(sig: int) -> None:
-        if on_signal is not None:
-            on_signal(sig)
-        request_stop()
-
-    for sig in stops:
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        yield
-    finally:
-        for sig in stops:
-            loop.remove_signal_handler(sig)
-            previous = before[sig]
-            if previous is not None:  # None: not set from Python; nothing to restore
-                signal.signal(sig, previous)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

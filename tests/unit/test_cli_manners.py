@@ -177,7 +177,7 @@ def test_the_workers_stop_signals_leave_the_previous_handler_behind() -> None:
     import asyncio
     import signal
 
-    from ackline.runtime.confluent import stop_signals
+    from ackline.core.signals import stop_signals
 
     def previous(signum: int, frame: object) -> None:  # the CLI's role
         raise AssertionError("not while the worker runs")
