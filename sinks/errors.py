@@ -33,6 +33,17 @@ class RaceLostError(SinkError):
     """
 
 
+class RepeatRejectedError(SinkError):
+    """Records written undecoded as exact copies that the ledger does not vouch for did not
+    decode: poison in the canonical shape, which must reach the dead-letter topic before a
+    reject row, so the writer cannot take it. The batch rolls back; the consumer reads it
+    again and decodes ``coords`` ((topic, partition, offset) of each) like any record."""
+
+    def __init__(self, message: str, coords: list[tuple[str, int, int]]) -> None:
+        super().__init__(message)
+        self.coords = coords
+
+
 class TransientDatabaseError(SinkError):
     """A connection or server error that a retry with backoff may cure."""
 

@@ -17,7 +17,15 @@ from typing import Final, NamedTuple
 
 from ackline.core.tuples import builder
 from ackline.schemas.decode import Limits, Rejection, Row, decode
-from ackline.sinks.ingest.batch import TP, Batch, PartitionRange, new_coord, new_incoming
+from ackline.schemas.exact import ExactForm
+from ackline.sinks.ingest.batch import (
+    TP,
+    Batch,
+    PartitionRange,
+    new_coord,
+    new_incoming,
+    new_repeat,
+)
 from ackline.streams.deadletter import Headers, Poison
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger
 
@@ -89,9 +97,13 @@ def draft_batch(records: Sequence[Record], ledger: Ledger, limits: Limits) -> Dr
 
 
 def assemble(
-    records: Sequence[Record], decoded: Sequence[Row | Rejection], epochs: Mapping[TP, int]
+    records: Sequence[Record],
+    decoded: Sequence[Row | Rejection | ExactForm],
+    epochs: Mapping[TP, int],
 ) -> Draft:
-    """One batch of admitted ``records`` and their ``decoded`` values, in order.
+    """One batch of admitted ``records`` and their ``decoded`` values, in order (an
+    :class:`ExactForm` stands for a record taken for an exact copy of a stored event,
+    undecoded: it becomes a :class:`~ackline.sinks.ingest.batch.Repeat`).
 
     Each partition's range runs from its first to its last record (+1), under the epoch it
     is owned with (``epochs``); offsets are not contiguous under read_committed, so the
@@ -110,6 +122,11 @@ def assemble(
         if isinstance(result, Rejection):
             draft.poison.append(
                 Poison(coord, result.reason, result.detail, rec.key, rec.value, rec.header_list())
+            )
+        elif isinstance(result, ExactForm):
+            events = draft.batch.events
+            draft.batch.repeats.append(
+                new_repeat((coord, result.txn_id, result.body_hash, rec.value, len(events)))
             )
         else:
             draft.batch.events.append(new_incoming((coord, result)))

@@ -47,6 +47,7 @@ def count_committed(metrics: Metrics, result: WriteResult, seconds: float) -> No
     metrics.ingested.inc(result.inserted)
     for layer, n in result.duplicates.items():
         metrics.duplicates.labels(layer).inc(n)
+    metrics.exact_copies.inc(result.exact)
     for layer, n in result.conflicts.items():
         metrics.conflicts.labels(layer).inc(n)
     for reason, n in result.rejects.items():
@@ -74,6 +75,7 @@ def batch_fields(batch: Batch, result: WriteResult, seconds: float) -> dict[str,
         "events": result.events,
         "inserted": result.inserted,
         "duplicates": dict(result.duplicates),
+        "exact": result.exact,
         "conflicts": dict(result.conflicts),
         "rejects": dict(result.rejects),
         "seconds": round(seconds, 4),

@@ -43,9 +43,10 @@ from confluent_kafka.admin import AdminClient
 from ackline.core.faults import DISARMED, Faults
 from ackline.core.logs import kafka_logger
 from ackline.core.metrics import Metrics
-from ackline.schemas.decode import Rejection, Row, decode
+from ackline.schemas.decode import Rejection, decode
+from ackline.schemas.exact import exact_form
 from ackline.sinks.connection import Database
-from ackline.sinks.errors import FencedError
+from ackline.sinks.errors import FencedError, RepeatRejectedError
 from ackline.sinks.ingest.batch import TP, Batch
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
@@ -61,7 +62,7 @@ from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger, Rewind, past_log_end
-from ackline.streams.slots import BUFFERED_BATCHES, Slot, SlotMap
+from ackline.streams.slots import BUFFERED_BATCHES, Looked, Slot, SlotMap
 
 log = logging.getLogger(__name__)
 _CANCEL_WAIT_S = 30.0  # a cancelled write ends within this, or it is logged again
@@ -92,6 +93,9 @@ class ConsumerRuntime:
         faults: Faults = DISARMED,
     ) -> None:
         self.cfg = config
+        # Records a writer sent back undecodable (RepeatRejectedError): decoded when read
+        # again, even on a repeating slot; each is forgotten once decoded.
+        self._decode_at: set[tuple[str, int, int]] = set()
         self._control_db = control_db  # claims and re-reads; the writer has its own connection
         if not writers:
             raise ValueError("a consumer runtime needs at least one writer")
@@ -305,12 +309,11 @@ class ConsumerRuntime:
     def _decode_ahead(self) -> bool:
         """Decode up to _DECODE_CHUNK buffered records not decoded yet, of the first slot
         that has any; False if none."""
-        limits = self.cfg.limits
         for slot in self._slots:
             done = len(slot.decoded)
             pending = slot.buffer[done : done + _DECODE_CHUNK]
             if pending:
-                slot.decoded.extend([decode(rec.value, limits) for rec in pending])
+                slot.decoded.extend(self._first_look(pending, slot.repeating))
                 return True
         return False
 
@@ -340,10 +343,9 @@ class ConsumerRuntime:
         """
         records, results = slot.take(self.cfg.batch_max_events, self.cfg.batch_max_bytes)
         self._faults.hit("after_fetch")
-        limits = self.cfg.limits
-        results.extend([decode(rec.value, limits) for rec in records[len(results) :]])
+        results.extend(self._first_look(records[len(results) :], slot.repeating))
         taken: list[Record] = records
-        decoded: list[Row | Rejection] = results
+        decoded: list[Looked] = results
         # Only a rejection can start a hold: with none held and none rejected, all is taken.
         if self._holds.held or any(isinstance(result, Rejection) for result in results):
             taken, decoded = [], []
@@ -374,7 +376,26 @@ class ConsumerRuntime:
         slot.inflight = InFlight(self._loop, slot.writer.write(draft.batch), self._any_ended)
         time.sleep(_HAND_OFF_YIELD_S)
 
-    def _held_back(self, rec: Record, decoded: Row | Rejection) -> bool:
+    def _first_look(self, records: list[Record], repeating: bool) -> list[Looked]:
+        """Each record decoded; or, on a repeating slot, its exact form where it has one
+        (ackline.schemas.exact), written undecoded and confirmed by the writer. A record a
+        writer sent back (:class:`RepeatRejectedError`) is decoded this time."""
+        limits = self.cfg.limits
+        if not repeating:
+            return [decode(rec.value, limits) for rec in records]
+        back = self._decode_at
+        if back:
+            return [self._look_back(rec, back) for rec in records]
+        return [exact_form(rec.value, limits) or decode(rec.value, limits) for rec in records]
+
+    def _look_back(self, rec: Record, back: set[tuple[str, int, int]]) -> Looked:
+        coord = (rec.topic, rec.partition, rec.offset)
+        if coord in back:
+            back.discard(coord)
+            return decode(rec.value, self.cfg.limits)
+        return exact_form(rec.value, self.cfg.limits) or decode(rec.value, self.cfg.limits)
+
+    def _held_back(self, rec: Record, decoded: Looked) -> bool:
         """Park ``rec`` if its partition is held, or if it starts a hold (streams.holds).
 
         A new hold pauses the partition; the records before it in this batch still commit.
@@ -466,7 +487,8 @@ class ConsumerRuntime:
         auto-commit: advisory only), then metrics. A crash between the DB commit and the
         store leaves Kafka behind the DB, which is harmless: the DB offset decides where
         the partition resumes. A batch that did not commit (or may not have) goes to
-        :meth:`_not_committed`.
+        :meth:`_not_committed`; so does one that held poison written undecoded
+        (:class:`RepeatRejectedError`), whose records are decoded when read again.
         """
         future, batch = slot.inflight, slot.batch
         slot.inflight, slot.batch = None, None
@@ -485,7 +507,15 @@ class ConsumerRuntime:
             log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
             self._not_committed(batch)
             return
+        except RepeatRejectedError as exc:
+            # Rolled back: read again, those records decoded this time (their dead letters
+            # first), the others looked at as before.
+            log.warning("batch %s rolled back: %s; reading it again", batch.describe(), exc)
+            self._decode_at.update(exc.coords)
+            self._not_committed(batch)
+            return
         self._faults.hit("after_commit")
+        slot.repeating = 2 * result.duplicates.get("ledger", 0) > result.events
         seconds = time.monotonic() - slot.started
         record_committed(self.ledger, self._metrics, batch, result, seconds)
         self._store(batch)

@@ -31,10 +31,15 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ackline.schemas.decode import Rejection, Row
+from ackline.schemas.exact import ExactForm
 from ackline.sinks.ingest.batch import TP, Batch
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.assemble import Record
 from ackline.streams.inflight import InFlight
+
+Looked = Row | Rejection | ExactForm
+"""What the consumer thread made of a buffered record: decoded, or, on a repeating slot, its
+exact form (ackline.schemas.exact), which the ledger is asked about when its batch leaves."""
 
 BUFFERED_BATCHES: Final = 2
 """Batches' worth of records the worker buffers per slot (counted over all its slots)."""
@@ -74,7 +79,11 @@ class Slot:
 
     writer: BatchWriter
     buffer: list[Record] = field(default_factory=list)
-    decoded: list[Row | Rejection] = field(default_factory=list)  # of a prefix of buffer
+    decoded: list[Looked] = field(default_factory=list)  # of a prefix of buffer
+    # Whether its last batch was mostly layer-1 duplicates (a replay): then its records are
+    # first looked at as exact copies (ackline.schemas.exact), and decoded only if the
+    # ledger does not vouch for them.
+    repeating: bool = False
     buffer_bytes: int = 0
     buffer_since: float = 0.0
     inflight: InFlight | None = None
@@ -90,7 +99,7 @@ class Slot:
         self.buffer.append(record)
         self.buffer_bytes += size
 
-    def take(self, max_events: int, max_bytes: int) -> tuple[list[Record], list[Row | Rejection]]:
+    def take(self, max_events: int, max_bytes: int) -> tuple[list[Record], list[Looked]]:
         """The next batch: the longest prefix of the buffer within ``max_events`` records
         and ``max_bytes`` bytes (at least one record, however large), with the decode
         results of a prefix of it. The rest stays, in order, with its own decoded prefix."""

@@ -19,6 +19,11 @@ class Metrics:
         self.duplicates = Counter(
             "ackline_duplicates", "Duplicates dropped, by dedup layer", ["layer"], registry=r
         )
+        self.exact_copies = Counter(
+            "ackline_exact_copies",
+            "Ledger duplicates written without being decoded (exact copies it confirmed)",
+            registry=r,
+        )
         self.conflicts = Counter(
             "ackline_conflicts", "Conflicts quarantined, by dedup layer", ["layer"], registry=r
         )

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from ackline.clients import kafka_client_config
 from ackline.core.signals import stop_signals
 from ackline.runtime.health import probe_database
-from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
-from ackline.schemas.decode import Limits
+from ackline.runtime.wiring import build_ingest, decode_limits, load_payload_plugins, tune_malloc
 from ackline.settings import Settings
 from ackline.streams.consumer import ConsumerRuntime
 from ackline.streams.consumer_config import RuntimeConfig
@@ -39,7 +38,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         batch_max_events=settings.batch_max_events,
         batch_linger_ms=settings.batch_linger_ms,
         batch_max_bytes=settings.batch_max_bytes,
-        limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
+        limits=decode_limits(settings),
         revoke_wait_s=settings.revoke_wait_s,
         shutdown_wait_s=settings.shutdown_wait_s,
         max_poll_interval_ms=settings.max_poll_interval_ms,

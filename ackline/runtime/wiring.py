@@ -111,6 +111,11 @@ class Ingest:
         return self.writers[0]
 
 
+def decode_limits(settings: Settings) -> Limits:
+    """The decoder's limits from the settings (the consumer's, the writer's, faust's)."""
+    return Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth)
+
+
 def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     """Wire an ingest worker from ``settings``. No I/O.
 
@@ -159,6 +164,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     upkeep = Upkeep(
         settings.partition_interval, settings.partitions_ahead, settings.retention_keep()
     )
+    limits = decode_limits(settings)
     writers = tuple(
         BatchWriter(
             db,
@@ -167,6 +173,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             faults,
             on_retry=lambda cause: metrics.retries.labels(cause).inc(),
             upkeep=upkeep,
+            limits=limits,
         )
         for db in dbs
     )
@@ -183,7 +190,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
         dead_letters=DeadLetterProducer(
             bootstrap, settings.dlq_topic, kafka_conf, reject_max_bytes=settings.batch_max_bytes
         ),
-        limits=Limits(max_bytes=settings.max_message_bytes, max_depth=settings.max_json_depth),
+        limits=limits,
         server=StatusServer(
             metrics,
             ReadyLimits(

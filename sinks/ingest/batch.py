@@ -28,10 +28,25 @@ class Incoming(NamedTuple):
     row: Row
 
 
+class Repeat(NamedTuple):
+    """A record taken for an exact copy of a stored event (:mod:`ackline.schemas.exact`),
+    not decoded: the writer confirms it against the ledger inside the batch's transaction,
+    and decodes ``value`` only if the ledger no longer holds ``body_hash`` for ``txn_id``.
+    ``at`` is its place in the batch: the number of the batch's events before it."""
+
+    coord: Coord
+    txn_id: str
+    body_hash: bytes
+    value: bytes
+    at: int
+
+
 new_coord: Final = builder(Coord)
 """Coord((topic, partition, offset)), once per event (ackline.core.tuples)."""
 new_incoming: Final = builder(Incoming)
 """Incoming((coord, row)), once per event (ackline.core.tuples)."""
+new_repeat: Final = builder(Repeat)
+"""Repeat((coord, txn_id, body_hash, value, at)), once per exact copy (ackline.core.tuples)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +88,33 @@ class Batch:
     ranges: tuple[PartitionRange, ...]
     events: list[Incoming] = field(default_factory=list)
     rejects: list[RejectRecord] = field(default_factory=list)
+    repeats: list[Repeat] = field(default_factory=list)
 
     @property
     def size(self) -> int:
-        return len(self.events) + len(self.rejects)
+        return len(self.events) + len(self.rejects) + len(self.repeats)
 
     def describe(self) -> str:
         return ", ".join(
             f"{r.topic}[{r.partition}]@{r.first_offset}..{r.next_offset - 1}" for r in self.ranges
         )
+
+
+def with_rows(
+    events: list[Incoming], repeats: list[Repeat], rows: dict[int, Incoming]
+) -> tuple[list[Incoming], list[Repeat]]:
+    """``events`` with the decoded repeats ``rows`` (by index in ``repeats``) put back in
+    their places, and the repeats left, their places counted again. Pure."""
+    merged: list[Incoming] = []
+    left: list[Repeat] = []
+    k = 0
+    for i, rep in enumerate(repeats):
+        merged.extend(events[k : rep.at])
+        k = max(k, rep.at)
+        row = rows.get(i)
+        if row is None:
+            left.append(rep._replace(at=len(merged)))
+        else:
+            merged.append(row)
+    merged.extend(events[k:])
+    return merged, left

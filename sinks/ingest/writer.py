@@ -22,6 +22,13 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    A day whose partition is missing (docs/retention.md) rolls the batch back; the writer
    makes the partitions (:class:`ackline.sinks.admin.partitions.Upkeep`) and retries it;
 
+   A batch's exact copies (:class:`~ackline.sinks.ingest.batch.Repeat`: records a
+   replaying worker did not decode, ``ackline.schemas.exact``) are confirmed first, in
+   one statement (:data:`_UNCONFIRMED`, one ledger probe each): those whose ledger row
+   stores their hash are layer-1 duplicates; any other (a changed body, a new event) is
+   decoded here and joins the events in its place, and poison among them rolls the batch
+   back (:class:`RepeatRejectedError`: its dead letters must go first);
+
    While batches meet no stored key (a first ingest), steps 2-4 become one probe per
    key: classify against nothing stored, COPY; the unique indexes are the probe. There
    a unique violation is the normal sign of a stored key (a replay, or a concurrent
@@ -95,11 +102,25 @@ from datetime import date
 import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Rejection, decode
 from ackline.sinks.admin.erase import ERASURE_LOCK_KEY
 from ackline.sinks.admin.partitions import PartitionError, Upkeep
 from ackline.sinks.connection import Database, is_transient
-from ackline.sinks.errors import FencedError, RaceLostError, TransientDatabaseError
-from ackline.sinks.ingest.batch import TP, Batch, PartitionRange
+from ackline.sinks.errors import (
+    FencedError,
+    RaceLostError,
+    RepeatRejectedError,
+    TransientDatabaseError,
+)
+from ackline.sinks.ingest.batch import (
+    TP,
+    Batch,
+    Incoming,
+    PartitionRange,
+    Repeat,
+    new_incoming,
+    with_rows,
+)
 from ackline.sinks.ingest.classify import Classified, classify
 from ackline.sinks.ingest.offsets import Claim, locked_offsets
 from ackline.sinks.ingest.rows import (
@@ -184,6 +205,17 @@ WHERE k.txn_id NOT IN (SELECT txn_id FROM l)
 """
 )
 
+# Which of these (txn_id, body_hash) pairs the ledger does not hold (0-based places): one
+# index probe per key, as for _STORED_KEYS (OFFSET 0 keeps the lateral probe a nested loop).
+_UNCONFIRMED = """
+SELECT (k.i - 1)::int AS i
+FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS k(txn_id, body_hash, i)
+LEFT JOIN LATERAL (
+    SELECT t.body_hash FROM txn_ledger AS t WHERE t.txn_id = k.txn_id OFFSET 0
+) AS t ON true
+WHERE t.body_hash IS DISTINCT FROM k.body_hash
+"""
+
 _CONFLICTS = """
 INSERT INTO conflicts
     (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
@@ -262,6 +294,8 @@ class WriteResult:
     duplicates: dict[str, int]
     conflicts: dict[str, int]
     rejects: dict[str, int] = field(default_factory=dict)
+    exact: int = 0
+    """Of the ledger duplicates, the exact copies written undecoded (batch.repeats)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +325,13 @@ class _CommitUncertainError(Exception):
     def __init__(self, result: WriteResult, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.result = result
+
+
+async def unconfirmed(conn: asyncpg.Connection, copies: Sequence[Repeat]) -> list[int]:
+    """The places of ``copies`` whose ledger row does not store their hash (absent, or
+    another body): :data:`_UNCONFIRMED`. Reads only."""
+    rows = await conn.fetch(_UNCONFIRMED, [c.txn_id for c in copies], [c.body_hash for c in copies])
+    return [row[0] for row in rows]
 
 
 def copy_refusal(exc: BaseException) -> str | None:
@@ -337,8 +378,10 @@ class BatchWriter:
         faults: Faults = DISARMED,
         on_retry: Callable[[str], None] | None = None,
         upkeep: Upkeep | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self._db = db
+        self._limits = limits  # to decode an exact copy the ledger no longer vouches for
         self._group = group_id
         self._worker = worker
         self._faults = faults
@@ -512,6 +555,7 @@ class BatchWriter:
                 "primary_key": verdict.conflicts_on("primary_key"),
             },
             rejects=dict(Counter(r.reason for r in batch.rejects)),
+            exact=len(batch.repeats),
         )
         ranges = {f"{r.topic}:{r.partition}": [r.first_offset, r.next_offset] for r in batch.ranges}
         await conn.execute(
@@ -619,7 +663,10 @@ class BatchWriter:
 
         Nothing here commits: a crash at any step leaves the transaction to roll back.
         """
-        fresh = classify(batch.events, {}, {}) if self._unread and batch.events else None
+        if batch.repeats:
+            await self._confirm_repeats(conn, batch)
+        unread = self._unread and batch.events and not batch.repeats
+        fresh = classify(batch.events, {}, {}) if unread else None
         if fresh is not None and _proven_by_copy(fresh):
             try:
                 await self._copy_inserts(conn, fenced, fresh)
@@ -628,10 +675,41 @@ class BatchWriter:
                 raise _StoredKeyMetError() from exc
             return fresh
         verdict, stored = await self._classify(conn, batch, fenced.keyed)
-        self._unread = not stored
+        verdict.duplicates["ledger"] += len(batch.repeats)
+        self._unread = not stored and not batch.repeats
         if verdict.inserts:
             await self._copy_inserts(conn, fenced, verdict)
         return verdict
+
+    async def _confirm_repeats(self, conn: asyncpg.Connection, batch: Batch) -> None:
+        """Keep as repeats the exact copies whose ledger row stores their hash (read in
+        this transaction: layer-1 duplicates, as a key read would find); decode the others
+        into the batch's events, in their places (a changed body, a new event, a row lost
+        in a failover). Any of those that does not decode raises
+        :class:`RepeatRejectedError`: the transaction rolls back, nothing of the batch is
+        written, and the consumer reads it again, decoding those records (their dead
+        letters go first). Nothing here commits; a batch retried keeps what was decoded."""
+        repeats = batch.repeats
+        gone = await unconfirmed(conn, repeats)
+        if not gone:
+            return
+        rows: dict[int, Incoming] = {}
+        rejected: list[Repeat] = []
+        for i in gone:
+            rep = repeats[i]
+            row = decode(rep.value, self._limits)
+            if isinstance(row, Rejection):
+                rejected.append(rep)
+            else:
+                rows[i] = new_incoming((rep.coord, row))
+        if rejected:
+            first = rejected[0].coord
+            raise RepeatRejectedError(
+                f"{len(rejected)} records written undecoded do not decode (the first: "
+                f"{first.topic}[{first.partition}]@{first.offset})",
+                [(r.coord.topic, r.coord.partition, r.coord.offset) for r in rejected],
+            )
+        batch.events, batch.repeats = with_rows(batch.events, repeats, rows)
 
     async def _classify(
         self, conn: asyncpg.Connection, batch: Batch, keyed: bool

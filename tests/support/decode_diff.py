@@ -21,6 +21,15 @@ Sources, scaled by ``scale`` (1.0: about 1.1 million inputs):
 * ``hypothesis``: hypothesis-drawn JSON trees (duplicate keys, any code point, number
   literals from a regex) put into real envelopes.
 
+The same run checks exact copies (``ackline.schemas.exact``), which let a replaying worker
+skip the decoder for a record whose bytes, but for the event_id member, hash to what the
+ledger stores: for every input that :func:`~ackline.schemas.exact.exact_form` accepts,
+whenever the bytes around its event_id member are the canonical body of a record the
+decoder accepts (so a ledger could store that hash), the decoder must accept the input
+itself with that ``txn_id`` and ``body_hash`` (:meth:`Differential.check_exact`). Each
+accepted input's own canonical record is checked the same way, with valid and invalid
+event ids put in and, for some, under tighter limits.
+
 Run it whole with ``make decode-diff`` (``python -m tests.support.decode_diff``);
 ``tests/unit/test_decode_differential.py`` runs a small sample in ``make test``.
 """
@@ -46,8 +55,10 @@ from typing import Any
 from ackline.core.progress import Progress
 from ackline.core.tuples import builder
 from ackline.load.generate import POISON_KINDS, Knobs, generate, make_poison
+from ackline.schemas import exact
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
+    MAX_SUPPORTED_DEPTH,
     Limits,
     Rejection,
     Row,
@@ -566,6 +577,8 @@ class Tally:
         default_factory=collections.Counter
     )
     mismatches: list[tuple[str, bytes, Any, Any]] = dataclasses.field(default_factory=list)
+    exact_checked: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    """Inputs per source whose exact form was judged against a body the decoder accepts."""
 
     @property
     def total(self) -> int:
@@ -598,6 +611,79 @@ class Differential:
             tally.mismatches.append((source, value or b"", want, got))
         elif self.public and (public := norm(decode(value, limits))) != want:
             tally.mismatches.append((source, value or b"", want, public))
+        self.check_exact(source, value, limits)
+
+    def check_exact(self, source: str, value: bytes | None, limits: Limits) -> None:
+        """An exact form may stand for the decoder only where a ledger could vouch for it.
+
+        If ``value``'s bytes without its event_id member (``body``) are the canonical body
+        of a record the decoder accepts under any limits (a worker of another day's
+        settings may have stored it: that record, with a known-good id put in its place,
+        decodes to exactly ``body``; the choice of a valid id changes nothing),
+        then the decoder must accept ``value`` itself with the exact form's txn_id and
+        hash. Where ``body`` is no accepted body, no ledger stores its hash (SHA-256), and
+        the exact form is never taken. For an accepted ``value``, its own canonical record
+        is checked too (:func:`canonical_records`)."""
+        made = canonical_records(value, limits)
+        for n, (record, record_limits) in enumerate([(value, limits), *made]):
+            form = exact.exact_form(record, record_limits)
+            span = exact.event_id_span(record) if record else None
+            if form is None or record is None or span is None:
+                continue
+            start, end = span
+            body = record[:start] + record[end:]
+            known = record[:start] + _GOOD_ID + record[end:]
+            vouched = decode(known, _ANY_LIMITS)
+            if not isinstance(vouched, Row) or vouched.body_json.encode() != body:
+                if n > 0:  # a stored body, by construction: canonical text must be a fixed point
+                    self.tally.mismatches.append(
+                        (f"exact-idempotence:{source}", record, ("row", body), norm(vouched))
+                    )
+                continue
+            self.tally.exact_checked[source] += 1
+            got = decode(record, record_limits)
+            if not (
+                isinstance(got, Row)
+                and (got.txn_id, got.body_hash) == (form.txn_id, form.body_hash)
+            ):
+                self.tally.mismatches.append(
+                    (f"exact:{source}", record, ("exact", *form), norm(got))
+                )
+
+
+_ANY_LIMITS = Limits(max_bytes=1 << 30, max_depth=MAX_SUPPORTED_DEPTH)
+_GOOD_ID = b'"event_id":"00000000-0000-4000-8000-000000000000",'
+_EXACT_IDS = (
+    "0190c6a2-7b1e-7c3d-9e4f-a5b6c7d8e9f0",  # valid
+    "ffffffff-ffff-ffff-ffff-ffffffffffff",  # valid
+    "0190C6A2-7B1E-7C3D-9E4F-A5B6C7D8E9F0",  # valid for the decoder; not an exact form
+    "0190c6a2-7b1e-7c3d-9e4f-a5b6c7d8e9fg",  # not a UUID
+    "0190c6a2-7b1e-7c3d-9e4f-a5b6c7d8e9f",  # too short
+)
+
+
+def canonical_records(value: bytes | None, limits: Limits) -> list[tuple[bytes, Limits]]:
+    """What an SDK sends for the event ``value`` decodes to (its canonical body with an
+    event_id member put in, one of :data:`_EXACT_IDS` chosen by the value's bytes), under
+    ``limits`` and, for one value in four, under limits just too tight for it; [] for a
+    value the decoder rejects."""
+    row = decode(value, limits) if value else None
+    if not isinstance(row, Row) or value is None:
+        return []
+    prefix = '{"agent_id":' + json.dumps(row.agent_id, ensure_ascii=False) + ","
+    if not row.body_json.startswith(prefix):
+        return []
+    pick = value[len(value) // 2] if value else 0
+    member = f'"event_id":"{_EXACT_IDS[pick % len(_EXACT_IDS)]}",'
+    text = prefix + member + row.body_json[len(prefix) :]
+    record = text.encode("utf-8", "surrogatepass")
+    out = [(record, limits)]
+    if pick % 4 == 0:
+        depth = record.count(b"{") + record.count(b"[")
+        out.append((record, Limits(max_bytes=max(1, len(record) - 1), max_depth=limits.max_depth)))
+        out.append((record, Limits(max_bytes=limits.max_bytes, max_depth=max(1, depth - 1))))
+        out.append((record, Limits(max_bytes=limits.max_bytes, max_depth=2)))
+    return out
 
 
 def planned(scale: float) -> dict[str, int]:

@@ -7,13 +7,14 @@ harness notices what it is there to notice.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from ackline.core.tuples import builder
-from ackline.schemas import decode_fast
-from ackline.schemas.decode import Row
+from ackline.schemas import decode_fast, exact
+from ackline.schemas.decode import MAX_SUPPORTED_DEPTH, Limits, Row
 from ackline.schemas.numbers import finite_float
 from tests.support import decode_diff
 
@@ -52,3 +53,31 @@ def test_the_harness_catches_a_broken_fast_path(
         monkeypatch.setattr(decode_fast, *patch)
     tally = decode_diff.run(0.002, seed=5, fast=fast)
     assert tally.mismatches, f"{broken}: not caught"
+
+
+def test_exact_copies_stand_for_the_decoder_only_where_a_ledger_could_vouch() -> None:
+    tally = decode_diff.run(SAMPLE, seed=13)
+    assert tally.mismatches == [], decode_diff.report(tally, 0)
+    # the realistic records are an SDK's (canonical), and mutations reach the check too
+    assert tally.exact_checked["realistic"] > 0.9 * tally.inputs["realistic"]
+    assert sum(n for s, n in tally.exact_checked.items() if s.startswith("mut:")) > 100
+
+
+_LAX_HEAD = re.compile(rb'\{"agent_id":"[^"\\]*",("event_id":"[^"]{30,40}",)"occurred_at":"')
+
+
+@pytest.mark.parametrize("broken", ["any 36 characters as an event_id", "no depth guard"])
+def test_the_harness_catches_a_broken_exact_form(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if broken.startswith("any"):
+        monkeypatch.setattr(exact, "_HEAD", _LAX_HEAD)
+    else:
+        real = exact.exact_form
+        monkeypatch.setattr(
+            exact,
+            "exact_form",
+            lambda value, limits: real(value, Limits(limits.max_bytes, MAX_SUPPORTED_DEPTH)),
+        )
+    tally = decode_diff.run(0.002, seed=5)
+    assert any(m[0].startswith("exact:") for m in tally.mismatches), f"{broken}: not caught"

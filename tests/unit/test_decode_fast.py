@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -73,17 +72,6 @@ def event(arguments_text: str = '{"q":"x","n":3}', **fields: Any) -> bytes:
     )
     data = env.model_dump(mode="json") | fields
     return json.dumps(data, separators=(",", ":")).replace('{"x":0}', arguments_text).encode()
-
-
-@pytest.fixture
-def registry() -> Iterator[None]:
-    """Restore the process-wide registry after the test."""
-    payloads, envelopes = dict(PAYLOADS), dict(ENVELOPES)
-    yield
-    PAYLOADS.clear()
-    PAYLOADS.update(payloads)
-    ENVELOPES.clear()
-    ENVELOPES.update(envelopes)
 
 
 def test_every_registered_model_has_a_fast_path() -> None:

@@ -4,26 +4,14 @@ then accepts and marks as newer."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from ackline.schemas import Rejection, Row, decode, new_envelope
-from ackline.schemas.envelope import ENVELOPES, PAYLOADS, AgentStartedV1, newest_version
+from ackline.schemas.envelope import PAYLOADS, AgentStartedV1, newest_version
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins, parse_plugins
 from tests.support.payloads_v2 import AgentStartedV2
-
-
-@pytest.fixture
-def registry() -> Iterator[None]:
-    """Restore the process-wide registry after the test."""
-    payloads, envelopes = dict(PAYLOADS), dict(ENVELOPES)
-    yield
-    PAYLOADS.clear()
-    PAYLOADS.update(payloads)
-    ENVELOPES.clear()
-    ENVELOPES.update(envelopes)
 
 
 def _v2_value() -> bytes:
