@@ -47,7 +47,7 @@ from ackline.schemas.decode import Rejection, decode
 from ackline.schemas.exact import exact_form
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError, RepeatRejectedError
-from ackline.sinks.ingest.batch import TP, Batch
+from ackline.sinks.ingest.batch import TP, Batch, not_passed
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
 from ackline.streams.assemble import Record, assemble, new_record
@@ -93,8 +93,10 @@ class ConsumerRuntime:
         faults: Faults = DISARMED,
     ) -> None:
         self.cfg = config
-        # Records a writer sent back undecodable (RepeatRejectedError): decoded when read
-        # again, even on a repeating slot; each is forgotten once decoded.
+        # Records a writer sent back undecodable (RepeatRejectedError): decoded whenever
+        # read again, even on a repeating slot, until a committed batch passes them or
+        # their partition is given up (so a decode thrown away, by a hold's release or a
+        # re-read, is made again).
         self._decode_at: set[tuple[str, int, int]] = set()
         self._control_db = control_db  # claims and re-reads; the writer has its own connection
         if not writers:
@@ -389,9 +391,7 @@ class ConsumerRuntime:
         return [exact_form(rec.value, limits) or decode(rec.value, limits) for rec in records]
 
     def _look_back(self, rec: Record, back: set[tuple[str, int, int]]) -> Looked:
-        coord = (rec.topic, rec.partition, rec.offset)
-        if coord in back:
-            back.discard(coord)
+        if (rec.topic, rec.partition, rec.offset) in back:
             return decode(rec.value, self.cfg.limits)
         return exact_form(rec.value, self.cfg.limits) or decode(rec.value, self.cfg.limits)
 
@@ -516,6 +516,8 @@ class ConsumerRuntime:
             return
         self._faults.hit("after_commit")
         slot.repeating = 2 * result.duplicates.get("ledger", 0) > result.events
+        if self._decode_at:
+            self._decode_at = not_passed(self._decode_at, batch.ranges)
         seconds = time.monotonic() - slot.started
         record_committed(self.ledger, self._metrics, batch, result, seconds)
         self._store(batch)
@@ -735,6 +737,7 @@ class ConsumerRuntime:
         first; :meth:`_not_committed` after their batch ended), so once their buffered
         records are dropped they may change slots."""
         gone = set(tps)
+        self._decode_at = {c for c in self._decode_at if (c[0], c[1]) not in gone}
         self.ledger.release(gone)
         self._watch.forget(gone)
         self._drop_buffered(gone)

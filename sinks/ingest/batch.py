@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -118,3 +119,12 @@ def with_rows(
             merged.append(row)
     merged.extend(events[k:])
     return merged, left
+
+
+def not_passed(
+    coords: set[tuple[str, int, int]], ranges: Iterable[PartitionRange]
+) -> set[tuple[str, int, int]]:
+    """``coords`` ((topic, partition, offset)) but those that ``ranges`` of a committed
+    batch passed: offsets are committed in order, so one below a range's end is behind."""
+    ends = {(r.topic, r.partition): r.next_offset for r in ranges}
+    return {c for c in coords if c[2] >= ends.get((c[0], c[1]), -1)}

@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from ackline.core.faults import DISARMED, Faults
 from ackline.schemas import hash_envelope
 from ackline.schemas.decode import DEFAULT_LIMITS, Rejection, Row, decode
 from ackline.schemas.exact import exact_form
@@ -141,7 +142,9 @@ def _repeat(offset: int, i: int, at: int, thought: str = "x") -> Repeat:
     return Repeat(Coord(TOPIC, 0, offset), row.txn_id, row.body_hash, value, at)
 
 
-def _with_writer(dsn: str, body: Callable[[BatchWriter, int], Awaitable[None]]) -> None:
+def _with_writer(
+    dsn: str, body: Callable[[BatchWriter, int], Awaitable[None]], faults: Faults = DISARMED
+) -> None:
     """Run ``body`` with a writer of partition 0, claimed (its epoch)."""
 
     async def go() -> None:
@@ -152,7 +155,7 @@ def _with_writer(dsn: str, body: Callable[[BatchWriter, int], Awaitable[None]]) 
             await conn.close()
         database = Database(dsn)
         try:
-            await body(BatchWriter(database, GROUP, "w"), epoch)
+            await body(BatchWriter(database, GROUP, "w", faults), epoch)
         finally:
             await database.close()
 
@@ -211,3 +214,33 @@ def test_poison_written_undecoded_rolls_the_batch_back(dsn: str) -> None:
     _with_writer(dsn, go)
     assert db(dsn, "SELECT count(*) AS n FROM ingest_batches")[0]["n"] == 0
     assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == 0
+
+
+@pytest.mark.parametrize("point", ["during_commit", "commit_reply_lost"])
+def test_a_batch_of_repeats_whose_commit_is_uncertain_counts_once(dsn: str, point: str) -> None:
+    """The batch is changed by its first attempt (a repeat decoded into its events); the
+    retry (COMMIT lost) or the reconcile (its reply lost) must agree with what committed."""
+
+    async def store(writer: BatchWriter, epoch: int) -> None:
+        stored, _ = _row(1)
+        events = [Incoming(Coord(TOPIC, 0, 0), stored)]
+        await writer.write(Batch(ranges=(PartitionRange(TOPIC, 0, 0, 1, epoch),), events=events))
+
+    async def go(writer: BatchWriter, epoch: int) -> None:
+        batch = Batch(
+            ranges=(PartitionRange(TOPIC, 0, 1, 3, epoch),),
+            repeats=[_repeat(1, 1, 0), _repeat(2, 2, 0)],  # vouched; not stored
+        )
+        result = await writer.write(batch)
+        assert writer.retries["commit_uncertain"] == 1
+        assert (result.events, result.inserted, result.exact) == (2, 1, 1)
+        assert result.duplicates == {"ledger": 1, "primary_key": 0}
+
+    _with_writer(dsn, store)
+    _with_writer(dsn, go, Faults(f"{point}=fail"))  # claimed again: a new epoch
+    rows = db(dsn, "SELECT src_offset FROM activity ORDER BY src_offset")
+    assert [r["src_offset"] for r in rows] == [0, 2]
+    batches = db(
+        dsn, "SELECT events, inserted, duplicates_ledger FROM ingest_batches ORDER BY batch_id"
+    )
+    assert [tuple(b.values()) for b in batches] == [(1, 1, 0), (2, 1, 1)]

@@ -14,7 +14,14 @@ import pytest
 from ackline.schemas.decode import DEFAULT_LIMITS, Limits, Row, decode
 from ackline.schemas.envelope import register_payloads
 from ackline.schemas.exact import ExactForm, exact_form
-from ackline.sinks.ingest.batch import Coord, Incoming, Repeat, with_rows
+from ackline.sinks.ingest.batch import (
+    Coord,
+    Incoming,
+    PartitionRange,
+    Repeat,
+    not_passed,
+    with_rows,
+)
 
 BODY = (
     '{"agent_id":"a-7","occurred_at":"2024-05-01T12:00:00.000000Z",'
@@ -114,3 +121,10 @@ def test_decoded_repeats_go_back_in_their_places_and_the_rest_are_counted_again(
     assert [i.coord.offset for i in merged] == [0, 2, 3, 5, 6]
     assert [(r.coord.offset, r.at) for r in left] == [(1, 1), (4, 3)]
     assert with_rows(events, repeats, {}) == (events, repeats)
+
+
+def test_a_committed_batch_passes_the_records_sent_back_behind_its_end() -> None:
+    coords = {("t", 0, 4), ("t", 0, 9), ("t", 1, 2), ("u", 0, 0)}
+    ranges = [PartitionRange("t", 0, 3, 9, 1), PartitionRange("t", 1, 0, 2, 1)]
+    assert not_passed(coords, ranges) == {("t", 0, 9), ("t", 1, 2), ("u", 0, 0)}
+    assert not_passed(coords, []) == coords
