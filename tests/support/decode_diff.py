@@ -58,7 +58,6 @@ from ackline.load.generate import POISON_KINDS, Knobs, generate, make_poison
 from ackline.schemas import exact
 from ackline.schemas.decode import (
     DEFAULT_LIMITS,
-    MAX_SUPPORTED_DEPTH,
     Limits,
     Rejection,
     Row,
@@ -651,7 +650,9 @@ class Differential:
                 )
 
 
-_ANY_LIMITS = Limits(max_bytes=1 << 30, max_depth=MAX_SUPPORTED_DEPTH)
+# Limits no stored body can have been past (MAX_SUPPORTED_DEPTH would not do: a worker
+# set deeper decodes a few levels more before pydantic's own cap).
+_ANY_LIMITS = Limits(max_bytes=1 << 30, max_depth=1 << 16)
 _GOOD_ID = b'"event_id":"00000000-0000-4000-8000-000000000000",'
 _EXACT_IDS = (
     "0190c6a2-7b1e-7c3d-9e4f-a5b6c7d8e9f0",  # valid
@@ -767,6 +768,9 @@ def report(tally: Tally, seconds: float) -> str:
     for source, n in sorted(tally.inputs.items()):
         outcomes = ", ".join(f"{w}={k}" for w, k in sorted(by_source[source].items()))
         lines.append(f"{source:16s} {n:9,d} {tally.fast_hits[source] / n:9.1%}  {outcomes}")
+    checked = sum(tally.exact_checked.values())
+    by = ", ".join(f"{s}={n}" for s, n in sorted(tally.exact_checked.items()))
+    lines.append(f"exact forms judged against an accepted body: {checked:,} ({by})")
     for source, value, want, got in tally.mismatches[:10]:
         lines.append(f"MISMATCH {source} {value[:300]!r}")
         lines.append(f"  reference: {str(want)[:300]}")
@@ -799,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                     "scale": args.scale,
                     "by_source": dict(tally.inputs),
                     "fast_path": dict(tally.fast_hits),
+                    "exact_checked": dict(tally.exact_checked),
                     "mismatches": len(tally.mismatches),
                 },
                 indent=1,
