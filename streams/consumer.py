@@ -737,7 +737,8 @@ class ConsumerRuntime:
         first; :meth:`_not_committed` after their batch ended), so once their buffered
         records are dropped they may change slots."""
         gone = set(tps)
-        self._decode_at = {c for c in self._decode_at if (c[0], c[1]) not in gone}
+        if self._decode_at:
+            self._decode_at = {c for c in self._decode_at if (c[0], c[1]) not in gone}
         self.ledger.release(gone)
         self._watch.forget(gone)
         self._drop_buffered(gone)

@@ -39,7 +39,7 @@ from ackline.streams.inflight import InFlight
 
 Looked = Row | Rejection | ExactForm
 """What the consumer thread made of a buffered record: decoded, or, on a repeating slot, its
-exact form (ackline.schemas.exact), which the ledger is asked about when its batch leaves."""
+exact form (ackline.schemas.exact), which the writer confirms against the ledger."""
 
 BUFFERED_BATCHES: Final = 2
 """Batches' worth of records the worker buffers per slot (counted over all its slots)."""
@@ -81,8 +81,8 @@ class Slot:
     buffer: list[Record] = field(default_factory=list)
     decoded: list[Looked] = field(default_factory=list)  # of a prefix of buffer
     # Whether its last batch was mostly layer-1 duplicates (a replay): then its records are
-    # first looked at as exact copies (ackline.schemas.exact), and decoded only if the
-    # ledger does not vouch for them.
+    # first looked at as exact copies (ackline.schemas.exact), and those the writer cannot
+    # confirm against the ledger are decoded there.
     repeating: bool = False
     buffer_bytes: int = 0
     buffer_since: float = 0.0
