@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,20 @@ def _stop(proc: subprocess.Popen[bytes], log: Path) -> int:
         raise AssertionError(
             f"still running {BOUND_S}s after SIGTERM:\n{log.read_text(errors='replace')[-3000:]}"
         ) from None
+
+
+def _stop_when(
+    proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool], timeout: float, what: str
+) -> int:
+    """Wait until ``ready()`` (at most ``timeout`` s), then :func:`_stop`; a process still
+    running after that, or after a failed wait, is killed and reaped."""
+    try:
+        wait_until(ready, timeout, what)
+        return _stop(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 
 @contextlib.contextmanager
@@ -116,12 +130,9 @@ def test_a_feed_reader_blocked_on_a_lock_stops(
     log = tmp_path / "reader.log"
     with _locked_feed(dsn):
         proc = _spawn(argv, _env(ACKLINE_DATABASE_URL=dsn), log)
-        try:
-            wait_until(lambda: _waiting_on_lock(dsn, application), 60, "the read to block")
-            status = _stop(proc, log)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        status = _stop_when(
+            proc, log, lambda: _waiting_on_lock(dsn, application), 60, "the read to block"
+        )
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert status == 0, text[-3000:]
@@ -155,12 +166,11 @@ def test_capture_stuck_writing_stops_and_removes_its_partial_file(
     argv = ["capture", topic, str(out), "--quiet"]
     proc = _spawn(argv, _env(ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap), log)
     try:
-        wait_until(lambda: "pipe" in _wchan(proc.pid), 60, "the capture to block writing")
-        status = _stop(proc, log)
+        status = _stop_when(
+            proc, log, lambda: "pipe" in _wchan(proc.pid), 60, "the capture to block writing"
+        )
     finally:
         os.close(reader)
-        if proc.poll() is None:
-            proc.kill()
         with contextlib.suppress(TopicError):
             delete_topic(services.bootstrap, topic)
     text = log.read_text(errors="replace")
@@ -198,17 +208,16 @@ def test_a_paced_replay_stops(services: Services, tmp_path: Path) -> None:
     argv = ["replay", str(source), "--to", target, "--pace", "5/s", "--quiet"]
     proc = _spawn(argv, _env(ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap), log)
     try:
-        wait_until(  # a few records out, some 40 s of pacing left
+        status = _stop_when(  # a few records out, some 40 s of pacing left
+            proc,
+            log,
             lambda: (
                 sum(high for _, high in watermarks(services.bootstrap, target, 2).values()) >= 3
             ),
             30,
             "the replay's first records",
         )
-        status = _stop(proc, log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         with contextlib.suppress(TopicError):
             delete_topic(services.bootstrap, target)
     text = log.read_text(errors="replace")
@@ -341,20 +350,16 @@ def test_a_worker_claiming_through_a_database_outage_stops(
         ACKLINE_RUNTIME=runtime,
     )
     proc = _spawn(["run"], env, log)
-    try:
-        wait_until(
-            lambda: (
-                "claim" in log.read_text(errors="replace")
-                and "retrying" in log.read_text(errors="replace")
-            ),
-            90,
-            "the worker to retry its claim against the closed port",
-        )
-        status = _stop(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    status = _stop_when(
+        proc,
+        log,
+        lambda: (
+            "claim" in log.read_text(errors="replace")
+            and "retrying" in log.read_text(errors="replace")
+        ),
+        90,
+        "the worker to retry its claim against the closed port",
+    )
     # the faust runtime stops with faust's own status; either way it stopped, not killed
     assert status >= 0, log.read_text(errors="replace")[-3000:]
 
@@ -407,16 +412,13 @@ def test_a_stopped_demo_stops_instead_of_verifying_half_an_ingest(
         ACKLINE_STATE_DIR=str(tmp_path / "state"),
     )
     proc = _spawn(["demo", "--events", "200000"], env, log)
-    try:
-        wait_until(
-            lambda: proc.poll() is not None or "== ingesting" in log.read_text(errors="replace"),
-            300,
-            "the demo's ingest",
-        )
-        status = _stop(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    status = _stop_when(
+        proc,
+        log,
+        lambda: proc.poll() is not None or "== ingesting" in log.read_text(errors="replace"),
+        300,
+        "the demo's ingest",
+    )
     text = log.read_text(errors="replace")
     assert "== verifying" not in text, text[-3000:]
     assert status == 143, text[-3000:]
