@@ -383,7 +383,10 @@ class AsyncActivityProducer:
                 try:
                     queued: int | None = await aio.flush(timeout)
                 except (KafkaException, SystemError) as exc:
-                    queued, failed = None, exc
+                    # Without its traceback: it holds this call's frames and through them the
+                    # client. A fenced flush's SystemError kept them (the client's threads and
+                    # connections) alive until the interpreter exited; only its text is used.
+                    queued, failed = None, exc.with_traceback(None)
                 await _serve(aio)  # reports that came as the flush gave up, or behind its error
                 if queued is None:
                     queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer

@@ -776,7 +776,7 @@ class ActivityProducer:
             # SystemError: confluent-kafka's flush once came out as "returned NULL without
             # setting an exception" on a fenced instance (a delivery callback had run while
             # the fatal error was pending), as its asyncio producer's calls can
-            queued, failed = None, exc
+            queued, failed = None, exc.with_traceback(None)  # as the asyncio close()
         _serve(producer)  # reports that came as the flush gave up, or behind its error
         if queued is None:
             queued = len(producer)
