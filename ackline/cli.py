@@ -13,16 +13,15 @@ import contextlib
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any
 
 from ackline.commands import MODULES, Handler
 from ackline.commands.guard import explain
 from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import KAFKA_LOGGER, configure_logging
+from ackline.core.signals import terminate_as_exit
 from ackline.settings import load_settings
 
 SERVICES = frozenset({"run"})
@@ -73,24 +72,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises Terminated in the main thread, so ``finally`` blocks and context
-    managers clean up (partial files removed, producers closed). Commands that run an
-    asyncio loop install their own handlers for the loop's lifetime."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        # once: a second SIGTERM must not cut the cleanup the first one started
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _quiet_stdout() -> None:
     """stdout's reader left (`| head`): send what is still buffered nowhere, so the
     interpreter's final flush does not fail again."""
@@ -113,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_format": args.log_format,
     }
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_exit():
             settings = load_settings(**overrides)
             configure_logging(settings.log_format, verbose=args.verbose, stream=sys.stderr)
             if args.command not in SERVICES and not args.verbose:

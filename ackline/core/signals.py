@@ -1,4 +1,4 @@
-"""Signals that stop an asyncio service cleanly, for the length of a block."""
+"""Signals that stop a command cleanly, for the length of a block."""
 
 from __future__ import annotations
 
@@ -6,6 +6,29 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
+from types import FrameType
+
+from ackline.core.errors import Terminated
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread while the block runs, so
+    ``finally`` blocks and context managers clean up (partial files removed, producers
+    closed, a stack the command started stopped) and the process exits 143. Python's own
+    default would kill it with no cleanup at all. Commands that run an asyncio loop
+    install their own handlers for the loop's lifetime (:func:`stop_signals`)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # once: a second SIGTERM must not cut the cleanup the first one started
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -42,6 +42,7 @@ from typing import Any
 
 import asyncpg
 
+from ackline.core.signals import terminate_as_exit
 from ackline.load.bench.common import (
     PARTITIONS,
     ROOT,
@@ -112,17 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     info, started_here = ensure_stack(state_dir, autovacuum=True)
     ok = True
     try:
-        if args.part in ("rss", "both"):
-            result = _run(args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url)
-            RESULT.write_text(json.dumps(result, indent=2) + "\n")
-            print(json.dumps(result), flush=True)
-            ok = result["peak_rss_mb"] <= 300
-        if args.part in ("curve", "both"):
-            lines = _curve(args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url)
-            CURVE.write_text("".join(json.dumps(line) + "\n" for line in lines))
-            for line in lines:
-                print(json.dumps(line), flush=True)
-            ok = ok and lines[-1].get("ratio_at_30m", 0.0) >= 0.8
+        with terminate_as_exit():  # SIGTERM unwinds through the finally below
+            if args.part in ("rss", "both"):
+                result = _run(
+                    args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url
+                )
+                RESULT.write_text(json.dumps(result, indent=2) + "\n")
+                print(json.dumps(result), flush=True)
+                ok = result["peak_rss_mb"] <= 300
+            if args.part in ("curve", "both"):
+                lines = _curve(
+                    args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url
+                )
+                CURVE.write_text("".join(json.dumps(line) + "\n" for line in lines))
+                for line in lines:
+                    print(json.dumps(line), flush=True)
+                ok = ok and lines[-1].get("ratio_at_30m", 0.0) >= 0.8
     finally:
         kill_all()
         drop_run_topics(info.kafka_bootstrap, run_id)

@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import sys
 import time
 import uuid
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ackline.core.signals import terminate_as_exit
 from ackline.dev import stack
 from ackline.dev.errors import DevStackError
 from ackline.load.bench import flood, report, rtt
@@ -411,10 +411,6 @@ def conditions(events: int) -> dict[str, Any]:
     }
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop processes
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ackline.load.bench", description=__doc__)
     p.add_argument("--events", type=int, default=int(os.environ.get("BENCH_EVENTS", "1000000")))
@@ -447,9 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     say(f"run {run_id}: logs in {logs}")
     info, started_here = ensure_stack(state_dir)
-    signal.signal(signal.SIGTERM, _terminated)
     try:
-        summary = _run(args, state_dir, logs, run_id, info)
+        with terminate_as_exit():  # SIGTERM unwinds through the finally that stops it all
+            summary = _run(args, state_dir, logs, run_id, info)
     finally:
         kill_all()  # whatever a failed phase left running
         if not args.keep:

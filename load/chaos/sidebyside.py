@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from typing import Any, TextIO
 import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ackline.core.signals import terminate_as_exit
 from ackline.load.chaos.probe import Pg
 from ackline.load.chaos.workers import WorkerPool, wait_for
 from ackline.load.errors import LoadError
@@ -646,16 +646,12 @@ class _Connect:
                 self.proc.wait(30)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
     """``python -m ackline.load.chaos.sidebyside [EVENTS] [SEED]`` (make chaos-side-by-side)."""
     events = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else None
-    signal.signal(signal.SIGTERM, _exit_on_signal)  # so that the stack is stopped
-    result = run_side_by_side(Path(".ackline/chaos-side-by-side"), events=events, seed=seed)
+    with terminate_as_exit():  # so that the stack is stopped
+        result = run_side_by_side(Path(".ackline/chaos-side-by-side"), events=events, seed=seed)
     print(result.render(), flush=True)
     print(json.dumps(result.to_json()), flush=True)
     return 0 if result.ackline_verdict_ok and result.ackline.lost == 0 else 1

@@ -13,6 +13,7 @@ from ackline import cli
 from ackline.commands.config import cmd_config
 from ackline.commands.inspect import cmd_conflicts, cmd_rejects
 from ackline.commands.roles import cmd_show
+from ackline.core.signals import terminate_as_exit
 
 
 def _parsers(
@@ -163,7 +164,7 @@ def test_sigterm_inside_an_asyncio_callback_stops_the_command() -> None:
         await asyncio.sleep(0.2)
         ran_on.append("the loop went on after the stop request")
 
-    with cli._terminate_as_interrupt(), pytest.raises(Terminated):
+    with terminate_as_exit(), pytest.raises(Terminated):
         asyncio.run(command())
     assert ran_on == []
     assert isinstance(Terminated(), SystemExit)
