@@ -156,6 +156,7 @@ class AsyncActivityProducer:
         try:
             await self._guard(aio.init_transactions(timeout))
         except (KafkaException, SystemError) as exc:
+            _unheld(exc)
             await self.close()
             err = kafka_error(exc)
             if err is None:
@@ -326,6 +327,7 @@ class AsyncActivityProducer:
         try:
             left: int = await self._client().flush(timeout)
         except (KafkaException, SystemError) as exc:
+            _unheld(exc)
             raise self._settled(exc, "flush") from exc
         return left
 
@@ -353,6 +355,7 @@ class AsyncActivityProducer:
             )
             raise self._broken from None
         except (KafkaException, SystemError) as exc:
+            _unheld(exc)
             err = kafka_error(exc)
             if err is None:
                 raise
@@ -383,10 +386,8 @@ class AsyncActivityProducer:
                 try:
                     queued: int | None = await aio.flush(timeout)
                 except (KafkaException, SystemError) as exc:
-                    # Without its traceback: it holds this call's frames and through them the
-                    # client. A fenced flush's SystemError kept them (the client's threads and
-                    # connections) alive until the interpreter exited; only its text is used.
-                    queued, failed = None, exc.with_traceback(None)
+                    _unheld(exc)
+                    queued, failed = None, exc
                 await _serve(aio)  # reports that came as the flush gave up, or behind its error
                 if queued is None:
                     queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
@@ -397,12 +398,16 @@ class AsyncActivityProducer:
                     try:
                         await aio.purge()
                     except (KafkaException, SystemError) as exc:
+                        _unheld(exc)
                         log.warning("closing the producer: purge failed: %s", exc)
                 try:
                     await aio.close()  # stops its timer task; flushes again, now empty
                 except (KafkaException, SystemError) as exc:
+                    _unheld(exc)
                     log.info("closing a producer that cannot deliver: %s", exc)
         finally:
+            # what held the client through a traceback: the errors and the delivery futures
+            self._sent, self._failed, self._broken = [], None, None
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
 
@@ -413,6 +418,7 @@ class AsyncActivityProducer:
         try:
             await self._guard(aio.begin_transaction())
         except (KafkaException, SystemError) as exc:
+            _unheld(exc)
             raise self._settled(exc, "begin_transaction") from exc
         self._sent = []
         self._failed = None
@@ -436,6 +442,7 @@ class AsyncActivityProducer:
                     "transaction is committed: send the same records again"
                 ) from None
             except (KafkaException, SystemError) as exc:
+                _unheld(exc)
                 raise self._settled(exc, "flush") from exc
             self._unflushed = self._unflushed_bytes = 0
         try:
@@ -443,6 +450,7 @@ class AsyncActivityProducer:
                 self.topic, value=record.value, key=record.key
             )
         except (KafkaException, SystemError) as exc:
+            _unheld(exc)
             raise self._settled(exc, "produce") from exc
         self._sent.append(future)
         self._unflushed += 1
@@ -496,6 +504,7 @@ class AsyncActivityProducer:
                 await self._guard(aio.commit_transaction(min(left_s, _CALL_SLICE_S)))
                 return
             except (KafkaException, SystemError) as exc:
+                _unheld(exc)
                 err = kafka_error(exc)
                 if err is None:
                     raise
@@ -554,6 +563,19 @@ def _undelivered(futures: Sequence[asyncio.Future[Message]]) -> int:
         not future.done() or future.cancelled() or future.exception() is not None
         for future in futures
     )
+
+
+def _unheld(exc: BaseException) -> None:
+    """Drop the traceback of a SystemError out of confluent-kafka's asyncio client.
+
+    Such an error (a fatal one, :func:`ackline.streams.producer.kafka_error`) was never
+    freed: no collection freed it, and no Python object but its own traceback's frames
+    referred to it, so the reference is held in C. Those frames hold this instance's
+    client, whose librdkafka threads and connections then lived until the interpreter
+    exited (the "Connection refused" lines after a test run). Its text and its cause,
+    which are all the SDK reads, stay."""
+    if isinstance(exc, SystemError):
+        exc.with_traceback(None)
 
 
 async def _serve(aio: AIOProducer) -> None:

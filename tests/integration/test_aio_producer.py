@@ -343,6 +343,49 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     assert not kept, f"{len(kept)} closed client(s) still alive: {kept}"
 
 
+def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
+    services: Services, topic: str
+) -> None:
+    """A zombie learns it is fenced inside its transaction (the send or the commit raises
+    ProducerFencedError) and is closed, the instance itself kept (a service's attribute,
+    say): its error, kept to refuse later calls, held the client through its traceback's
+    frames, and with it librdkafka's threads and connections, as long as the instance
+    lived. Both SDKs."""
+    sent = records()[:5]
+    txn_id = f"svc-{uuid.uuid4().hex[:8]}"
+    before = _live_clients()
+    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
+    zombie.start()
+    successor = ActivityProducer(services.bootstrap, topic, txn_id)
+    successor.start()
+    try:
+        with pytest.raises(ProducerFencedError):
+            zombie.send_transaction(sent, timeout=10)
+    finally:
+        zombie.close()
+        successor.close()
+    kept = [c for c in _live_clients() if not any(c is b for b in before)]
+    assert not kept, f"synchronous: {len(kept)} closed client(s) still alive"
+
+    async def aio() -> AsyncActivityProducer:
+        zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await zombie.start()
+        successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+        await successor.start()
+        try:
+            with pytest.raises(ProducerFencedError):
+                await zombie.send_transaction(sent, timeout=10)
+        finally:
+            await zombie.close()
+            await successor.close()
+        return zombie
+
+    kept_instance = asyncio.run(aio())
+    kept = [c for c in _live_clients() if not any(c is b for b in before)]
+    assert not kept, f"asyncio: {len(kept)} closed client(s) still alive"
+    assert kept_instance is not None
+
+
 def _live_clients() -> list[object]:
     """The confluent-kafka clients alive after a full collection: a closed producer's
     client must be among them no longer (its librdkafka threads and broker connections
