@@ -28,7 +28,16 @@ def terminate_as_exit() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # None: a handler not set from Python, which cannot be put back from here
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def ignore_sigterm() -> None:
+    """SIGTERM is ignored until the :func:`terminate_as_exit` block around this ends: for
+    the ``finally`` that stops a stack, which a SIGTERM must not cut (the first one raised
+    :class:`Terminated` into it already). Processes started meanwhile inherit the
+    disposition: start none there that must heed SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

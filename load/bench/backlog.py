@@ -42,7 +42,7 @@ from typing import Any
 
 import asyncpg
 
-from ackline.core.signals import terminate_as_exit
+from ackline.core.signals import ignore_sigterm, terminate_as_exit
 from ackline.load.bench.common import (
     PARTITIONS,
     ROOT,
@@ -110,32 +110,37 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:8]
     logs = state_dir / "logs" / f"backlog-{run_id}"
     logs.mkdir(parents=True, exist_ok=True)
-    info, started_here = ensure_stack(state_dir, autovacuum=True)
-    ok = True
-    try:
-        with terminate_as_exit():  # SIGTERM unwinds through the finally below
-            if args.part in ("rss", "both"):
-                result = _run(
-                    args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url
-                )
-                RESULT.write_text(json.dumps(result, indent=2) + "\n")
-                print(json.dumps(result), flush=True)
-                ok = result["peak_rss_mb"] <= 300
-            if args.part in ("curve", "both"):
-                lines = _curve(
-                    args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url
-                )
-                CURVE.write_text("".join(json.dumps(line) + "\n" for line in lines))
-                for line in lines:
-                    print(json.dumps(line), flush=True)
-                ok = ok and lines[-1].get("ratio_at_30m", 0.0) >= 0.8
-    finally:
-        kill_all()
-        drop_run_topics(info.kafka_bootstrap, run_id)
-        if started_here:
-            from ackline.dev import stack
+    # SIGTERM raises through the finally that stops it all; once there it is ignored.
+    with terminate_as_exit():
+        info, started_here = ensure_stack(state_dir, autovacuum=True)
+        try:
+            return _parts(args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url)
+        finally:
+            ignore_sigterm()  # the stack is stopped whatever comes now
+            kill_all()
+            drop_run_topics(info.kafka_bootstrap, run_id)
+            if started_here:
+                from ackline.dev import stack
 
-            stack.down(state_dir)
+                stack.down(state_dir)
+
+
+def _parts(
+    args: argparse.Namespace, state_dir: Path, logs: Path, run_id: str, bootstrap: str, dsn: str
+) -> int:
+    """The parts asked for; 0 when their targets are met."""
+    ok = True
+    if args.part in ("rss", "both"):
+        result = _run(args, state_dir, logs, run_id, bootstrap, dsn)
+        RESULT.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result), flush=True)
+        ok = result["peak_rss_mb"] <= 300
+    if args.part in ("curve", "both"):
+        lines = _curve(args, state_dir, logs, run_id, bootstrap, dsn)
+        CURVE.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        for line in lines:
+            print(json.dumps(line), flush=True)
+        ok = ok and lines[-1].get("ratio_at_30m", 0.0) >= 0.8
     return 0 if ok else 1
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ackline.core.signals import terminate_as_exit
+from ackline.core.signals import ignore_sigterm, terminate_as_exit
 from ackline.dev import stack
 from ackline.dev.errors import DevStackError
 from ackline.load.bench import flood, report, rtt
@@ -442,22 +442,24 @@ def main(argv: list[str] | None = None) -> int:
     logs = state_dir / "logs" / run_id
     logs.mkdir(parents=True, exist_ok=True)
     say(f"run {run_id}: logs in {logs}")
-    info, started_here = ensure_stack(state_dir)
-    try:
-        with terminate_as_exit():  # SIGTERM unwinds through the finally that stops it all
+    # SIGTERM raises through the finally that stops it all; once there it is ignored.
+    with terminate_as_exit():
+        info, started_here = ensure_stack(state_dir)
+        try:
             summary = _run(args, state_dir, logs, run_id, info)
-    finally:
-        kill_all()  # whatever a failed phase left running
-        if not args.keep:
-            drop_run_topics(info.kafka_bootstrap, run_id)
-        if started_here and not args.keep:
-            say("stopping the bench stack")
-            stack.down(state_dir)
-    results = Path(args.results)
-    # The committed chart goes with the committed results; a smoke's beside its own.
-    report.write(summary, results, CHART if results == RESULTS else results.with_suffix(".png"))
-    if results == RESULTS:  # docs/performance.md's tables: the committed results
-        bench_readme.update(RESULTS)
+        finally:
+            ignore_sigterm()  # the stack is stopped whatever comes now
+            kill_all()  # whatever a failed phase left running
+            if not args.keep:
+                drop_run_topics(info.kafka_bootstrap, run_id)
+            if started_here and not args.keep:
+                say("stopping the bench stack")
+                stack.down(state_dir)
+        results = Path(args.results)
+        # The committed chart goes with the committed results; a smoke's beside its own.
+        report.write(summary, results, CHART if results == RESULTS else results.with_suffix(".png"))
+        if results == RESULTS:  # docs/performance.md's tables: the committed results
+            bench_readme.update(RESULTS)
     print(report.table(summary))
     print(json.dumps(report.last_line(summary)), flush=True)
     return 0
