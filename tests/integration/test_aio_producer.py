@@ -302,10 +302,9 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     sent = records()
     txn_id = f"svc-{uuid.uuid4().hex[:8]}"
     before = _live_clients()
-    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
-    zombie.start()
-    successor = ActivityProducer(services.bootstrap, topic, txn_id)
-    successor.start()  # fences the zombie, which does not know it yet
+    zombie, successor = _fenced(
+        services, topic, txn_id
+    )  # fences the zombie, which does not know it yet
     try:
         zombie.client.begin_transaction()
         for record in sent:
@@ -322,10 +321,7 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     caplog.clear()
 
     async def aio() -> None:
-        zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
-        await zombie.start()
-        successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
-        await successor.start()
+        zombie, successor = await _fenced_aio(services, topic, txn_id)
         try:
             await zombie._client().begin_transaction()  # left open: no public way
             for record in sent:
@@ -354,10 +350,7 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
     sent = records()[:5]
     txn_id = f"svc-{uuid.uuid4().hex[:8]}"
     before = _live_clients()
-    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
-    zombie.start()
-    successor = ActivityProducer(services.bootstrap, topic, txn_id)
-    successor.start()
+    zombie, successor = _fenced(services, topic, txn_id)
     try:
         with pytest.raises(ProducerFencedError):
             zombie.send_transaction(sent, timeout=10)
@@ -368,10 +361,7 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
     assert not kept, f"synchronous: {len(kept)} closed client(s) still alive"
 
     async def aio() -> AsyncActivityProducer:
-        zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
-        await zombie.start()
-        successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
-        await successor.start()
+        zombie, successor = await _fenced_aio(services, topic, txn_id)
         try:
             with pytest.raises(ProducerFencedError):
                 await zombie.send_transaction(sent, timeout=10)
@@ -384,6 +374,28 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
     kept = [c for c in _live_clients() if not any(c is b for b in before)]
     assert not kept, f"asyncio: {len(kept)} closed client(s) still alive"
     assert kept_instance is not None
+
+
+def _fenced(
+    services: Services, topic: str, txn_id: str
+) -> tuple[ActivityProducer, ActivityProducer]:
+    """A zombie and the successor that fenced it; the zombie does not know it yet."""
+    zombie = ActivityProducer(services.bootstrap, topic, txn_id)
+    zombie.start()
+    successor = ActivityProducer(services.bootstrap, topic, txn_id)
+    successor.start()
+    return zombie, successor
+
+
+async def _fenced_aio(
+    services: Services, topic: str, txn_id: str
+) -> tuple[AsyncActivityProducer, AsyncActivityProducer]:
+    """:func:`_fenced`, asyncio."""
+    zombie = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+    await zombie.start()
+    successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
+    await successor.start()
+    return zombie, successor
 
 
 def _live_clients() -> list[object]:
