@@ -146,8 +146,10 @@ def run_side_by_side(
     try:
         return run.run(workers)
     finally:
-        run.close()
-        stack.down(state_dir)
+        try:
+            run.close()
+        finally:  # a close that raised must not leave the stack running
+            stack.down(state_dir)
 
 
 class _SideBySideRun:
