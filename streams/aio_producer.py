@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -406,8 +406,6 @@ class AsyncActivityProducer:
                     _unheld(exc)
                     log.info("closing a producer that cannot deliver: %s", exc)
         finally:
-            # what held the client through a traceback: the errors and the delivery futures
-            self._sent, self._failed, self._broken = [], None, None
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
 
@@ -566,23 +564,28 @@ def _undelivered(futures: Sequence[asyncio.Future[Message]]) -> int:
 
 
 def _unheld(exc: BaseException) -> None:
-    """Drop the traceback of a SystemError out of confluent-kafka's asyncio client.
+    """Drop the traceback of a SystemError out of confluent-kafka's asyncio client, keeping
+    its text as a note.
 
-    Such an error (a fatal one, :func:`ackline.streams.producer.kafka_error`) was never
-    freed: no collection freed it, and no Python object but its own traceback's frames
-    referred to it, so the reference is held in C. Those frames hold this instance's
-    client, whose librdkafka threads and connections then lived until the interpreter
-    exited (the "Connection refused" lines after a test run). Its text and its cause,
-    which are all the SDK reads, stay."""
-    if isinstance(exc, SystemError):
+    Such an error (a fatal one wrapped, :func:`ackline.streams.producer.kafka_error`, or a
+    call that returned with an exception set) was never freed: no collection freed it,
+    and no Python object but its own traceback's frames referred to it, so the reference
+    is held in C. Those frames hold this instance's client, whose librdkafka threads and
+    connections then lived until the interpreter exited (the "Connection refused" lines
+    after a test run). Its message, its cause and where it was raised (the note) stay."""
+    if isinstance(exc, SystemError) and exc.__traceback__ is not None:
+        where = "".join(traceback.format_tb(exc.__traceback__))
+        exc.add_note(f"raised at (traceback dropped: its frames held the client):\n{where}")
         exc.with_traceback(None)
 
 
 async def _serve(aio: AIOProducer) -> None:
     """Serve the delivery reports queued now; a client in librdkafka's fatal state may
     raise its error again: it is known already."""
-    with contextlib.suppress(KafkaException, SystemError):
+    try:
         await aio.poll(0)
+    except (KafkaException, SystemError) as exc:
+        _unheld(exc)
 
 
 def _errors_seen(futures: Sequence[asyncio.Future[Message]]) -> None:

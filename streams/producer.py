@@ -768,7 +768,6 @@ class ActivityProducer:
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        self._failed = self._broken = None  # their tracebacks' frames hold the client
         pending, delivered = self._unreported, self._delivered
         failed: BaseException | None = None
         try:
