@@ -291,15 +291,20 @@ def ensure_stack(state_dir: Path, autovacuum: bool = False) -> tuple[stack.Stack
     long drain as a deployment runs it, with autovacuum on); True if started here."""
     was_running = all(s["running"] for s in stack.status(state_dir).values())
     info = stack.up(state_dir)
-    restart = False
-    dsn = info.database_url
-    wanted = (*SERVER_SETTINGS, ("autovacuum", "on" if autovacuum else "off"))
-    for name, value in wanted:
-        if _sql(dsn, f"SHOW {name}")[0][0] != value:
-            _sql(dsn, f"ALTER SYSTEM SET {name} = '{value}'")
-            restart = True
-    if restart:
-        stack.restart_postgres(state_dir)
+    try:
+        restart = False
+        dsn = info.database_url
+        wanted = (*SERVER_SETTINGS, ("autovacuum", "on" if autovacuum else "off"))
+        for name, value in wanted:
+            if _sql(dsn, f"SHOW {name}")[0][0] != value:
+                _sql(dsn, f"ALTER SYSTEM SET {name} = '{value}'")
+                restart = True
+        if restart:
+            stack.restart_postgres(state_dir)
+    except BaseException:  # a stop request or a failure: leave no stack started here
+        if not was_running:
+            stack.down(state_dir)
+        raise
     return info, not was_running
 
 

@@ -455,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             if started_here and not args.keep:
                 say("stopping the bench stack")
                 stack.down(state_dir)
+        # Still ignoring SIGTERM: the results, the chart and the README are written whole.
         results = Path(args.results)
         # The committed chart goes with the committed results; a smoke's beside its own.
         report.write(summary, results, CHART if results == RESULTS else results.with_suffix(".png"))
