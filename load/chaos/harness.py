@@ -77,6 +77,9 @@ _HOLD = "LOCK TABLE activity IN ACCESS EXCLUSIVE MODE"
 _TOMORROW = """
 SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
 """
+_ERASE_WAIT_S = 60.0
+"""How long an erasure waits for a stored event to erase (a retention drop just before it
+leaves none until the workers store more)."""
 _BUSIEST_AGENT = "SELECT agent_id FROM activity GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1"
 _READ_BY_PROCESSOR = """
 FROM activity AS a
@@ -525,7 +528,14 @@ class _Run:
                 done = await erase(conn, "agent", str(agent), reason="chaos")
             return str(agent), done.events
 
-        agent, events = self._with_retries("the erasure", run)
+        # Nothing stored yet (a retention drop just took every stored event): wait for
+        # the workers to store more, which they do while the run produces.
+        deadline = time.monotonic() + _ERASE_WAIT_S
+        while not (found := self._with_retries("the erasure", run))[0]:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        agent, events = found
         if agent:
             self.counts.erasures += 1
             self.counts.erased_events += events
