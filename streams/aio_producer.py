@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -68,6 +67,7 @@ from ackline.streams.producer import (
     start_failed,
     transactional_config,
     txn_action,
+    unheld,
     warn_dropped,
 )
 
@@ -156,7 +156,7 @@ class AsyncActivityProducer:
         try:
             await self._guard(aio.init_transactions(timeout))
         except (KafkaException, SystemError) as exc:
-            _unheld(exc)
+            unheld(exc)
             await self.close()
             err = kafka_error(exc)
             if err is None:
@@ -327,7 +327,7 @@ class AsyncActivityProducer:
         try:
             left: int = await self._client().flush(timeout)
         except (KafkaException, SystemError) as exc:
-            _unheld(exc)
+            unheld(exc)
             raise self._settled(exc, "flush") from exc
         return left
 
@@ -355,7 +355,7 @@ class AsyncActivityProducer:
             )
             raise self._broken from None
         except (KafkaException, SystemError) as exc:
-            _unheld(exc)
+            unheld(exc)
             err = kafka_error(exc)
             if err is None:
                 raise
@@ -386,7 +386,7 @@ class AsyncActivityProducer:
                 try:
                     queued: int | None = await aio.flush(timeout)
                 except (KafkaException, SystemError) as exc:
-                    _unheld(exc)
+                    unheld(exc)
                     queued, failed = None, exc
                 await _serve(aio)  # reports that came as the flush gave up, or behind its error
                 if queued is None:
@@ -398,12 +398,12 @@ class AsyncActivityProducer:
                     try:
                         await aio.purge()
                     except (KafkaException, SystemError) as exc:
-                        _unheld(exc)
+                        unheld(exc)
                         log.warning("closing the producer: purge failed: %s", exc)
                 try:
                     await aio.close()  # stops its timer task; flushes again, now empty
                 except (KafkaException, SystemError) as exc:
-                    _unheld(exc)
+                    unheld(exc)
                     log.info("closing a producer that cannot deliver: %s", exc)
         finally:
             if executor is not None:
@@ -416,7 +416,7 @@ class AsyncActivityProducer:
         try:
             await self._guard(aio.begin_transaction())
         except (KafkaException, SystemError) as exc:
-            _unheld(exc)
+            unheld(exc)
             raise self._settled(exc, "begin_transaction") from exc
         self._sent = []
         self._failed = None
@@ -440,7 +440,7 @@ class AsyncActivityProducer:
                     "transaction is committed: send the same records again"
                 ) from None
             except (KafkaException, SystemError) as exc:
-                _unheld(exc)
+                unheld(exc)
                 raise self._settled(exc, "flush") from exc
             self._unflushed = self._unflushed_bytes = 0
         try:
@@ -448,7 +448,7 @@ class AsyncActivityProducer:
                 self.topic, value=record.value, key=record.key
             )
         except (KafkaException, SystemError) as exc:
-            _unheld(exc)
+            unheld(exc)
             raise self._settled(exc, "produce") from exc
         self._sent.append(future)
         self._unflushed += 1
@@ -502,7 +502,7 @@ class AsyncActivityProducer:
                 await self._guard(aio.commit_transaction(min(left_s, _CALL_SLICE_S)))
                 return
             except (KafkaException, SystemError) as exc:
-                _unheld(exc)
+                unheld(exc)
                 err = kafka_error(exc)
                 if err is None:
                     raise
@@ -563,29 +563,13 @@ def _undelivered(futures: Sequence[asyncio.Future[Message]]) -> int:
     )
 
 
-def _unheld(exc: BaseException) -> None:
-    """Drop the traceback of a SystemError out of confluent-kafka's asyncio client, keeping
-    its text as a note.
-
-    Such an error (a fatal one wrapped, :func:`ackline.streams.producer.kafka_error`, or a
-    call that returned with an exception set) was never freed: no collection freed it,
-    and no Python object but its own traceback's frames referred to it, so the reference
-    is held in C. Those frames hold this instance's client, whose librdkafka threads and
-    connections then lived until the interpreter exited (the "Connection refused" lines
-    after a test run). Its message, its cause and where it was raised (the note) stay."""
-    if isinstance(exc, SystemError) and exc.__traceback__ is not None:
-        where = "".join(traceback.format_tb(exc.__traceback__))
-        exc.add_note(f"raised at (traceback dropped: its frames held the client):\n{where}")
-        exc.with_traceback(None)
-
-
 async def _serve(aio: AIOProducer) -> None:
     """Serve the delivery reports queued now; a client in librdkafka's fatal state may
     raise its error again: it is known already."""
     try:
         await aio.poll(0)
     except (KafkaException, SystemError) as exc:
-        _unheld(exc)
+        unheld(exc)
 
 
 def _errors_seen(futures: Sequence[asyncio.Future[Message]]) -> None:

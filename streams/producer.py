@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -315,6 +316,22 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
             return seen.args[0]
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def unheld(exc: BaseException) -> None:
+    """Drop the traceback of a SystemError out of confluent-kafka's client (both SDKs catch
+    them), keeping its text as a note.
+
+    Such an error (a fatal one wrapped, :func:`kafka_error`, or a call that returned with
+    an exception set) out of the asyncio client was never freed: no collection freed it,
+    and no Python object but its own traceback's frames referred to it, so the reference
+    is held in C. Those frames hold the caller's client, whose librdkafka threads and
+    connections then lived until the interpreter exited (the "Connection refused" lines
+    after a test run). Its message, its cause and where it was raised (the note) stay."""
+    if isinstance(exc, SystemError) and exc.__traceback__ is not None:
+        where = "".join(traceback.format_tb(exc.__traceback__))
+        exc.add_note(f"raised at (traceback dropped: its frames held the client):\n{where}")
+        exc.with_traceback(None)
 
 
 def txn_action(err: KafkaError) -> TxnAction:
@@ -776,7 +793,8 @@ class ActivityProducer:
             # SystemError: confluent-kafka's flush once came out as "returned NULL without
             # setting an exception" on a fenced instance (a delivery callback had run while
             # the fatal error was pending), as its asyncio producer's calls can
-            queued, failed = None, exc.with_traceback(None)  # as the asyncio close()
+            unheld(exc)
+            queued, failed = None, exc
         _serve(producer)  # reports that came as the flush gave up, or behind its error
         if queued is None:
             queued = len(producer)
