@@ -302,9 +302,7 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     sent = records()
     txn_id = f"svc-{uuid.uuid4().hex[:8]}"
     before = _live_clients()
-    zombie, successor = _fenced(
-        services, topic, txn_id
-    )  # fences the zombie, which does not know it yet
+    zombie, successor = _fenced(services, topic, txn_id)
     try:
         zombie.client.begin_transaction()
         for record in sent:
@@ -335,7 +333,7 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     asyncio.run(aio())
     assert re.search(dropped, caplog.text), caplog.text
     caplog.clear()
-    kept = [c for c in _live_clients() if not any(c is b for b in before)]
+    kept = _new_clients(before)
     assert not kept, f"{len(kept)} closed client(s) still alive: {kept}"
 
 
@@ -358,7 +356,7 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
         zombie.close()
         successor.close()
     del zombie, successor
-    kept = [c for c in _live_clients() if not any(c is b for b in before)]
+    kept = _new_clients(before)
     assert not kept, f"synchronous: {len(kept)} closed client(s) still alive"
 
     async def aio() -> None:
@@ -371,7 +369,7 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
             await successor.close()
 
     asyncio.run(aio())
-    kept = [c for c in _live_clients() if not any(c is b for b in before)]
+    kept = _new_clients(before)
     assert not kept, f"asyncio: {len(kept)} closed client(s) still alive"
 
 
@@ -395,6 +393,11 @@ async def _fenced_aio(
     successor = AsyncActivityProducer(services.bootstrap, topic, txn_id)
     await successor.start()
     return zombie, successor
+
+
+def _new_clients(before: list[object]) -> list[object]:
+    """The clients alive now (:func:`_live_clients`) that were not ``before``."""
+    return [c for c in _live_clients() if not any(c is b for b in before)]
 
 
 def _live_clients() -> list[object]:
