@@ -59,6 +59,7 @@ from ackline.streams.producer import (
     failure_causes,
     kafka_error,
     not_committed,
+    not_open,
     prepare,
     record_size,
     send_failed,
@@ -126,6 +127,7 @@ class AsyncActivityProducer:
         self._threads = threads
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._aio: AIOProducer | None = None
+        self._closed = False
         self._broken: ProduceError | None = None
         """Why this instance can do no more; raised (as a new error) by every later call."""
 
@@ -165,7 +167,7 @@ class AsyncActivityProducer:
 
     def _client(self) -> AIOProducer:
         if self._aio is None:
-            raise ProduceError("AsyncActivityProducer.start() was not called")
+            raise not_open("AsyncActivityProducer", self._closed)
         if self._broken is not None:
             raise type(self._broken)(
                 f"this producer instance is unusable ({self._broken}); close it and resend "
@@ -379,6 +381,7 @@ class AsyncActivityProducer:
         """
         aio, executor = self._aio, self._executor
         self._aio = self._executor = None
+        self._closed = True
         try:
             if aio is not None:
                 pending = [future for future in self._sent if not future.done()]

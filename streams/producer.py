@@ -318,6 +318,17 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
     return None
 
 
+def not_open(sdk: str, closed: bool) -> ProduceError:
+    """The error of a call on an instance that has no client: never started, or closed
+    (close() was called, or start() failed and closed it). Pure."""
+    if closed:
+        return ProduceError(
+            f"this {sdk} was closed (close() was called, or start() failed); start a new "
+            "instance with the same transactional.id"
+        )
+    return ProduceError(f"{sdk}.start() was not called, or did not succeed")
+
+
 def unheld(exc: BaseException) -> None:
     """Drop the traceback of a SystemError out of confluent-kafka's client (both SDKs catch
     them), keeping its text as a note.
@@ -435,6 +446,7 @@ class ActivityProducer:
         self._default_hook = default_hook(self._conf)
         """``on_delivery`` of ``extra``: the hook of each record sent without its own."""
         self._producer: Producer | None = None
+        self._closed = False
         self._reports: list[tuple[KafkaError | None, Message | None]] | None = None
         """Delivery reports of the records sent in the open :meth:`transaction` block."""
         self._failed: BaseException | None = None
@@ -468,7 +480,7 @@ class ActivityProducer:
     @property
     def client(self) -> Producer:
         if self._producer is None:
-            raise ProduceError("ActivityProducer.start() was not called")
+            raise not_open("ActivityProducer", self._closed)
         if self._broken is not None:
             raise type(self._broken)(
                 f"this producer instance is unusable ({self._broken}); close it and resend "
@@ -783,6 +795,7 @@ class ActivityProducer:
         at any step leaves nothing of it visible.
         """
         producer, self._producer = self._producer, None
+        self._closed = True
         if producer is None:
             return
         pending, delivered = self._unreported, self._delivered

@@ -133,6 +133,30 @@ def test_a_resend_after_an_uncertain_commit_is_ingested_once(
     assert worker.stop() == 0
 
 
+def test_a_call_after_close_says_the_instance_was_closed(services: Services, topic: str) -> None:
+    """A call on a closed instance said "start() was not called", sending the user to look
+    for a start that had run. Both SDKs now say the instance was closed; before start()
+    they still say so."""
+    sync = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(ProduceError, match=r"ActivityProducer.start\(\) was not called"):
+        sync.send_record(records()[0])
+    sync.start()
+    sync.close()
+    with pytest.raises(ProduceError, match="this ActivityProducer was closed"):
+        sync.send_record(records()[0])
+
+    async def go() -> None:
+        aio = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        with pytest.raises(ProduceError, match=r"AsyncActivityProducer.start\(\) was not"):
+            await aio.send(records()[0])
+        await aio.start()
+        await aio.close()
+        with pytest.raises(ProduceError, match="this AsyncActivityProducer was closed"):
+            await aio.send(records()[0])
+
+    asyncio.run(go())
+
+
 def test_a_fenced_zombie_cannot_commit_and_its_successor_resends(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
@@ -265,7 +289,7 @@ def test_a_fenced_synchronous_instance_closes_without_raising(
         assert "closing a producer that cannot deliver (KafkaError{FATAL,code=_FENCED" in (
             caplog.text
         )
-        with pytest.raises(ProduceError, match=r"start\(\) was not called"):
+        with pytest.raises(ProduceError, match=r"this ActivityProducer was closed"):
             zombie.client  # noqa: B018 (released)
         successor.send_transaction(sent)
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
