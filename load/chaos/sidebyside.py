@@ -24,6 +24,7 @@ ackline's workers) and compares both with one manifest; the scenario reads top d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -40,7 +41,7 @@ from typing import Any, TextIO
 import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ackline.core.signals import terminate_as_exit
+from ackline.core.signals import ignore_sigterm, terminate_as_exit
 from ackline.load.chaos.probe import Pg
 from ackline.load.chaos.workers import WorkerPool, wait_for
 from ackline.load.errors import LoadError
@@ -134,7 +135,9 @@ def run_side_by_side(
     rate: float = 1000.0,
     out: TextIO = sys.stdout,
 ) -> SideBySide:
-    """One side-by-side run on its own infrastructure stack (stopped at the end)."""
+    """One side-by-side run on its own infrastructure stack (stopped at the end). Call it
+    inside :func:`~ackline.core.signals.terminate_as_exit` (``main`` does): its teardown
+    ignores SIGTERM until that block ends, so a SIGTERM cannot cut the stack's stop."""
     from ackline.dev import infra as stack
     from ackline.load.bench.peers import ensure_connect_jars
 
@@ -146,6 +149,7 @@ def run_side_by_side(
     try:
         return run.run(workers)
     finally:
+        ignore_sigterm()  # the stack is stopped whatever comes now
         try:
             run.close()
         finally:  # a close that raised must not leave the stack running
@@ -302,18 +306,25 @@ class _SideBySideRun:
         )
 
     def close(self) -> None:
+        """Stop every part, in this order: the producer, the copier, Connect, the workers,
+        the connections; each one even when one before it failed, which is raised after
+        all (a Connect JVM or a worker left running would outlive the stack)."""
+        with contextlib.ExitStack() as parts:  # callbacks run last in, first out
+            for pg in (self.c_pg, self.a_pg):
+                if pg is not None:
+                    parts.callback(pg.close)
+            if self.pool is not None:
+                parts.callback(self.pool.shutdown)
+            if self.connect is not None:
+                parts.callback(self.connect.stop)
+            if self.copier is not None:
+                parts.callback(self.copier.stop)
+            parts.callback(self._stop_producer)
+
+    def _stop_producer(self) -> None:
         if self.producer is not None and self.producer.poll() is None:
             self.producer.kill()
             self.producer.wait(30)
-        if self.copier is not None:
-            self.copier.stop()
-        if self.connect is not None:
-            self.connect.stop()
-        if self.pool is not None:
-            self.pool.shutdown()
-        for pg in (self.a_pg, self.c_pg):
-            if pg is not None:
-                pg.close()
 
 
 def _count(pg: Pg, sql: str) -> int:
