@@ -21,7 +21,7 @@ def terminate_as_exit() -> Iterator[None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         # once: a second SIGTERM must not cut the cleanup the first one started
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_sigterm()
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -35,9 +35,16 @@ def terminate_as_exit() -> Iterator[None]:
 def ignore_sigterm() -> None:
     """SIGTERM is ignored until the :func:`terminate_as_exit` block around this ends: for
     the ``finally`` that stops a stack, which a SIGTERM must not cut (the first one raised
-    :class:`Terminated` into it already). Processes started meanwhile inherit the
-    disposition: start none there that must heed SIGTERM."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    :class:`Terminated` into it already).
+
+    By a handler that does nothing, not SIG_IGN: a child inherits an ignored signal across
+    exec, so every process the teardown started (a ``pg_ctl stop``, a broker's stop) was
+    deaf to SIGTERM for good; a handler is reset to the default in the child."""
+    signal.signal(signal.SIGTERM, _ignored)
+
+
+def _ignored(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler while a teardown runs: nothing (see :func:`ignore_sigterm`)."""
 
 
 @contextlib.contextmanager

@@ -225,3 +225,24 @@ def test_a_stop_raised_in_a_probe_task_leaves_no_unretrieved_exception(
     finally:
         pg.close()
     assert "never retrieved" not in caplog.text
+
+
+def test_a_process_started_during_a_teardown_still_heeds_sigterm() -> None:
+    """The teardown's ignore_sigterm() set SIG_IGN, which a child inherits across exec: a
+    process the teardown started (a server's stop command) could not be stopped by
+    SIGTERM. The teardown itself still ignores SIGTERM; its children do not."""
+    import signal
+    import subprocess
+
+    from ackline.core.signals import ignore_sigterm
+
+    with terminate_as_exit():
+        ignore_sigterm()
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored here: no Terminated
+        child = subprocess.Popen(["sleep", "30"])
+        try:
+            child.terminate()
+            assert child.wait(10) == -signal.SIGTERM
+        finally:
+            child.kill()
+            child.wait()
