@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers
+from ackline.core.signals import ignore_sigterm
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
@@ -88,8 +89,9 @@ def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        # a second signal while the loop winds down must not kill cleanup half-way
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # a second signal while the loop winds down must not kill cleanup half-way (the
+        # CLI's terminate_as_exit block puts the handler back when the command ends)
+        ignore_sigterm()
 
 
 def _guarded(dsn: str, connect: Connect, settings: Settings, give_up: bool) -> Connect:
