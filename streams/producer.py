@@ -393,21 +393,36 @@ def transactional_config(
 
 
 def warn_dropped(
-    logger: logging.Logger, failed: BaseException | None, dropped: int, timeout: float
+    logger: logging.Logger,
+    failed: BaseException | None,
+    dropped: int,
+    timeout: float,
+    queued: int,
 ) -> None:
-    """close()'s WARNING (both SDKs): the ``dropped`` records, and why (``failed``: the
-    flush's error, the client can no longer deliver; else the ``timeout`` ran out)."""
+    """close()'s WARNING (both SDKs): the ``dropped`` records, and why: ``failed``, the
+    flush's error (the client can no longer deliver); else, with records still ``queued``
+    (librdkafka's out-queue), the ``timeout`` ran out; else the flush emptied the queue at
+    once and their reports never came: a client fenced, or in librdkafka's fatal state,
+    delivers no more. The error goes in as text: a record that kept the exception would
+    keep its traceback, whose frames hold the client."""
     if failed is not None:
         logger.warning(
             "closing a producer that cannot deliver (%s): %d record(s) dropped",
-            kafka_error(failed) or failed,
+            str(kafka_error(failed) or failed),
             dropped,
         )
-    elif dropped:
+    elif dropped and queued:
         logger.warning(
             "closing the producer: %d record(s) not delivered in %g s, dropped",
             dropped,
             timeout,
+        )
+    elif dropped:
+        logger.warning(
+            "closing the producer: %d record(s) dropped: the flush ended with nothing "
+            "queued and no delivery report for them (a client fenced, or in librdkafka's "
+            "fatal state, delivers no more)",
+            dropped,
         )
 
 
@@ -812,7 +827,7 @@ class ActivityProducer:
         if queued is None:
             queued = len(producer)
         dropped = pending - (self._delivered - delivered)
-        warn_dropped(log, failed, dropped, timeout)
+        warn_dropped(log, failed, dropped, timeout, queued)
         if not (queued or dropped):
             return
         try:

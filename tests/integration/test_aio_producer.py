@@ -362,13 +362,18 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
 
 
 def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
-    services: Services, topic: str
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A zombie learns it is fenced inside its transaction (the commit raises
     ProducerFencedError), is closed and dropped: its client must go with it. The asyncio
     client raised the fenced commit as a SystemError that nothing ever freed, whose
     traceback's frames held the client, and with it librdkafka's threads and connections,
-    until the interpreter exited. Both SDKs."""
+    until the interpreter exited. Both SDKs.
+
+    Its close() flush returns at once with nothing queued, but the records it sent never
+    got a report: close() said they were "not delivered in 30 s", a timeout that never
+    ran. It now says why they were dropped."""
+    caplog.set_level(logging.WARNING, logger="ackline")
     sent = records()[:5]
     txn_id = f"svc-{uuid.uuid4().hex[:8]}"
     before = _live_clients()
@@ -382,6 +387,7 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
     del zombie, successor
     kept = _new_clients(before)
     assert not kept, f"synchronous: {len(kept)} closed client(s) still alive"
+    _dropped_for_want_of_reports(caplog)
 
     async def aio() -> None:
         zombie, successor = await _fenced_aio(services, topic, txn_id)
@@ -395,6 +401,15 @@ def test_a_producer_fenced_in_its_transaction_frees_its_client_when_closed(
     asyncio.run(aio())
     kept = _new_clients(before)
     assert not kept, f"asyncio: {len(kept)} closed client(s) still alive"
+    _dropped_for_want_of_reports(caplog)
+
+
+def _dropped_for_want_of_reports(caplog: pytest.LogCaptureFixture) -> None:
+    """close() said the records were dropped for want of a report, and claimed no timeout."""
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("ackline.streams")]
+    assert any("no delivery report for them" in line for line in said), said
+    assert not any("not delivered in" in line for line in said), said
+    caplog.clear()
 
 
 def _fenced(
