@@ -402,12 +402,12 @@ class AsyncActivityProducer:
                         await aio.purge()
                     except (KafkaException, SystemError) as exc:
                         unheld(exc)
-                        log.warning("closing the producer: purge failed: %s", exc)
+                        log.warning("closing the producer: purge failed: %s", str(exc))
                 try:
                     await aio.close()  # stops its timer task; flushes again, now empty
                 except (KafkaException, SystemError) as exc:
                     unheld(exc)
-                    log.info("closing a producer that cannot deliver: %s", exc)
+                    log.info("closing a producer that cannot deliver: %s", str(exc))
         finally:
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)

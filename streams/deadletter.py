@@ -396,7 +396,7 @@ class DeadLetterProducer:
             producer.purge()
             producer.poll(0)
         except (KafkaException, RuntimeError) as exc:
-            log.info("discarding the dead-letter producer: %s", exc)
+            log.info("discarding the dead-letter producer: %s", str(exc))
 
     def close(self) -> None:
         producer, self._producer = self._producer, None
@@ -404,7 +404,7 @@ class DeadLetterProducer:
             try:
                 producer.flush(10)
             except KafkaException as exc:
-                log.warning("closing the dead-letter producer: %s", exc)
+                log.warning("closing the dead-letter producer: %s", str(exc))
 
 
 def _error_of(exc: KafkaException) -> KafkaError:
