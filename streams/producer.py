@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import traceback
@@ -833,15 +832,19 @@ class ActivityProducer:
         try:
             producer.purge()
             producer.poll(0)  # serves the purged records' delivery reports
-        except KafkaException as exc:
-            log.warning("closing the producer: purge failed: %s", exc.args[0])
+        except (KafkaException, SystemError) as exc:  # SystemError: as the flush's, above
+            unheld(exc)
+            log.warning("closing the producer: purge failed: %s", str(exc))
 
 
 def _serve(producer: Producer) -> None:
     """Serve the delivery reports (and log lines) queued now; a client in librdkafka's
-    fatal state may raise its error again: it is known already."""
-    with contextlib.suppress(KafkaException):
+    fatal state may raise its error again (as a SystemError too, as the flush in close()):
+    it is known already."""
+    try:
         producer.poll(0)
+    except (KafkaException, SystemError) as exc:
+        unheld(exc)
 
 
 class _AbortRequired(Exception):
