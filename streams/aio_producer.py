@@ -395,7 +395,8 @@ class AsyncActivityProducer:
                 if queued is None:
                     queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
                 dropped = _undelivered(pending)
-                warn_dropped(log, failed, dropped, timeout, queued)
+                unreported = sum(not future.done() for future in pending)
+                warn_dropped(log, failed, dropped, timeout, queued, unreported)
                 if queued or dropped:
                     _errors_seen(self._sent)  # counted above: no ERROR line for each
                     try:

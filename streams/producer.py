@@ -318,8 +318,9 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
 
 
 def not_open(sdk: str, closed: bool) -> ProduceError:
-    """The error of a call on an instance that has no client: never started, or closed
-    (close() was called, or start() failed and closed it). Pure."""
+    """The error of a call on an instance that has no client: never started (or its
+    start() failed), or closed (close() was called, or the asyncio start() failed and
+    closed it). Pure."""
     if closed:
         return ProduceError(
             f"this {sdk} was closed (close() was called, or start() failed); start a new "
@@ -397,13 +398,15 @@ def warn_dropped(
     dropped: int,
     timeout: float,
     queued: int,
+    unreported: int,
 ) -> None:
     """close()'s WARNING (both SDKs): the ``dropped`` records, and why: ``failed``, the
     flush's error (the client can no longer deliver); else, with records still ``queued``
-    (librdkafka's out-queue), the ``timeout`` ran out; else the flush emptied the queue at
-    once and their reports never came: a client fenced, or in librdkafka's fatal state,
-    delivers no more. The error goes in as text: a record that kept the exception would
-    keep its traceback, whose frames hold the client."""
+    (librdkafka's out-queue), the ``timeout`` ran out; else the flush ended with nothing
+    queued and the records were failed, ``unreported`` of them with no report at all (a
+    fenced client, or one in librdkafka's fatal state, delivers no more). The error goes
+    in as text: a record that kept the exception would keep its traceback, whose frames
+    hold the client."""
     if failed is not None:
         logger.warning(
             "closing a producer that cannot deliver (%s): %d record(s) dropped",
@@ -418,10 +421,11 @@ def warn_dropped(
         )
     elif dropped:
         logger.warning(
-            "closing the producer: %d record(s) dropped: the flush ended with nothing "
-            "queued and no delivery report for them (a client fenced, or in librdkafka's "
-            "fatal state, delivers no more)",
+            "closing the producer: %d record(s) not delivered, dropped: the flush ended "
+            "with nothing queued; %d had a failed delivery report, %d none",
             dropped,
+            dropped - unreported,
+            unreported,
         )
 
 
@@ -826,7 +830,7 @@ class ActivityProducer:
         if queued is None:
             queued = len(producer)
         dropped = pending - (self._delivered - delivered)
-        warn_dropped(log, failed, dropped, timeout, queued)
+        warn_dropped(log, failed, dropped, timeout, queued, self._unreported)
         if not (queued or dropped):
             return
         try:
