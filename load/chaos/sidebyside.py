@@ -24,7 +24,6 @@ ackline's workers) and compares both with one manifest; the scenario reads top d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -34,6 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -307,19 +307,32 @@ class _SideBySideRun:
 
     def close(self) -> None:
         """Stop every part, in this order: the producer, the copier, Connect, the workers,
-        the connections; each one even when one before it failed, which is raised after
-        all (a Connect JVM or a worker left running would outlive the stack)."""
-        with contextlib.ExitStack() as parts:  # callbacks run last in, first out
-            for pg in (self.c_pg, self.a_pg):
-                if pg is not None:
-                    parts.callback(pg.close)
-            if self.pool is not None:
-                parts.callback(self.pool.shutdown)
-            if self.connect is not None:
-                parts.callback(self.connect.stop)
-            if self.copier is not None:
-                parts.callback(self.copier.stop)
-            parts.callback(self._stop_producer)
+        the connections; each one even when one before it failed (a Connect JVM or a worker
+        left running would outlive the stack). Then the first failure is raised, the later
+        ones added to it as notes. Not an ExitStack: its callbacks run outside any handler,
+        so it raised the last failure alone and dropped the earlier ones."""
+        first: Exception | None = None
+        for stop in self._stops():
+            try:
+                stop()
+            except Exception as exc:  # the next part is stopped all the same
+                if first is None:
+                    first = exc
+                else:
+                    first.add_note(f"stopping the next parts failed too: {exc!r}")
+        if first is not None:
+            raise first
+
+    def _stops(self) -> list[Callable[[], object]]:
+        stops: list[Callable[[], object]] = [self._stop_producer]
+        if self.copier is not None:
+            stops.append(self.copier.stop)
+        if self.connect is not None:
+            stops.append(self.connect.stop)
+        if self.pool is not None:
+            stops.append(self.pool.shutdown)
+        stops.extend(pg.close for pg in (self.a_pg, self.c_pg) if pg is not None)
+        return stops
 
     def _stop_producer(self) -> None:
         if self.producer is not None and self.producer.poll() is None:

@@ -39,6 +39,7 @@ def test_a_part_that_fails_to_stop_does_not_leave_the_others_running(tmp_path: P
     }
     for name, part in parts.items():
         setattr(run, name, part)
-    with pytest.raises(RuntimeError, match="would not stop"):
+    with pytest.raises(RuntimeError, match="copier would not stop") as raised:
         run.close()
     assert stopped == ["copier", "connect", "pool", "a_pg", "c_pg"]
+    assert "c_pg would not stop" in "".join(raised.value.__notes__)
