@@ -493,7 +493,9 @@ def first_readable(manifest: Path, offset: int) -> int:
     or an aborted transaction's records, which occupy offsets nobody reads."""
     records = read_manifest(manifest).records
     readable = sorted(r.offset for r in records if r.committed and r.offset >= 0)
-    return readable[bisect.bisect_left(readable, offset)]
+    at = bisect.bisect_left(readable, offset)
+    assert at < len(readable), f"no record at or after {offset}: a's batches ended past the log"
+    return readable[at]
 
 
 _LOSE_BATCHES = tuple(  # every row a batch writes, ingest_batches last
