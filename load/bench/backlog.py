@@ -42,17 +42,16 @@ from typing import Any
 
 import asyncpg
 
-from ackline.core.signals import ignore_sigterm, terminate_as_exit
+from ackline.core.signals import terminate_as_exit
 from ackline.load.bench.common import (
     PARTITIONS,
     ROOT,
     Cluster,
-    drop_run_topics,
-    ensure_stack,
+    bench_stack,
     say,
 )
 from ackline.load.bench.data import ensure_topic_patiently, prepare
-from ackline.load.bench.measure import descendants, kill_all, rss_kb
+from ackline.load.bench.measure import descendants, rss_kb
 from ackline.load.bench.systems import Ackline, Env
 from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.load.capture.replay import Pace, replay
@@ -111,18 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = state_dir / "logs" / f"backlog-{run_id}"
     logs.mkdir(parents=True, exist_ok=True)
     # SIGTERM raises through the finally that stops it all; once there it is ignored.
-    with terminate_as_exit():
-        info, started_here = ensure_stack(state_dir, autovacuum=True)
-        try:
-            return _parts(args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url)
-        finally:
-            ignore_sigterm()  # the stack is stopped whatever comes now
-            kill_all()
-            drop_run_topics(info.kafka_bootstrap, run_id)
-            if started_here:
-                from ackline.dev import stack
-
-                stack.down(state_dir)
+    with terminate_as_exit(), bench_stack(state_dir, run_id, autovacuum=True) as info:
+        return _parts(args, state_dir, logs, run_id, info.kafka_bootstrap, info.database_url)
 
 
 def _parts(

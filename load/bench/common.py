@@ -9,18 +9,26 @@ Kept apart from :mod:`ackline.load.bench.run` so that the phases in their own mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
 
+from ackline.core.signals import ignore_sigterm
 from ackline.dev import stack
-from ackline.load.bench.measure import ProcessResult, cpu_seconds_of, descendants, steady_rate
+from ackline.load.bench.measure import (
+    ProcessResult,
+    cpu_seconds_of,
+    descendants,
+    kill_all,
+    steady_rate,
+)
 from ackline.load.bench.systems import Env, System, query, run_sql
 from ackline.load.errors import LoadError
 from ackline.streams.admin import admin_client, delete_topics
@@ -308,6 +316,31 @@ def ensure_stack(state_dir: Path, autovacuum: bool = False) -> tuple[stack.Stack
     return info, not was_running
 
 
+@contextlib.contextmanager
+def bench_stack(
+    state_dir: Path, run_id: str, autovacuum: bool = False, keep: bool = False
+) -> Iterator[stack.StackInfo]:
+    """The bench stack for one run (:func:`ensure_stack`), and its teardown whatever the
+    run did. Use it inside :func:`~ackline.core.signals.terminate_as_exit`: a SIGTERM then
+    raises through this teardown, which ignores SIGTERM from its start to that block's end.
+
+    Teardown, in order: SIGTERM ignored; every process a phase left running killed; the
+    run's topics deleted (a failure is reported, not raised); the stack stopped if it was
+    started here. ``keep`` skips the last two. A crash inside it leaves at worst the run's
+    topics and a stack started here, which the next run's ``ensure_stack`` reuses."""
+    info, started_here = ensure_stack(state_dir, autovacuum=autovacuum)
+    try:
+        yield info
+    finally:
+        ignore_sigterm()  # the stack is stopped whatever comes now
+        kill_all()  # whatever a failed phase left running
+        if not keep:
+            drop_run_topics(info.kafka_bootstrap, run_id)
+            if started_here:
+                say("stopping the bench stack")
+                stack.down(state_dir)
+
+
 def run_topics(names: Iterable[str], run_id: str) -> list[str]:
     """The topics a bench run made: every name that holds its run id (its input topics,
     their ``.connect`` copies and dead-letter topics, the latency, flood and backlog topics).
@@ -345,6 +378,7 @@ __all__ = [
     "Cluster",
     "Phase",
     "RowCounter",
+    "bench_stack",
     "drain_backlog",
     "drop_run_topics",
     "ensure_stack",

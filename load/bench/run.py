@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ackline.core.signals import ignore_sigterm, terminate_as_exit
+from ackline.core.signals import terminate_as_exit
 from ackline.dev import stack
 from ackline.dev.errors import DevStackError
 from ackline.load.bench import flood, report, rtt
@@ -56,9 +56,8 @@ from ackline.load.bench.common import (
     Cluster,
     Phase,
     RowCounter,
+    bench_stack,
     drain_backlog,
-    drop_run_topics,
-    ensure_stack,
     fill,
     host_port,
     load_avg,
@@ -69,7 +68,7 @@ from ackline.load.bench.common import (
 )
 from ackline.load.bench.data import Dataset, ensure_topic_patiently, event_id_of, head, prepare
 from ackline.load.bench.limit import writer_connections
-from ackline.load.bench.measure import Measured, kill_all, percentile
+from ackline.load.bench.measure import Measured, percentile
 from ackline.load.bench.peers import PEER_SETTINGS, ensure_connect_jars, ensure_python_peers
 from ackline.load.bench.systems import (
     Ackline,
@@ -444,17 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"run {run_id}: logs in {logs}")
     # SIGTERM raises through the finally that stops it all; once there it is ignored.
     with terminate_as_exit():
-        info, started_here = ensure_stack(state_dir)
-        try:
+        with bench_stack(state_dir, run_id, keep=args.keep) as info:
             summary = _run(args, state_dir, logs, run_id, info)
-        finally:
-            ignore_sigterm()  # the stack is stopped whatever comes now
-            kill_all()  # whatever a failed phase left running
-            if not args.keep:
-                drop_run_topics(info.kafka_bootstrap, run_id)
-            if started_here and not args.keep:
-                say("stopping the bench stack")
-                stack.down(state_dir)
         # Still ignoring SIGTERM: the results, the chart and the README are written whole.
         results = Path(args.results)
         # The committed chart goes with the committed results; a smoke's beside its own.
