@@ -531,10 +531,11 @@ class _Run:
         # Nothing stored yet (a retention drop just took every stored event): wait for
         # the workers to store more, which they do while the run produces.
         deadline = time.monotonic() + _ERASE_WAIT_S
-        agent, events = self._with_retries("the erasure", run)
-        while not agent and time.monotonic() < deadline:
-            time.sleep(0.5)
+        while True:
             agent, events = self._with_retries("the erasure", run)
+            if agent or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
         if agent:
             self.counts.erasures += 1
             self.counts.erased_events += events
