@@ -5,10 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
+from typing import TypeVar
 
 from ackline.core.errors import Terminated
+
+T = TypeVar("T")
+
+_raised: list[int] = []
+"""The SIGTERMs :func:`terminate_as_exit`'s handler raised as :class:`Terminated` in the
+block now running (cleared at its end)."""
 
 
 @contextlib.contextmanager
@@ -17,19 +26,114 @@ def terminate_as_exit() -> Iterator[None]:
     ``finally`` blocks and context managers clean up (partial files removed, producers
     closed, a stack the command started stopped) and the process exits 143. Python's own
     default would kill it with no cleanup at all. Commands that run an asyncio loop
-    install their own handlers for the loop's lifetime (:func:`stop_signals`)."""
+    install their own handlers for the loop's lifetime (:func:`stop_signals`).
+
+    The handler raises wherever the main thread is, and some library code drops what is
+    raised there: asyncpg's protocol methods end in ``finally: return await waiter``, so a
+    SIGTERM handled inside one of its writes was lost, and since the handler ignores the
+    SIGTERMs after the first, the command ran on, deaf. So the raise is also recorded:
+    :func:`stop_signals` stops a loop started after a lost one at once, polling loops
+    raise it again (:func:`raise_if_stop_lost`), and :func:`stops_deferred` keeps the
+    raise out of a loop's library code in the first place."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         # once: a second SIGTERM must not cut the cleanup the first one started
         ignore_sigterm()
+        _raised.append(signum)
         raise Terminated()
 
+    handler.raises_terminated = True  # type: ignore[attr-defined]
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         # None: a handler not set from Python, which cannot be put back from here
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        _raised.clear()
+
+
+def _handling_terminated() -> bool:
+    """True while a :class:`Terminated` is being handled or is on its way out (an
+    ``except`` or ``finally`` block it reached, and every call made from there)."""
+    exc: BaseException | None = sys.exc_info()[1]
+    while exc is not None:
+        if isinstance(exc, Terminated):
+            return True
+        exc = exc.__context__
+    return False
+
+
+def stop_lost() -> bool:
+    """True when :func:`terminate_as_exit`'s handler raised and nothing handles that
+    :class:`Terminated` now: library code dropped it, and the command runs on."""
+    return bool(_raised) and not _handling_terminated()
+
+
+def raise_if_stop_lost() -> None:
+    """Raise :class:`Terminated` again when the one SIGTERM raised was lost (see
+    :func:`terminate_as_exit`): for the polling loops of a command's work. From its
+    cleanup it does nothing, since the first one is handled there."""
+    if stop_lost():
+        raise Terminated()
+
+
+def _raises(handler: object) -> bool:
+    """A Python-level handler that raises in the main thread: this module's SIGTERM
+    handler, or Python's default for SIGINT (KeyboardInterrupt)."""
+    return handler is signal.default_int_handler or bool(
+        getattr(handler, "raises_terminated", False)
+    )
+
+
+@contextlib.contextmanager
+def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]) -> Iterator[None]:
+    """While ``loop`` runs in the block, a SIGTERM or SIGINT whose handler would raise
+    cancels instead (``cancel``), and is raised again at the block's end, outside the
+    library code the loop ran (asyncpg drops an exception raised inside its writes: see
+    :func:`terminate_as_exit`). The block must let the ``CancelledError`` of a call
+    cancelled so go (:func:`run_deferring_stops`). Signals whose handler does not raise
+    (ignored in a teardown) are left alone, and so is a thread other than the main one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stops = [sig for sig in (signal.SIGTERM, signal.SIGINT) if _raises(signal.getsignal(sig))]
+    before = {sig: signal.getsignal(sig) for sig in stops}
+    came: list[int] = []
+
+    def stop(sig: int) -> None:
+        came.append(sig)
+        cancel()
+
+    for sig in stops:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        try:
+            yield
+        finally:
+            for sig in stops:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, before[sig])
+    except asyncio.CancelledError:
+        if not came:
+            raise
+    if came:  # the stop, now that the loop is not running: as if it came just now
+        signal.raise_signal(came[0])
+
+
+def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:
+    """``loop.run_until_complete(aw)`` under :func:`stops_deferred`: a stop meanwhile
+    cancels ``aw`` and is raised once the loop has returned."""
+    task = asyncio.ensure_future(aw, loop=loop)
+    with stops_deferred(loop, task.cancel):
+        return loop.run_until_complete(task)
+    raise AssertionError("unreachable: stops_deferred raised the stop")  # pragma: no cover
+
+
+def run_stoppable(aw: Awaitable[T]) -> T:
+    """``asyncio.run(aw)`` under :func:`stops_deferred`: for a command's short async steps
+    while :func:`terminate_as_exit`'s handler is in place."""
+    with asyncio.Runner() as runner:
+        return run_deferring_stops(runner.get_loop(), aw)
 
 
 def ignore_sigterm() -> None:
@@ -68,6 +172,8 @@ def stop_signals(
 
     for sig in stops:
         loop.add_signal_handler(sig, stop, sig)
+    if stop_lost():  # a SIGTERM that came before these handlers was dropped: stop now
+        loop.call_soon(stop, signal.SIGTERM)
     try:
         yield
     finally:

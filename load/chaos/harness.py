@@ -39,7 +39,6 @@ probe, runs_check, workers).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -54,6 +53,7 @@ from typing import IO, Any, TextIO, TypeVar
 
 import asyncpg
 
+from ackline.core.signals import raise_if_stop_lost, run_stoppable
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.pacing import Pacer
 from ackline.load.chaos.plan import Fault, plan
@@ -247,7 +247,7 @@ class _Run:
             finally:
                 await conn.close()
 
-        asyncio.run(apply())
+        run_stoppable(apply())
         topic_config = {"max.message.bytes": str(2 * 1_048_576)}
         ensure_topic(self.bootstrap, self.name, self.cfg.partitions, topic_config)
         self.say(f"topic {self.name} ({self.cfg.partitions} partitions), database {database}")
@@ -355,7 +355,9 @@ class _Run:
 
     def _tick(self) -> None:
         """Between polls: restart workers that ended by themselves, sample the offsets,
-        scrape the fenced counters, and fail fast if production failed."""
+        scrape the fenced counters, and fail fast if production failed; raise the stop
+        again if a library dropped the SIGTERM's (ackline.core.signals)."""
+        raise_if_stop_lost()
         pool = self._pool()
         for ended in pool.reap():
             inc = ended.incarnation
@@ -558,7 +560,7 @@ class _Run:
         deadline = time.monotonic() + 120
         while True:
             try:
-                return asyncio.run(once())
+                return run_stoppable(once())
             except (AcklineError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 if time.monotonic() > deadline:
                     raise ChaosError(f"{what} failed: {exc}") from exc
@@ -728,7 +730,7 @@ class _Run:
         logged = sum(i.fenced_lines() for i in pool.incarnations)
         runs = self._finish_runs()
         self.say("verifying against the manifest")
-        verdict = asyncio.run(verify(self.dsn, self.manifest, self.name))
+        verdict = run_stoppable(verify(self.dsn, self.manifest, self.name))
         watch = self.watch
         return ChaosReport(
             seed=self.seed,
@@ -771,7 +773,7 @@ class _Run:
             self.counts.skipped.append(
                 f"the final runs catch-up exited {done.returncode} (see {log_path})"
             )
-        check = asyncio.run(check_runs_at(self.dsn, retired=True))
+        check = run_stoppable(check_runs_at(self.dsn, retired=True))
         self.say(f"runs projection: {check.runs:,} runs, {check.mismatches} mismatches")
         return check
 

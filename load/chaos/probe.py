@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from ackline.core.signals import stops_deferred
 from ackline.core.tasks import take_outcome
 
 _ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
@@ -42,9 +43,11 @@ class Pg:
     def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Run ``sql``; reconnect and raise the error when the connection fails.
 
-        A stop request (SIGTERM's Terminated, Ctrl-C) raised while the loop waits leaves
-        the connection mid-protocol: it is dropped too, never reused, and the cut call's
-        task is cancelled with its outcome taken, so nothing logs a traceback about it.
+        A stop request (SIGTERM, Ctrl-C) while the loop runs cancels the call and is raised
+        once the loop has returned, never inside asyncpg, which can drop it
+        (:func:`~ackline.core.signals.stops_deferred`). The connection, left mid-protocol,
+        is dropped too, never reused, and the cut call's outcome is taken, so nothing
+        logs a traceback about it.
         """
         try:
             if self._conn is None or self._conn.is_closed():
@@ -57,7 +60,8 @@ class Pg:
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         task = self._loop.create_task(call)
         try:
-            return self._loop.run_until_complete(task)
+            with stops_deferred(self._loop, task.cancel):
+                return self._loop.run_until_complete(task)
         except BaseException:
             if not task.done():  # cut short by a stop request: mid-protocol
                 task.add_done_callback(take_outcome)

@@ -398,6 +398,39 @@ def test_a_chaos_probe_cut_mid_query_by_a_stop_drops_its_connection(
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
 
 
+def test_a_sigterm_handled_inside_an_asyncpg_write_still_stops_the_chaos_probe(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM handled just after asyncpg wrote a query raised Terminated inside its
+    protocol, whose ``finally: return await waiter`` dropped it: the probe's fetch
+    returned its rows and the harness, deaf from then on (the handler ignores the SIGTERMs
+    after the first), ran a stopped chaos run to its verdict and exit 0. The SIGTERM is
+    delivered for real, at that moment, by the transport's write."""
+    from asyncio import selector_events
+
+    from ackline.core.errors import Terminated
+    from ackline.core.signals import terminate_as_exit
+    from ackline.load.chaos.probe import Pg
+
+    sql = "SELECT 1 AS one WHERE false"
+    write = selector_events._SelectorSocketTransport.write
+
+    def write_then_sigterm(self: selector_events._SelectorSocketTransport, data: bytes) -> None:
+        write(self, data)
+        signal.raise_signal(signal.SIGTERM)
+
+    pg = Pg(services.database_url)
+    try:
+        assert pg.fetch(sql) == []  # connected, the statement prepared and cached
+        with monkeypatch.context() as patch:
+            patch.setattr(selector_events._SelectorSocketTransport, "write", write_then_sigterm)
+            with terminate_as_exit(), pytest.raises(Terminated):
+                pg.fetch(sql)
+        assert pg.fetch("SELECT 2 AS two")[0]["two"] == 2  # a fresh connection
+    finally:
+        pg.close()
+
+
 def test_a_stopped_demo_stops_instead_of_verifying_half_an_ingest(
     services: Services, dsn: str, tmp_path: Path
 ) -> None:

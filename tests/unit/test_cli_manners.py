@@ -246,3 +246,67 @@ def test_a_process_started_during_a_teardown_still_heeds_sigterm() -> None:
         finally:
             child.kill()
             child.wait()
+
+
+def _dropping_a_stop() -> str:
+    """What asyncpg's protocol methods do: ``finally: return`` drops whatever was raised."""
+    import signal
+
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        return "dropped"  # noqa: B012
+
+
+def test_a_sigterm_a_library_dropped_still_stops_what_comes_after() -> None:
+    """terminate_as_exit's handler ignores every SIGTERM after the first, so a Terminated
+    that library code dropped left the command running and deaf (the chaos harness ran a
+    whole run to its verdict after a SIGTERM handled inside an asyncpg write). A loop
+    started after it now stops at once, and a polling loop raises it again."""
+    import asyncio
+
+    from ackline.core.errors import Terminated
+    from ackline.core.signals import raise_if_stop_lost, stop_signals
+
+    stopped: list[str] = []
+
+    async def worker() -> None:
+        with stop_signals(asyncio.get_running_loop(), lambda: stopped.append("stop")):
+            await asyncio.sleep(0.05)
+
+    with terminate_as_exit():
+        assert _dropping_a_stop() == "dropped"
+        asyncio.run(worker())
+        with pytest.raises(Terminated):
+            raise_if_stop_lost()
+        try:
+            raise Terminated()
+        except Terminated:
+            raise_if_stop_lost()  # while one is handled (a cleanup), nothing
+    assert stopped == ["stop"]
+    with terminate_as_exit():
+        raise_if_stop_lost()  # a new block starts with no stop
+
+
+def test_a_stop_during_a_deferring_loop_is_raised_after_it_not_inside() -> None:
+    """A SIGTERM while the loop runs library code that drops exceptions (``finally:
+    return``, as asyncpg's protocol) was lost there; under ``run_deferring_stops`` it
+    cancels the call instead and is raised once the loop has returned."""
+    import asyncio
+
+    from ackline.core.errors import Terminated
+    from ackline.core.signals import run_deferring_stops
+
+    async def library() -> str:
+        try:
+            _dropping_a_stop()  # a raising handler would be dropped right here
+            await asyncio.sleep(5)  # the loop serves the signal: the call is cancelled
+        finally:
+            return "dropped"  # noqa: B012
+
+    loop = asyncio.new_event_loop()
+    try:
+        with terminate_as_exit(), pytest.raises(Terminated):
+            run_deferring_stops(loop, library())
+    finally:
+        loop.close()
