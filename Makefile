@@ -28,9 +28,9 @@ demo: install
 	$(BIN)/ackline demo
 
 ## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here),
-## in one process. TEST_WORKERS=2: two pytest-xdist workers with a stack each, ~13 min instead
-## of ~20, but the fault tests' short timeouts then meet CPU contention (docs/development.md).
-TEST_WORKERS ?= 0
+## on two pytest-xdist workers with a stack each: ~16 min on two cores, against ~24 in one
+## process (TEST_WORKERS=0; docs/development.md).
+TEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
