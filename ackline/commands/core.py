@@ -11,6 +11,7 @@ from pathlib import Path
 from ackline import endpoints
 from ackline.commands import Subparsers
 from ackline.commands.guard import connect
+from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
 
@@ -38,7 +39,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.runtime is not None:  # the start-up line and /metrics name the runtime in use
         settings = settings.model_copy(update={"runtime": args.runtime})
     bootstrap, dsn = endpoints.endpoints(settings)
-    asyncio.run(_preflight(settings, dsn))
+    run_stoppable(_preflight(settings, dsn))  # a SIGTERM meanwhile is not dropped
     return run(settings, bootstrap, dsn, runtime=args.runtime, until_drained=args.until_drained)
 
 

@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 _raised: list[int] = []
 """The SIGTERMs :func:`terminate_as_exit`'s handler raised as :class:`Terminated` in the
-block now running (cleared at its end)."""
+innermost block now running (the outer block's record is back at its end)."""
 
 
 @contextlib.contextmanager
@@ -43,13 +43,15 @@ def terminate_as_exit() -> Iterator[None]:
         raise Terminated()
 
     handler.raises_terminated = True  # type: ignore[attr-defined]
+    outer = _raised[:]  # a block inside another keeps the other's record
+    _raised.clear()
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         # None: a handler not set from Python, which cannot be put back from here
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-        _raised.clear()
+        _raised[:] = outer
 
 
 def _handling_terminated() -> bool:
@@ -65,7 +67,9 @@ def _handling_terminated() -> bool:
 
 def stop_lost() -> bool:
     """True when :func:`terminate_as_exit`'s handler raised and nothing handles that
-    :class:`Terminated` now: library code dropped it, and the command runs on."""
+    :class:`Terminated` now: library code dropped it, and the command runs on (or code
+    caught it on purpose and went on, which nothing in ackline does). Main thread only:
+    what is being handled is per thread."""
     return bool(_raised) and not _handling_terminated()
 
 
@@ -87,37 +91,44 @@ def _raises(handler: object) -> bool:
 
 @contextlib.contextmanager
 def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]) -> Iterator[None]:
-    """While ``loop`` runs in the block, a SIGTERM or SIGINT whose handler would raise
-    cancels instead (``cancel``), and is raised again at the block's end, outside the
-    library code the loop ran (asyncpg drops an exception raised inside its writes: see
-    :func:`terminate_as_exit`). The block must let the ``CancelledError`` of a call
-    cancelled so go (:func:`run_deferring_stops`). Signals whose handler does not raise
-    (ignored in a teardown) are left alone, and so is a thread other than the main one."""
+    """While ``loop`` runs in the block, a SIGTERM or SIGINT whose handler would raise is
+    recorded instead, cancels the block's call once (``cancel``, from the loop: a second
+    signal must not cut the cleanup the first began) and is raised again when the block
+    ends, however it ends, outside the library code the loop ran (asyncpg drops an
+    exception raised inside its writes: see :func:`terminate_as_exit`). The record is a
+    Python handler that never raises, so a signal in the loop's last turn, whose loop
+    callback never runs, is raised too. Signals whose handler does not raise (ignored in
+    a teardown) are left alone, and so is a thread other than the main one."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     stops = [sig for sig in (signal.SIGTERM, signal.SIGINT) if _raises(signal.getsignal(sig))]
     before = {sig: signal.getsignal(sig) for sig in stops}
     came: list[int] = []
+    cancelled: list[bool] = []
 
-    def stop(sig: int) -> None:
-        came.append(sig)
-        cancel()
+    def record(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)
+
+    def wake(sig: int) -> None:
+        if not cancelled:
+            cancelled.append(True)
+            cancel()
 
     for sig in stops:
-        loop.add_signal_handler(sig, stop, sig)
+        loop.add_signal_handler(sig, wake, sig)  # the loop's wakeup, and the cancel
+        signal.signal(sig, record)  # in place of asyncio's do-nothing Python handler
     try:
-        try:
-            yield
-        finally:
-            for sig in stops:
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, before[sig])
+        yield
     except asyncio.CancelledError:
         if not came:
             raise
-    if came:  # the stop, now that the loop is not running: as if it came just now
-        signal.raise_signal(came[0])
+    finally:
+        for sig in stops:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, before[sig])
+        if came:  # the stop, now that the loop is not running: as if it came just now
+            signal.raise_signal(came[0])
 
 
 def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:
@@ -131,7 +142,8 @@ def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:
 
 def run_stoppable(aw: Awaitable[T]) -> T:
     """``asyncio.run(aw)`` under :func:`stops_deferred`: for a command's short async steps
-    while :func:`terminate_as_exit`'s handler is in place."""
+    while :func:`terminate_as_exit`'s handler is in place. Unlike ``asyncio.run``, a
+    second Ctrl-C does not interrupt a call that ignores its cancellation."""
     with asyncio.Runner() as runner:
         return run_deferring_stops(runner.get_loop(), aw)
 

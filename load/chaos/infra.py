@@ -25,7 +25,6 @@ a short method over them; its schedule and verdict are pure modules of their own
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import asyncpg
 
+from ackline.core.signals import run_stoppable
 from ackline.load.chaos.harness import IN_COMMIT, RETIRED_TABLE, ChaosError, _Run
 from ackline.load.chaos.infra_model import (
     LATENCY_MS,
@@ -181,7 +181,7 @@ class _InfraRun(_Run):
             finally:
                 await conn.close()
 
-        asyncio.run(apply())
+        run_stoppable(apply())
         config = {"max.message.bytes": str(2 * 1_048_576), "min.insync.replicas": "2"}
         for topic in (self.name, f"{self.name}.dlq"):
             for attempt in range(15):  # a new topic reaches every broker's metadata late

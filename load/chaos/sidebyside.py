@@ -23,7 +23,6 @@ ackline's workers) and compares both with one manifest; the scenario reads top d
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -41,7 +40,7 @@ from typing import Any, TextIO
 import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ackline.core.signals import ignore_sigterm, terminate_as_exit
+from ackline.core.signals import ignore_sigterm, run_stoppable, terminate_as_exit
 from ackline.load.chaos.probe import Pg
 from ackline.load.chaos.workers import WorkerPool, wait_for
 from ackline.load.errors import LoadError
@@ -199,7 +198,7 @@ class _SideBySideRun:
     def _start(self, workers: int) -> _Connect:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _topics(self.infra.bootstrap, self.topic)
-        asyncio.run(_databases(self.infra.admin_dsn()))
+        run_stoppable(_databases(self.infra.admin_dsn()))
         self.pool = _ackline_workers(self.infra, self.run_dir, self.topic, workers)
         connect = self.connect = _Connect(
             self.infra, self.run_dir, self.jars, f"{self.topic}.connect"
@@ -280,7 +279,7 @@ class _SideBySideRun:
         connect: _Connect,
         c_pg: Pg,
     ) -> SideBySide:
-        verdict = asyncio.run(verify(self.infra.admin_dsn("sbs_ackline"), self.manifest, GROUP))
+        verdict = run_stoppable(verify(self.infra.admin_dsn("sbs_ackline"), self.manifest, GROUP))
         ackline = SystemResult("ackline", verdict.unique_expected)
         ackline.rows, ackline.lost = verdict.ingested, verdict.lost
         ackline.duplicated = verdict.duplicated

@@ -1,5 +1,6 @@
-"""The short chaos runs of `make test` (tests/integration/test_chaos_short.py), started in
-the background when the session starts and judged by the last tests of the session.
+"""The short chaos runs of `make test` (tests/integration/test_chaos_short.py), judged by
+their own tests; in one process (``TEST_WORKERS=0``) started in the background when the
+session starts and judged by its last tests.
 
 Each run produces at a fixed rate for ~100 s on a stack of its own (~140 s a run); started
 with the first integration test, they overlap the rest of the suite instead of adding their

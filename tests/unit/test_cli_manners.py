@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,6 +260,22 @@ def _dropping_a_stop() -> str:
         return "dropped"  # noqa: B012
 
 
+def _stop_raised_after_the_loop(call: Coroutine[Any, Any, object]) -> None:
+    """``call`` on a fresh loop under run_deferring_stops, inside terminate_as_exit: it
+    must end in Terminated."""
+    import asyncio
+
+    from ackline.core.errors import Terminated
+    from ackline.core.signals import run_deferring_stops
+
+    loop = asyncio.new_event_loop()
+    try:
+        with terminate_as_exit(), pytest.raises(Terminated):
+            run_deferring_stops(loop, call)
+    finally:
+        loop.close()
+
+
 def test_a_sigterm_a_library_dropped_still_stops_what_comes_after() -> None:
     """terminate_as_exit's handler ignores every SIGTERM after the first, so a Terminated
     that library code dropped left the command running and deaf (the chaos harness ran a
@@ -294,9 +312,6 @@ def test_a_stop_during_a_deferring_loop_is_raised_after_it_not_inside() -> None:
     cancels the call instead and is raised once the loop has returned."""
     import asyncio
 
-    from ackline.core.errors import Terminated
-    from ackline.core.signals import run_deferring_stops
-
     async def library() -> str:
         try:
             _dropping_a_stop()  # a raising handler would be dropped right here
@@ -304,9 +319,40 @@ def test_a_stop_during_a_deferring_loop_is_raised_after_it_not_inside() -> None:
         finally:
             return "dropped"  # noqa: B012
 
-    loop = asyncio.new_event_loop()
-    try:
-        with terminate_as_exit(), pytest.raises(Terminated):
-            run_deferring_stops(loop, library())
-    finally:
-        loop.close()
+    _stop_raised_after_the_loop(library())
+
+
+def test_a_deferred_stop_is_raised_however_the_cancelled_call_ends() -> None:
+    """A call cancelled by the stop that ended in another error (asyncpg's close() in a
+    ``finally`` can raise a TimeoutError), a SIGTERM in the loop's last turn (its loop
+    callback never runs), and a second SIGTERM while the first one's cleanup runs: the
+    stop is raised each time, and the cleanup is not cut. Found by a review: the first
+    two were lost, the third cancelled the cleanup."""
+    import asyncio
+    import signal
+
+    async def ends_in_oserror() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(5)
+        finally:
+            raise OSError("the close in a finally failed")
+
+    async def last_step() -> str:
+        signal.raise_signal(signal.SIGTERM)
+        return "done"
+
+    cleaned: list[str] = []
+
+    async def cleans_up() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(5)
+        finally:
+            signal.raise_signal(signal.SIGTERM)  # a second stop while cleaning up
+            await asyncio.sleep(0.05)
+            cleaned.append("closed")
+
+    for call in (ends_in_oserror, last_step, cleans_up):
+        _stop_raised_after_the_loop(call())
+    assert cleaned == ["closed"]
