@@ -148,7 +148,10 @@ def test_a_batch_committed_while_the_detach_waited_keeps_its_partition(dsn: str)
     assert outcome[name] == (False, ("head",)), outcome
     assert _attached(dsn, name)
     assert db(dsn, f"SELECT count(*) AS n FROM {name}")[0]["n"] == 2
-    assert db(dsn, "SELECT count(*) AS n FROM retention_drops")[0]["n"] == 0
+    # Its own partition only: an earlier day's, empty, is dropped and recorded when the
+    # session's template was migrated before midnight (a run across midnight failed so).
+    drops = db(dsn, "SELECT count(*) AS n FROM retention_drops WHERE partition_name = $1", name)
+    assert drops[0]["n"] == 0
 
 
 def test_every_security_definer_function_names_pg_temp_last(dsn: str) -> None:
