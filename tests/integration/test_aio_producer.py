@@ -336,9 +336,10 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     finally:
         zombie.close()
         successor.close()
-    dropped = re.escape("cannot deliver (KafkaError{FATAL,code=_FENCED") + (
-        rf".*\): {len(sent)} record\(s\) dropped"
-    )
+    # Why it cannot deliver: the fenced fatal error, or, when confluent-kafka's flush
+    # raises a SystemError with no error behind it (seen once in five runs), that text.
+    why = re.escape("KafkaError{FATAL,code=_FENCED") + "|.*returned NULL without setting"
+    dropped = rf"cannot deliver \((?:{why}).*\): {len(sent)} record\(s\) dropped"
     assert re.search(dropped, caplog.text), caplog.text
     caplog.clear()
 
