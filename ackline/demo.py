@@ -22,6 +22,7 @@ import asyncpg
 from ackline.clients import database_dsn, kafka_client_config
 from ackline.core.errors import Terminated
 from ackline.core.progress import Progress
+from ackline.core.signals import run_stoppable
 from ackline.load.produce import Knobs, produce
 from ackline.load.verify import print_summary, verify
 from ackline.runtime.confluent import run
@@ -85,7 +86,7 @@ def demo(settings: Settings, events: int, keep: bool) -> int:
             info = stack.up(settings.state_dir)
             bootstrap, dsn = info.kafka_bootstrap, info.database_url
         print("== migrating", flush=True)
-        asyncio.run(_migrate(dsn))
+        run_stoppable(_migrate(dsn))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_settings = settings.model_copy(
             update={
@@ -112,7 +113,7 @@ def demo(settings: Settings, events: int, keep: bool) -> int:
         print(f"== ingesting with `ackline run` (group {run_settings.group_id})", flush=True)
         asyncio.run(_run_and_watch(run_settings, bootstrap, dsn, total))
         print("== verifying against the manifest", flush=True)
-        verdict = asyncio.run(verify(dsn, manifest, run_settings.group_id))
+        verdict = run_stoppable(verify(dsn, manifest, run_settings.group_id))
         print_summary(verdict)
         print(json.dumps(verdict.to_json()), flush=True)
         return 0 if verdict.ok else 1

@@ -7,7 +7,6 @@ be reached, already reported as a fail). The exit status is 1 when any check fai
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -17,6 +16,7 @@ import asyncpg
 
 from ackline.clients import ingest_dsn, kafka_client_config
 from ackline.core.errors import AcklineError
+from ackline.core.signals import run_stoppable
 from ackline.render import table
 from ackline.settings import Settings
 from ackline.sinks.admin.grants import (
@@ -264,7 +264,7 @@ def worker_check(settings: Settings, dsn: str) -> Check:
             await conn.close()
 
     try:
-        user, held = asyncio.run(view(ingest_dsn(settings, dsn)))
+        user, held = run_stoppable(view(ingest_dsn(settings, dsn)))
     except AcklineError as exc:
         return Check("append-only", "fail", str(exc))
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -287,7 +287,7 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
         checks.append(Check("kafka", "fail", str(exc)))
         kafka_ok = False
     try:
-        db = asyncio.run(_db_facts(dsn, group, topic, files))
+        db = run_stoppable(_db_facts(dsn, group, topic, files))
         checks.append(Check("postgresql", "pass", "reachable"))
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         checks.append(Check("postgresql", "fail", f"cannot query PostgreSQL: {exc}"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await conn.close()
 
-    applied = asyncio.run(go())
+    applied = run_stoppable(go())
     print(f"applied migrations {applied}" if applied else "schema is up to date")
     return 0
 
@@ -115,7 +114,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.load.verify import print_summary, verify
 
     dsn = endpoints.database(settings)
-    verdict = asyncio.run(verify(dsn, Path(args.manifest), settings.group_id))
+    verdict = run_stoppable(verify(dsn, Path(args.manifest), settings.group_id))
     if args.json:
         print(json.dumps(verdict.to_json()))
     else:

@@ -12,11 +12,11 @@ committed (even with nothing to erase), 2 on an error (nothing erased).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
+from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
 
@@ -54,7 +54,7 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await conn.close()
 
-    done = asyncio.run(go())
+    done = run_stoppable(go())
     if args.json:
         print(json.dumps(done.to_json()))
         return 0

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers
-from ackline.core.signals import ignore_sigterm
+from ackline.core.signals import ignore_sigterm, run_stoppable
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class _StdoutClosed(Exception):
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
-    return asyncio.run(_tail(args, settings, _dsn(settings)))
+    return run_stoppable(_tail(args, settings, _dsn(settings)))
 
 
 async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
@@ -227,7 +227,7 @@ async def _saved_cursor(connect: Connect, reader: str, create: bool) -> Cursor:
 
 
 def cmd_dispatch(args: argparse.Namespace, settings: Settings) -> int:
-    return asyncio.run(_dispatch(args, settings, _dsn(settings)))
+    return run_stoppable(_dispatch(args, settings, _dsn(settings)))
 
 
 async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> int:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 
 from ackline.commands import Subparsers
 from ackline.commands.guard import connect
+from ackline.core.signals import run_stoppable
 from ackline.endpoints import database, endpoints
 from ackline.settings import Settings
 
@@ -30,7 +30,7 @@ def _with_db(dsn: str, query: Callable[[Any], Awaitable[T]]) -> T:
         finally:
             await conn.close()
 
-    return asyncio.run(go())
+    return run_stoppable(go())
 
 
 def _print_json(value: Any) -> None:

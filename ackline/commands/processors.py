@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
-from ackline.core.signals import stop_signals
+from ackline.core.signals import run_stoppable, stop_signals
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import statuses
 
-    found = asyncio.run(
+    found = run_stoppable(
         _with_conn(_operator_dsn(settings), lambda c: statuses(c, args.names or None))
     )
     missing = sorted(set(args.names or []) - {s.name for s in found})
@@ -253,7 +253,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import set_paused
 
     paused = args.action == "pause"
-    asyncio.run(_with_conn(_operator_dsn(settings), lambda c: set_paused(c, args.name, paused)))
+    run_stoppable(_with_conn(_operator_dsn(settings), lambda c: set_paused(c, args.name, paused)))
     print(f"processor {args.name} {'paused' if paused else 'resumed'}")
     return 0
 
@@ -261,7 +261,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import clear_superseded
 
-    asyncio.run(_with_conn(_operator_dsn(settings), lambda c: clear_superseded(c, args.name)))
+    run_stoppable(_with_conn(_operator_dsn(settings), lambda c: clear_superseded(c, args.name)))
     print(
         f"processor {args.name}: any filter may take over again (the next instance to start "
         "with another filter does)"
@@ -291,7 +291,7 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
         to = Cursor.decode(args.to_cursor)
     elif args.to_now:
         to = None
-    moved = asyncio.run(_with_conn(_operator_dsn(settings), lambda c: reset(c, name, to, clear)))
+    moved = run_stoppable(_with_conn(_operator_dsn(settings), lambda c: reset(c, name, to, clear)))
     kept = " (its state kept)" if args.cursor_only else " and its state cleared"
     print(f"processor {name} reset to cursor {moved.encode()}{kept}")
     return 0
@@ -318,7 +318,7 @@ def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
                 await conn.execute("SET LOCAL ROLE ackline_migrator")
             await conn.execute(sql)
 
-    asyncio.run(_with_conn(_operator_dsn(settings), go))
+    run_stoppable(_with_conn(_operator_dsn(settings), go))
     print(f"processor {processor.name}: setup_sql applied")
     return 0
 

@@ -10,13 +10,13 @@ them ahead by themselves). All connect with the operator's DSN (docs/retention.m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ackline.commands import Subparsers
 from ackline.core.errors import AcklineError
+from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[
         finally:
             await conn.close()
 
-    return asyncio.run(go())
+    return run_stoppable(go())
 
 
 def _keep(args: argparse.Namespace, settings: Settings) -> Any:

@@ -10,7 +10,6 @@ for ``ackline_ingest``) or from a prompt. Both connect with the operator's DSN.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
 import sys
@@ -20,6 +19,7 @@ from ackline.clients import ingest_dsn
 from ackline.commands import Subparsers
 from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
+from ackline.core.signals import run_stoppable
 from ackline.endpoints import database
 from ackline.roles import RoleState
 from ackline.settings import Settings
@@ -58,7 +58,7 @@ async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     dsn = database(settings)
-    states, worker = asyncio.run(_show(dsn, ingest_dsn(settings, dsn)))
+    states, worker = run_stoppable(_show(dsn, ingest_dsn(settings, dsn)))
     if getattr(args, "json", False):
         print(json.dumps({"roles": [asdict(s) for s in states], "worker": asdict(worker)}))
     else:
@@ -111,7 +111,7 @@ def cmd_set_password(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await conn.close()
 
-    asyncio.run(go())
+    run_stoppable(go())
     print(f"password of {args.role} set")
     return 0
 

@@ -98,7 +98,9 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
     exception raised inside its writes: see :func:`terminate_as_exit`). The record is a
     Python handler that never raises, so a signal in the loop's last turn, whose loop
     callback never runs, is raised too. Signals whose handler does not raise (ignored in
-    a teardown) are left alone, and so is a thread other than the main one."""
+    a teardown) are left alone, and so is a thread other than the main one. A SIGTERM the
+    block's own code set to be ignored (:func:`ignore_sigterm`: a command that took the
+    signals over and is winding down) stays ignored after it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -126,7 +128,8 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
     finally:
         for sig in stops:
             loop.remove_signal_handler(sig)
-            signal.signal(sig, before[sig])
+            if signal.getsignal(sig) is not _ignored:  # a teardown begun inside keeps it
+                signal.signal(sig, before[sig])
         if came:  # the stop, now that the loop is not running: as if it came just now
             signal.raise_signal(came[0])
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -456,3 +457,53 @@ def test_a_stopped_demo_stops_instead_of_verifying_half_an_ingest(
     assert "== verifying" not in text, text[-3000:]
     assert status == 143, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["migrate"],
+        ["conflicts", "list"],
+        ["retention", "show"],
+        ["roles", "show"],
+        ["processors", "status"],
+        ["tail", "--reader", "sigterm-reader", "--follow"],
+    ],
+    ids="-".join,
+)
+def test_a_sigterm_asyncpg_dropped_still_stops_a_one_shot_command(
+    services: Services, dsn: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos probe's drop (above) in the CLI's own one-shot commands: a SIGTERM handled
+    just after asyncpg wrote a command's first statement was dropped there, and the command
+    finished its work and exited 0 (migrate), or the next read crashed the interpreter with a
+    segmentation fault (the others, exit 139); a follow would have followed on, deaf. Now
+    their async steps defer a stop past the loop (run_stoppable), and the command stops with
+    143. The SIGTERM is real, delivered by the transport's write of the first Parse or
+    Query message. A second SIGTERM after ``BOUND_S`` ends a command that went on."""
+    from asyncio import selector_events
+
+    from ackline.cli import EXIT_TERMINATED, main
+
+    write = selector_events._SelectorSocketTransport.write
+    sent: list[bool] = []
+
+    def write_then_sigterm(self: selector_events._SelectorSocketTransport, data: bytes) -> None:
+        write(self, data)
+        if not sent and bytes(data[:1]) in (b"P", b"Q"):
+            sent.append(True)
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", dsn)
+    monkeypatch.setenv("ACKLINE_LOG_FORMAT", "text")
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    bound = threading.Timer(BOUND_S, signal.raise_signal, (signal.SIGTERM,))
+    bound.start()
+    try:
+        status = main(argv)
+    finally:
+        bound.cancel()
+    assert sent, "no statement was written"
+    assert status == EXIT_TERMINATED
+    assert signal.getsignal(signal.SIGTERM) == before  # the CLI's block put it back

@@ -356,3 +356,28 @@ def test_a_deferred_stop_is_raised_however_the_cancelled_call_ends() -> None:
     for call in (ends_in_oserror, last_step, cleans_up):
         _stop_raised_after_the_loop(call())
     assert cleaned == ["closed"]
+
+
+LOOPS_WITH_THEIR_OWN_SIGNALS = {
+    # each installs stop_signals, which stops at once after a stop that was lost before it
+    "ackline/runtime/__init__.py": 1,  # the worker
+    "ackline/demo.py": 1,  # the demo's worker
+    "ackline/commands/processors.py": 1,  # `processors run`
+}
+
+
+def test_a_command_runs_its_async_steps_so_that_a_stop_cannot_be_dropped() -> None:
+    """Under the CLI's terminate_as_exit a SIGTERM raises wherever the main thread is, and
+    raised inside asyncpg it was dropped (the command finished its work) or crashed the
+    interpreter at its next read (a segmentation fault); the integration test
+    test_a_sigterm_asyncpg_dropped_still_stops_a_one_shot_command shows both. So a
+    command's loop runs under run_stoppable, except the loops that take the signals over
+    themselves (listed above); a new ``asyncio.run`` in a command fails here."""
+    root = Path(cli.__file__).parent  # ackline/; its links to the top-level layers aside
+    own = [p for p in root.iterdir() if p.is_symlink()]
+    found = {
+        str(path.relative_to(root.parent)): path.read_text().count("asyncio.run(")
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "signals.py" and not any(path.is_relative_to(link) for link in own)
+    }
+    assert {k: v for k, v in found.items() if v} == LOOPS_WITH_THEIR_OWN_SIGNALS
