@@ -59,7 +59,10 @@ def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
     if args.batch_events < 1 or args.max_transactions < 1:
         raise AcklineError("--batch-events and --max-transactions must be at least 1")
     dsn = processor_dsn(settings, _operator_dsn(settings))
-    return asyncio.run(_process(args, settings, dsn, processors))
+    # before the loop that takes the signals over: a stop here must not be raised into
+    # asyncpg (core.signals.run_stoppable)
+    start = run_stoppable(_start_cursor(args, dsn, processors))
+    return asyncio.run(_process(args, settings, dsn, processors, start))
 
 
 async def _start_cursor(
@@ -90,7 +93,11 @@ async def _start_cursor(
 
 
 async def _process(
-    args: argparse.Namespace, settings: Settings, dsn: str, processors: list[Processor]
+    args: argparse.Namespace,
+    settings: Settings,
+    dsn: str,
+    processors: list[Processor],
+    start_at: Cursor | None,
 ) -> int:
     from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
@@ -99,7 +106,7 @@ async def _process(
     from ackline.sinks.feed.types import START
 
     instance = args.instance or settings.worker_id
-    start = await _start_cursor(args, dsn, processors) or START
+    start = start_at or START
     metrics = ProcessorMetrics()
     faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
     runners = [

@@ -468,6 +468,7 @@ def test_a_stopped_demo_stops_instead_of_verifying_half_an_ingest(
         ["roles", "show"],
         ["processors", "status"],
         ["tail", "--reader", "sigterm-reader", "--follow"],
+        ["process", "runs", "--from-now"],
     ],
     ids="-".join,
 )
