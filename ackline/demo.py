@@ -111,7 +111,7 @@ def demo(settings: Settings, events: int, keep: bool) -> int:
         )
         total = summary.committed_records
         print(f"== ingesting with `ackline run` (group {run_settings.group_id})", flush=True)
-        asyncio.run(_run_and_watch(run_settings, bootstrap, dsn, total))
+        run_stoppable(_run_and_watch(run_settings, bootstrap, dsn, total))
         print("== verifying against the manifest", flush=True)
         verdict = run_stoppable(verify(dsn, manifest, run_settings.group_id))
         print_summary(verdict)

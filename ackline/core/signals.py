@@ -100,7 +100,8 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
     callback never runs, is raised too. Signals whose handler does not raise (ignored in
     a teardown) are left alone, and so is a thread other than the main one. A SIGTERM the
     block's own code set to be ignored (:func:`ignore_sigterm`: a command that took the
-    signals over and is winding down) stays ignored after it."""
+    signals over and is winding down) stays ignored after it; a stop recorded before that
+    is raised all the same."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
