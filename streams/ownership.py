@@ -63,6 +63,7 @@ class _Owned:
     next_offset: int | None  # None: PostgreSQL has no offset for this partition yet
     taken: int | None = None
     rewound_below: int | None = None  # refuse records above this until one at or below it
+    refused: int | None = None  # the highest offset refused while suspended (it was fetched)
     suspended: bool = False  # fenced: records refused until taken back (or released)
     blocked: str | None = None  # why its records are refused for now (DB offset past the log end)
     retake_at: float = 0.0  # when a suspended partition may be claimed again
@@ -172,6 +173,9 @@ class Ledger:
             return Admit.STALE
         owned = self._owned.get(_tp(tp))
         if owned is None or not owned.consumed():
+            if owned is not None and owned.suspended:
+                # fetched all the same: a retake must refuse what came before its seek
+                owned.refused = offset if owned.refused is None else max(owned.refused, offset)
             return Admit.UNOWNED
         if owned.rewound_below is not None:
             if offset > owned.rewound_below:
@@ -257,17 +261,24 @@ class Ledger:
     def rewind(self, tp: TP, next_offset: int | None) -> Rewind:
         """Re-read owned ``tp`` from ``next_offset`` (the DB next offset just read).
 
-        Records above the highest offset taken so far are refused until the first one at
-        or below it arrives (the seek took effect). When ``next_offset`` is past everything
-        taken (another writer moved it), nothing fetched so far can be re-read: records
-        below it are refused as committed and no mark is needed.
+        Records above the highest offset fetched so far (taken, or refused while the
+        partition was suspended) are refused until the first one at or below it arrives
+        (the seek took effect). When ``next_offset`` is past everything fetched (another
+        writer moved it), nothing fetched so far can be re-read: records below it are
+        refused as committed and no mark is needed. Records refused while suspended count:
+        a late claimer may have committed past what this worker took but not past what it
+        fetched, and a record fetched before the seek, taken, would make the re-read ones
+        below it repeats (lost; a review found it in this ledger, the default runtime's
+        librdkafka drops what was fetched before a seek).
         """
         owned = self._owned[_tp(tp)]
         owned.next_offset = next_offset
-        taken, owned.taken = owned.taken, None
-        if taken is not None and (next_offset is None or next_offset <= taken):
+        fetched = [o for o in (owned.taken, owned.refused) if o is not None]
+        owned.taken = owned.refused = None
+        high = max(fetched, default=None)
+        if high is not None and (next_offset is None or next_offset <= high):
             owned.rewound_below = (
-                taken if owned.rewound_below is None else min(taken, owned.rewound_below)
+                high if owned.rewound_below is None else min(high, owned.rewound_below)
             )
         return Rewind(_tp(tp), next_offset)
 
