@@ -252,6 +252,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         faults=Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file),
         max_transactions=args.max_transactions,
         poll_interval=args.poll_interval,
+        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
     connect = _guarded(
         dsn,

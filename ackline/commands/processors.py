@@ -119,6 +119,7 @@ async def _process(
             batch_events=args.batch_events,
             poll_interval=args.poll_interval,
             start=start,
+            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
         )
         for p in processors
     ]

@@ -847,16 +847,22 @@ def test_a_processor_that_raises_stops_at_that_event_and_resumes_there_once_fixe
     assert shown["state"] == "ok" and shown["error"] is None
 
 
-def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str) -> None:
-    """An OSError raised by the processor's code (a missing file), not by the database
-    connection, is the processor's failure: it stops at that event instead of retrying
-    the batch for ever as if the database were away."""
-    spec = "tests.support.processors:LOST"
+def _with_poison(dsn: str, spec: str) -> tuple[list[Ev], Ev]:
+    """``spec``'s table set up, and ten steps written whose sixth is "poison"."""
     assert ackline(dsn, "processors", "setup", spec).code == 0
     events = steps_of("r1", 10)
     poison = events[5]
     poison.payload = {**poison.payload, "thought": "poison"}
     write(dsn, events, chunk=4)
+    return events, poison
+
+
+def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str) -> None:
+    """An OSError raised by the processor's code (a missing file), not by the database
+    connection, is the processor's failure: it stops at that event instead of retrying
+    the batch for ever as if the database were away."""
+    spec = "tests.support.processors:LOST"
+    events, poison = _with_poison(dsn, spec)
 
     broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=60)
     assert broken.code == 1, broken.err[-2000:]
@@ -865,6 +871,34 @@ def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str)
     assert report["error_event_id"] == str(poison.event_id)
     assert "FileNotFoundError: no model file for step 6" in report["error"]
     assert journal(dsn, "lost") == Counter(e.event_id for e in events[:5])
+
+
+def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str) -> None:
+    """A processor whose own code keeps its transaction idle past
+    idle_in_transaction_session_timeout (a slow lookup of its own): the server ends the
+    session, the next statement finds the connection closed, and that was taken for the
+    database going away: the same whole batch was retried for ever, its status ok. Found
+    by a review. Now the batch is the processor's failure when it held the transaction
+    longer than the bound and the database answers at once on a new connection: halved,
+    it stops at the event that dawdles, and the events before it are applied once."""
+    spec = "tests.support.processors:DAWDLER"
+    events, poison = _with_poison(dsn, spec)
+
+    broken = ackline(
+        dsn,
+        "process",
+        spec,
+        "--until-caught-up",
+        timeout=90,
+        ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS="300",
+        DAWDLE_S="1.5",
+    )
+    assert broken.code == 1, broken.err[-2000:]
+    report = broken.report("dawdler")
+    assert report["outcome"] == "failed", report
+    assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
+    assert "idle_in_transaction_session_timeout" in report["error"], report["error"]
+    assert journal(dsn, "dawdler") == Counter(e.event_id for e in events[:5])
 
 
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------

@@ -11,6 +11,7 @@ the test as the operator, or by ``ackline processors setup``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import asyncpg
@@ -81,9 +82,23 @@ class Lost(Journal):
         return await super().apply(conn, batch)
 
 
+class Dawdler(Journal):
+    """A journal whose own code waits, its transaction idle, on the step whose thought is
+    "poison" (``DAWDLE_S`` seconds: a slow lookup of its own), past the connection's
+    ``idle_in_transaction_session_timeout``: the server ends the session under it."""
+
+    name = "dawdler"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            await asyncio.sleep(float(os.environ.get("DAWDLE_S", "2")))
+        return await super().apply(conn, batch)
+
+
 JOURNAL = Journal()
 PICKY = Picky()
 LOST = Lost()
+DAWDLER = Dawdler()
 
 
 class Ops(Journal):

@@ -117,6 +117,12 @@ def fingerprint(feed_filter: Filter) -> str:
     )
 
 
+class IdleTooLongError(FeedError):
+    """A processor's own code held its batch's transaction idle past the connection's
+    ``idle_in_transaction_session_timeout``, and the server ended the session: the batch's
+    failure (the runner halves it), not the database going away."""
+
+
 class ProcessorError(FeedError):
     """A processor's ``apply`` raised (anything but a transient database error).
 

@@ -63,6 +63,7 @@ from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, follow
 from ackline.sinks.feed.processors import control
 from ackline.sinks.feed.processors.contract import (
+    IdleTooLongError,
     Processor,
     ProcessorBatch,
     ProcessorError,
@@ -145,8 +146,17 @@ class ProcessorRunner:
         batch_events: int = 5_000,
         poll_interval: float = 2.0,
         start: Cursor = START,
+        idle_in_transaction_timeout_ms: int | None = None,
     ) -> None:
         self.processor = processor
+        # the bound the connections are made with (connector()): a batch whose apply held
+        # its transaction longer may have been ended by the server for being idle
+        self._idle_bound_s = (
+            None
+            if idle_in_transaction_timeout_ms is None
+            else idle_in_transaction_timeout_ms / 1000
+        )
+        self._connect: Connect | None = None
         self.name = processor.name
         self.instance = instance
         self.metrics = metrics or ProcessorMetrics()
@@ -243,15 +253,48 @@ class ProcessorRunner:
         self._in_hand = work
         result = None
         if work.events:
+            began = time.monotonic()
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
-                if _database_went_away(exc, conn):
-                    raise
-                raise ProcessorError(self.name, exc) from exc
+                if not _database_went_away(exc, conn):
+                    raise ProcessorError(self.name, exc) from exc
+                if await self._held_idle_too_long(time.monotonic() - began, conn):
+                    raise ProcessorError(
+                        self.name,
+                        IdleTooLongError(
+                            f"the batch's transaction was held {time.monotonic() - began:.1f} s "
+                            "by the processor's own code and the server ended the session "
+                            "(idle_in_transaction_session_timeout "
+                            f"{self._idle_bound_s:g} s: ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS)"
+                            f", while the database answers: {_text(exc)}"
+                        ),
+                    ) from exc
+                raise
         await control.clear_failure(conn, self.name)
         await self._faults.ahit(FAULT_POINT)
         return result
+
+    async def _held_idle_too_long(self, held_s: float, conn: asyncpg.Connection) -> bool:
+        """Whether a closed connection under ``apply`` is the processor's doing: it held the
+        batch's transaction past the server's idle bound, and a new connection answers at
+        once (the database is there). Then the batch is halved like any failing one
+        instead of retried whole for ever, the server ending it each time. A batch whose
+        statements kept it busy that long and lost the database meanwhile is misread only
+        when the database answers again at once: then it is halved, not stopped."""
+        bound, connect = self._idle_bound_s, self._connect
+        if bound is None or connect is None or held_s < bound or not conn.is_closed():
+            return False
+        try:
+            async with asyncio.timeout(5):
+                probe = await connect()
+                try:
+                    await probe.fetchval("SELECT 1")
+                finally:
+                    await probe.close()
+        except Exception:
+            return False
+        return True
 
     async def _superseded_by(self, conn: asyncpg.Connection, exc: BaseException) -> Superseded:
         """The guard's refusal (0012's trigger on the cursor row: another filter is in
@@ -298,6 +341,7 @@ class ProcessorRunner:
     async def run(self, connect: Connect, stop: asyncio.Event, *, wait: bool = True) -> Report:
         """Apply batches until ``stop`` (or, ``wait`` False, until caught up or paused);
         stop at the first event that raises. Never raises for a processor's failure."""
+        self._connect = connect
         while True:
             self._in_hand = None
             try:
@@ -370,6 +414,9 @@ class ProcessorRunner:
                     if work is not None and len(work.events) == 1:
                         return Failure(exc.text, work.events[0].event_id, work.start)
                     size = max(1, size // 2)
+                    if conn.is_closed():  # the server ended it (IdleTooLongError)
+                        conn = await connect()
+                        await self.position(conn)
                     continue
                 self._committed(Committed(batch, result))
                 if batch.caught_up or batch.end.sort_key() >= end:
