@@ -631,12 +631,17 @@ class ActivityProducer:
         raise ProduceError(f"transaction aborted, nothing committed: {failed.str()}")
 
     def _commit(self, deadline: float) -> None:
-        """commit_transaction, again while it fails retriably and time is left."""
+        """commit_transaction, again while it fails retriably and time is left.
+
+        An outcome it cannot confirm leaves this instance unusable, as the asyncio SDK's:
+        the commit may still complete, so neither an abort nor a new transaction may be
+        asked of it (an abort said "nothing was committed", untrue here)."""
         producer = self.client
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+                self._broken = OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+                raise self._broken
             try:
                 producer.commit_transaction(left)
                 return
@@ -649,7 +654,8 @@ class ActivityProducer:
                     continue
                 if action == "abort":
                     raise _AbortRequired(err) from exc
-                raise settle(err, "commit_transaction") from exc
+                self._broken = settle(err, "commit_transaction")
+                raise self._broken from exc
 
     @contextmanager
     def _failures_as_outcome(self, what: str) -> Iterator[None]:

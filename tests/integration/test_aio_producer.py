@@ -133,6 +133,36 @@ def test_a_resend_after_an_uncertain_commit_is_ingested_once(
     assert worker.stop() == 0
 
 
+def test_a_sync_instance_whose_commit_was_not_confirmed_is_unusable(
+    services: Services, topic: str
+) -> None:
+    """The asyncio SDK's rule, and docs/producing.md's, in the synchronous SDK: after an
+    OutcomeUnknownError the instance is done. It was not marked so: a later abort() said
+    "nothing of the transaction was committed" (TransientProduceError), untrue for a commit
+    that may have gone through, and a new transaction failed on librdkafka's state. Found
+    by a review."""
+    sent = records()
+    first = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    first.start()
+    try:
+        with (
+            ExitStack() as thaw,
+            pytest.raises(OutcomeUnknownError) as unknown,
+            first.transaction(timeout=2.0),
+        ):
+            for record in sent:
+                first.send_record(record)
+            assert first.client.flush(30) == 0  # delivered, not committed
+            thaw.enter_context(frozen_broker(services))  # until the commit gave up
+        assert not isinstance(unknown.value, ProducerFencedError)
+        with pytest.raises(OutcomeUnknownError, match="unusable"):
+            first.abort(5)
+        with pytest.raises(OutcomeUnknownError, match="unusable"):
+            first.send_transaction(sent)
+    finally:
+        first.close()
+
+
 def test_a_call_after_close_says_the_instance_was_closed(services: Services, topic: str) -> None:
     """A call on a closed instance said "start() was not called", sending the user to look
     for a start that had run. Both SDKs now say the instance was closed; before start()
@@ -301,10 +331,11 @@ def test_a_fenced_synchronous_instance_refuses_a_new_transaction_with_the_sdks_e
     """Once librdkafka knows the instance is fenced (its commit failed so), its
     begin_transaction raises. The synchronous transaction() let that KafkaException out
     raw, where send_transaction and the asyncio producer map it; now it is the SDK's
-    ProducerFencedError, and the block does not run."""
+    ProducerFencedError, and the block does not run. Since the fenced commit also marks
+    the instance unusable (as the asyncio SDK's), the refusal names that and the fencing."""
     with (
         fenced_sync_zombie(services, topic, records()) as (zombie, _),
-        pytest.raises(ProducerFencedError, match="begin_transaction"),
+        pytest.raises(ProducerFencedError, match=r"unusable \(.*fenced"),
         zombie.transaction(timeout=30),
     ):
         pytest.fail("the block of a transaction that did not begin ran")
