@@ -97,6 +97,9 @@ def _start(runtime: str, logs: Path) -> Run:
     for name, value in MINIMUM.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKLINE_")}
+    # a crash of the interpreter (a signal such as SIGSEGV) leaves its Python stack in
+    # stderr: CI once saw a run end with neither a verdict nor a word
+    env["PYTHONFAULTHANDLER"] = "1"
     out, err = logs / f"{runtime}.out", logs / f"{runtime}.err"
     # Its own process group: on a timeout the harness *and* its workers are killed (a
     # killed harness alone left its workers running against a stopped stack). Output to
