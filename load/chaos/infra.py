@@ -26,6 +26,7 @@ a short method over them; its schedule and verdict are pure modules of their own
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -713,7 +714,7 @@ def readyz(port: int, timeout: float = 3.0) -> int | None:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-    except OSError:
+    except (OSError, http.client.HTTPException):  # HTTPException: a worker killed mid-answer
         return None
 
 

@@ -23,6 +23,7 @@ ackline's workers) and compares both with one manifest; the scenario reads top d
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -609,7 +610,7 @@ class _Connect:
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:
                 body = json.loads(resp.read())
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
             return None
         tasks = body.get("tasks") or []
         return str(tasks[0].get("state")) if tasks else None

@@ -8,6 +8,7 @@ poll conditions (a log line, a metric, a DB row).
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -237,7 +238,9 @@ def scrape_metric(port: int, name: str, timeout: float = 2.0) -> float | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             text = resp.read().decode()
-    except (OSError, urllib.error.URLError):
+    # HTTPException: a worker killed between its headers and its body (IncompleteRead)
+    # or its port taken by something else (BadStatusLine); neither is an OSError
+    except (OSError, urllib.error.URLError, http.client.HTTPException, UnicodeDecodeError):
         return None
     total = 0.0
     for line in text.splitlines():

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from ackline.core.faults import Faults, InjectedFault, parse
+from ackline.load.chaos.infra import readyz
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.plan import KILL_POINTS, plan
 from ackline.load.chaos.runs_check import RunsCheck
+from ackline.load.chaos.workers import FENCED_METRIC, scrape_metric
 from ackline.load.verify import Verdict
 
 SIZES = {"kills": 30, "stops": 3, "broker_restarts": 2, "pg_restarts": 2, "commit_faults": 10}
@@ -131,3 +135,42 @@ def test_processor_kills_leave_the_rest_of_a_schedule_as_it_was() -> None:
         if f.arm:
             ((point, armed),) = parse(f.arm).items()
             assert point == "processor_before_commit" and armed.action == "kill"
+
+
+def _serve_once(reply: bytes) -> tuple[int, threading.Thread]:
+    """A real HTTP peer on 127.0.0.1 that answers one request with ``reply`` and closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return port, thread
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # a worker dying between its headers and its body (SIGKILL, an armed kill)
+        b"HTTP/1.0 200 OK\r\nContent-Length: 500\r\n\r\nackline_fenced_batches_total 1\n",
+        b"garbage, not HTTP\r\n\r\n",  # not an OSError either: http.client.BadStatusLine
+    ],
+)
+def test_a_scrape_of_a_worker_that_answers_badly_is_no_answer(reply: bytes) -> None:
+    """The harness scrapes its workers' /metrics every few seconds, best effort. A peer
+    that broke off its answer raised http.client.IncompleteRead (not an OSError) out of
+    the scrape, which ended the chaos run with a traceback and no verdict; the infra
+    harness's /readyz probe had the same hole."""
+    port, thread = _serve_once(reply)
+    assert scrape_metric(port, FENCED_METRIC) is None
+    thread.join(5)
+    if reply.startswith(b"garbage"):  # readyz reads only the status line
+        port, thread = _serve_once(reply)
+        assert readyz(port) is None
+        thread.join(5)
