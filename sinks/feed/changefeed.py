@@ -17,7 +17,9 @@ The contract, in the database's terms:
   feed too, ordered by its own ``commit_xid``: it delivers one ``ackline.erased`` notice
   (``FeedEvent.erasure_id`` set, keys only) per event it erased, to every reader whatever
   its filter. A reader that had not yet read the erased events finds them missing from
-  their batch and meets the notice later; none ever reads erased content;
+  their batch and meets the notice before or after it (an erasure whose xid is older
+  than the batch's can delete the batch's rows once it has committed); none ever reads
+  erased content;
 * a named reader's cursor row (``feed_cursors``) is advanced by compare-and-set on its
   version, in the same transaction as the reader's side effects: both commit or neither,
   so a reader that keeps its side effects in PostgreSQL never sees a row twice. Two
