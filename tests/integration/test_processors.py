@@ -915,6 +915,33 @@ def _scrape(port: int) -> dict[str, float]:
     return found
 
 
+def test_the_lag_and_the_head_count_an_erasure(dsn: str) -> None:
+    """An erasure is a transaction of the feed (its notices, one per erased event). The
+    lag and the head looked at ingest_batches alone: a paused processor with an erasure
+    ahead of it showed a lag without the notices, and a processor moved to the head (or
+    started --from-now) after an erasure sat below it and was handed its notices, of
+    events from before its start. Found by a review."""
+    first = ackline(dsn, "process", "runs", "--until-caught-up")  # registers it
+    assert first.code == 0, first.err[-2000:]
+    assert ackline(dsn, "processors", "pause", "runs").code == 0
+    events = synthetic_runs(60, seed=5)
+    write(dsn, events)
+    agent = Counter(e.agent_id for e in events).most_common(1)[0][0]
+    erased = ackline(dsn, "erase", "--agent", agent, "--json")
+    assert erased.code == 0, erased.err[-2000:]
+    notices = int(json.loads(erased.out)["events"])
+    assert notices > 0
+    assert status(dsn, "runs")["lag_events"] == len(events) + notices
+
+    moved = ackline(dsn, "processors", "reset", "runs", "--to-now")
+    assert moved.code == 0, moved.err[-2000:]
+    assert status(dsn, "runs")["lag_events"] == 0
+    assert ackline(dsn, "processors", "resume", "runs").code == 0
+    after = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert after.code == 0, after.err[-2000:]
+    assert after.report("runs")["applied"] == 0, after.report("runs")
+
+
 def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:
     gone = ackline(dsn, "processors", "pause", "runs")
     assert gone.code == 2 and "no processor named 'runs'" in gone.err

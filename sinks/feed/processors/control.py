@@ -52,10 +52,12 @@ SELECT c.reader AS name, coalesce(l.events, 0) AS events,
 FROM feed_cursors AS c
 JOIN processors AS p ON p.name = c.reader
 LEFT JOIN LATERAL (
-    SELECT sum(b.inserted) AS events, min(b.committed_at) AS oldest
-    FROM ingest_batches AS b
-    WHERE b.commit_xid >= c.position
-      AND (b.commit_xid > c.position OR c.within_batch IS NOT NULL)
+    SELECT sum(t.events) AS events, min(t.at) AS oldest
+    FROM (SELECT b.commit_xid, b.inserted AS events, b.committed_at AS at FROM ingest_batches AS b
+          UNION ALL  -- an erasure is a transaction of the feed: one notice per erased event
+          SELECT e.commit_xid, e.events, e.erased_at FROM erasures AS e) AS t
+    WHERE t.commit_xid >= c.position
+      AND (t.commit_xid > c.position OR c.within_batch IS NOT NULL)
 ) AS l ON true
 WHERE c.reader = ANY($1::text[])
 """
@@ -98,10 +100,12 @@ SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.
 FROM processors AS p
 LEFT JOIN feed_cursors AS c ON c.reader = p.name
 LEFT JOIN LATERAL (
-    SELECT sum(b.inserted) AS events, min(b.committed_at) AS oldest
-    FROM ingest_batches AS b
-    WHERE c.reader IS NOT NULL AND b.commit_xid >= c.position
-      AND (b.commit_xid > c.position OR c.within_batch IS NOT NULL)
+    SELECT sum(t.events) AS events, min(t.at) AS oldest
+    FROM (SELECT b.commit_xid, b.inserted AS events, b.committed_at AS at FROM ingest_batches AS b
+          UNION ALL
+          SELECT e.commit_xid, e.events, e.erased_at FROM erasures AS e) AS t
+    WHERE c.reader IS NOT NULL AND t.commit_xid >= c.position
+      AND (t.commit_xid > c.position OR c.within_batch IS NOT NULL)
 ) AS l ON true
 WHERE $1::text[] IS NULL OR p.name = ANY($1::text[])
 ORDER BY p.name
@@ -112,9 +116,14 @@ UPDATE processors SET paused = $2, paused_at = CASE WHEN $2 THEN now() END WHERE
 """
 
 _HEAD = """
-SELECT coalesce(max(b.commit_xid), '0')::text AS head, pg_current_xact_id_if_assigned() AS own
-FROM ingest_batches AS b
-WHERE b.commit_xid < pg_snapshot_xmin(pg_current_snapshot())
+WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
+SELECT greatest(
+           (SELECT max(b.commit_xid) FROM ingest_batches AS b, h WHERE b.commit_xid < h.xmin),
+           -- erasures are transactions of the feed too
+           (SELECT max(e.commit_xid) FROM erasures AS e, h WHERE e.commit_xid < h.xmin),
+           '0'::xid8
+       )::text AS head,
+       pg_current_xact_id_if_assigned() AS own
 """
 
 _LOCK_CURSOR = "SELECT version FROM feed_cursors WHERE reader = $1 FOR UPDATE"
@@ -279,8 +288,9 @@ async def heartbeat(conn: asyncpg.Connection, names: list[str], instance: str) -
 
 @dataclass(frozen=True, slots=True)
 class Lag:
-    """Ingested events after a processor's cursor (a transaction it is inside of counts
-    whole), and the age of the oldest of their batches (0 when caught up)."""
+    """Ingested events and erasure notices after a processor's cursor (a transaction it is
+    inside of counts whole), and the age of the oldest of their transactions (0 when
+    caught up)."""
 
     name: str
     events: int
@@ -413,8 +423,8 @@ async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> None:
 
 
 async def head(conn: asyncpg.Connection) -> Cursor:
-    """The cursor just past every batch readable now: a processor started here sees only
-    what commits later. One statement, read before the transaction holds an xid."""
+    """The cursor just past every batch and erasure readable now: a processor started here
+    sees only what commits later. One statement, read before the transaction holds an xid."""
     r = await conn.fetchrow(_HEAD)
     if r is None or r["own"] is not None:
         raise FeedError("the feed head was read in a transaction that holds an xid")

@@ -41,7 +41,7 @@ class ProcessorMetrics:
         )
         self.lag_events = Gauge(
             "ackline_processor_lag_events",
-            "Ingested events after the processor's cursor",
+            "Ingested events and erasure notices after the processor's cursor",
             label,
             registry=r,
         )
