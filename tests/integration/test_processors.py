@@ -49,7 +49,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
 from ackline.sinks.feed.follow import follow
 from ackline.sinks.feed.processors.contract import ProcessorBatch
-from ackline.sinks.feed.processors.control import Superseded, take_over
+from ackline.sinks.feed.processors.control import Superseded, record_failure, take_over
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report, run_all
 from ackline.sinks.feed.processors.runs import RUNS
@@ -913,6 +913,31 @@ def _scrape(port: int) -> dict[str, float]:
             head, _, value = line.rpartition(" ")
             found[head] = float(value)
     return found
+
+
+def test_a_late_failure_record_does_not_mark_a_processor_that_moved_on(dsn: str) -> None:
+    """An instance that stopped at an event records where, after its batch rolled back and
+    with retries. Another instance (a rolling deploy of the fix) may have committed past
+    that event meanwhile, clearing the failure; the late record then set it again and
+    `processors status` showed a moving processor as failed until its next batch (for
+    good on a quiet feed). Found by a review."""
+    first = ackline(dsn, "process", "runs", "--until-caught-up")  # registers it
+    assert first.code == 0, first.err[-2000:]
+    write(dsn, synthetic_runs(40, seed=7))
+    moved = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert moved.code == 0 and moved.report("runs")["applied"] > 0, moved.err[-2000:]
+    now = cursor_of(dsn, "runs")
+    assert now is not None and now != START
+
+    def fail_at(cursor: Cursor) -> Awaitable[None]:
+        return with_conn(
+            dsn, lambda c: record_failure(c, "runs", "boom", uuid.uuid4(), cursor, "old-instance")
+        )
+
+    run(fail_at(START))  # where the old instance's batch began: long passed
+    assert status(dsn, "runs")["state"] != "failed", status(dsn, "runs")
+    run(fail_at(now))  # where the cursor is: a failure of now
+    assert status(dsn, "runs")["state"] == "failed", status(dsn, "runs")
 
 
 def test_the_lag_and_the_head_count_an_erasure(dsn: str) -> None:

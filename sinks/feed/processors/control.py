@@ -40,6 +40,16 @@ _FAILED = """
 UPDATE processors
 SET failed_at = now(), error = $2, error_event_id = $3, error_cursor = $4, last_instance = $5
 WHERE name = $1
+  -- only while the cursor is still where the failed batch began (or none was ever saved):
+  -- an instance that committed past it meanwhile has already cleared the failure
+  AND ($6::xid8 IS NULL
+       OR NOT EXISTS (SELECT 1 FROM feed_cursors AS c WHERE c.reader = $1)
+       OR EXISTS (SELECT 1 FROM feed_cursors AS c
+                  WHERE c.reader = $1 AND c.position = $6::xid8
+                    AND c.within_batch IS NOT DISTINCT FROM $7::bigint
+                    AND c.within_partition IS NOT DISTINCT FROM $8::int
+                    AND c.within_offset IS NOT DISTINCT FROM $9::bigint
+                    AND c.within_topic IS NOT DISTINCT FROM $10::text))
 """
 
 _HEARTBEAT = """
@@ -271,7 +281,11 @@ async def record_failure(
     cursor: Cursor | None,
     instance: str,
 ) -> None:
-    """Autocommitted, after the failed batch rolled back: where the processor stopped."""
+    """Autocommitted, after the failed batch rolled back: where the processor stopped.
+    Nothing is recorded when the saved cursor is no longer ``cursor``: another instance
+    committed past the failure while this one stopped (a rolling deploy of a fix), and a
+    late record would show a processor that is moving as failed."""
+    w = None if cursor is None else cursor.within
     await conn.execute(
         _FAILED,
         name,
@@ -279,6 +293,8 @@ async def record_failure(
         event_id,
         None if cursor is None else cursor.encode(),
         instance,
+        None if cursor is None else cursor.xid,
+        *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
     )
 
 
