@@ -49,7 +49,12 @@ from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
 from ackline.sinks.feed.follow import follow
 from ackline.sinks.feed.processors.contract import ProcessorBatch
-from ackline.sinks.feed.processors.control import Superseded, record_failure, take_over
+from ackline.sinks.feed.processors.control import (
+    Superseded,
+    record_failure,
+    set_paused,
+    take_over,
+)
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report, run_all
 from ackline.sinks.feed.processors.runs import RUNS
@@ -69,7 +74,7 @@ from tests.integration.processing import (
     copy_ingest,
     synthetic_runs,
 )
-from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2
+from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2, Picky
 
 RUN_COLUMNS = ", ".join(RunRow.__dataclass_fields__)
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -855,6 +860,34 @@ def _with_poison(dsn: str, spec: str) -> tuple[list[Ev], Ev]:
     poison.payload = {**poison.payload, "thought": "poison"}
     write(dsn, events, chunk=4)
     return events, poison
+
+
+def test_a_pause_while_a_failing_batch_is_narrowed_down_is_kept(dsn: str) -> None:
+    """An operator pauses a processor whose batch just failed (to look before it goes
+    on). The re-reads that narrow the failure down to one event did not look at the
+    flag: they went on applying the events before the poison, past the pause. Each
+    re-read now checks it, as every other batch does. Found by a review."""
+    events, poison = _with_poison(dsn, "tests.support.processors:PICKY")
+    assert poison in events
+
+    class Pausing(Picky):
+        """Picky, whose first failing batch is paused by the operator as it fails."""
+
+        paused = False
+
+        async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+            if not self.paused and len(batch.events) > 1:
+                self.paused = True
+                await with_conn(dsn, lambda c: set_paused(c, "picky", True))
+            return await super().apply(conn, batch)
+
+    runner = ProcessorRunner(Pausing(), instance="pausing", poll_interval=0.2)
+    report = run(
+        runner.run(connector(with_user(dsn, PROCESSOR), "pausing"), asyncio.Event(), wait=False)
+    )
+    assert (report.outcome, report.applied) == (Outcome.PAUSED, 0), report
+    assert journal(dsn, "picky") == Counter()
+    assert status(dsn, "picky")["state"] == "paused"
 
 
 def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str) -> None:

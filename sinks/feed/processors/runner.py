@@ -398,7 +398,9 @@ class ProcessorRunner:
     ) -> Failure | None:
         """Re-read from the cursor in batches of half the failed one's size, halving on
         every failure and committing every batch that goes through, until one event
-        alone raises (returned) or the failed batch's end is passed (None)."""
+        alone raises (returned) or the failed batch's end is passed (None). Each re-read
+        checks the paused flag, as every batch does (:meth:`next_batch`): paused, it
+        returns None, and the run waits or reports the pause."""
         size = max(1, len(failed.events) // 2)
         end = failed.end.sort_key()
         conn = await connect()
@@ -406,7 +408,7 @@ class ProcessorRunner:
             await self.position(conn)
             while not stop.is_set():
                 try:
-                    async with self._guarded_batch(conn, size) as batch:
+                    async with self.next_batch(conn, size) as batch:
                         result = await self._handle(conn, batch)
                 except ProcessorError as exc:
                     work = self._in_hand
