@@ -66,6 +66,7 @@ from ackline.streams.producer import (
     send_refused,
     settle,
     start_failed,
+    started_twice,
     transactional_config,
     txn_action,
     unheld,
@@ -149,7 +150,11 @@ class AsyncActivityProducer:
         A transaction an older instance left open is finished by the broker first
         (committed if its commit had begun, aborted otherwise), so after start() the
         earlier attempt's outcome is settled and a resend of the same records is safe.
+        A second start() on an open instance raises :class:`ProduceError` and leaves it
+        as it was.
         """
+        if self._aio is not None:
+            raise started_twice("AsyncActivityProducer")
         executor = concurrent.futures.ThreadPoolExecutor(
             self._threads, thread_name_prefix=f"ackline-producer-{self.transactional_id}"
         )

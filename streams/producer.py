@@ -329,6 +329,13 @@ def not_open(sdk: str, closed: bool) -> ProduceError:
     return ProduceError(f"{sdk}.start() was not called, or did not succeed")
 
 
+def started_twice(sdk: str) -> ProduceError:
+    """The error of a second start() on an open instance: a second client would replace
+    the first, which nothing could close any more (its threads and connections, and a
+    transaction it had open). Pure."""
+    return ProduceError(f"{sdk}.start() was already called; close() it first, or make a new one")
+
+
 def unheld(exc: BaseException) -> None:
     """Drop the traceback of a SystemError out of confluent-kafka's client (both SDKs catch
     them), keeping its text as a note.
@@ -486,8 +493,11 @@ class ActivityProducer:
         """Connect and fence older producers with the same transactional.id.
 
         A transaction an older instance left open is finished by the broker first
-        (committed if its commit had begun, aborted otherwise).
+        (committed if its commit had begun, aborted otherwise). A second start() on an
+        open instance raises :class:`ProduceError` and leaves it as it was.
         """
+        if self._producer is not None:
+            raise started_twice("ActivityProducer")
         producer = Producer(self._conf)
         try:
             producer.init_transactions(timeout)

@@ -163,6 +163,39 @@ def test_a_sync_instance_whose_commit_was_not_confirmed_is_unusable(
         first.close()
 
 
+def test_a_second_start_is_refused_and_leaks_no_client(services: Services, topic: str) -> None:
+    """A second start() on an open instance made a second client and dropped the first
+    where nothing could close it (its librdkafka threads and connections lived until a
+    collection). Both SDKs now refuse it; the instance goes on with its first client."""
+    sent = records()
+    before = _live_clients()
+    sync = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    sync.start()
+    try:
+        with pytest.raises(ProduceError, match=r"start\(\) was already called"):
+            sync.start()
+        assert len(_new_clients(before)) == 1
+        sync.send_transaction(sent[:2])
+    finally:
+        sync.close()
+
+    async def go() -> int:
+        aio = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        await aio.start()
+        try:
+            with pytest.raises(ProduceError, match=r"start\(\) was already called"):
+                await aio.start()
+            alive = len(_new_clients(before))
+            await aio.send_transaction(sent[2:])
+            return alive
+        finally:
+            await aio.close()
+
+    assert asyncio.run(go()) == 1
+    assert _new_clients(before) == []
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
+
+
 def test_a_call_after_close_says_the_instance_was_closed(services: Services, topic: str) -> None:
     """A call on a closed instance said "start() was not called", sending the user to look
     for a start that had run. Both SDKs now say the instance was closed; before start()
