@@ -44,12 +44,14 @@ WHERE name = $1
   -- an instance that committed past it meanwhile has already cleared the failure
   AND ($6::xid8 IS NULL
        OR NOT EXISTS (SELECT 1 FROM feed_cursors AS c WHERE c.reader = $1)
+       -- FOR SHARE: a batch moving the cursor is waited for, and its new cursor checked
        OR EXISTS (SELECT 1 FROM feed_cursors AS c
                   WHERE c.reader = $1 AND c.position = $6::xid8
                     AND c.within_batch IS NOT DISTINCT FROM $7::bigint
                     AND c.within_partition IS NOT DISTINCT FROM $8::int
                     AND c.within_offset IS NOT DISTINCT FROM $9::bigint
-                    AND c.within_topic IS NOT DISTINCT FROM $10::text))
+                    AND c.within_topic IS NOT DISTINCT FROM $10::text
+                  FOR SHARE))
 """
 
 _HEARTBEAT = """
@@ -126,11 +128,13 @@ UPDATE processors SET paused = $2, paused_at = CASE WHEN $2 THEN now() END WHERE
 """
 
 _HEAD = """
-WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
 SELECT greatest(
-           (SELECT max(b.commit_xid) FROM ingest_batches AS b, h WHERE b.commit_xid < h.xmin),
+           -- one table each, so that the planner answers max() from the commit_xid index
+           (SELECT max(b.commit_xid) FROM ingest_batches AS b
+            WHERE b.commit_xid < pg_snapshot_xmin(pg_current_snapshot())),
            -- erasures are transactions of the feed too
-           (SELECT max(e.commit_xid) FROM erasures AS e, h WHERE e.commit_xid < h.xmin),
+           (SELECT max(e.commit_xid) FROM erasures AS e
+            WHERE e.commit_xid < pg_snapshot_xmin(pg_current_snapshot())),
            '0'::xid8
        )::text AS head,
        pg_current_xact_id_if_assigned() AS own
