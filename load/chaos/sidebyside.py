@@ -630,7 +630,7 @@ class _Connect:
                 self.notes.append(
                     "its task FAILED after the failover; restarted through the REST API"
                 )
-            except (OSError, urllib.error.URLError) as exc:
+            except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
                 self.notes.append(f"its task FAILED and could not be restarted: {exc}")
 
     def wait_drained(self, pg: Pg, timeout: float) -> None:

@@ -237,11 +237,17 @@ def scrape_metric(port: int, name: str, timeout: float = 2.0) -> float | None:
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            text = resp.read().decode()
+            return metric_total(resp.read().decode(), name)
     # HTTPException: a worker killed between its headers and its body (IncompleteRead)
-    # or its port taken by something else (BadStatusLine); neither is an OSError
-    except (OSError, urllib.error.URLError, http.client.HTTPException, UnicodeDecodeError):
+    # or its port taken by something else (BadStatusLine); neither is an OSError.
+    # ValueError: a body that is not UTF-8, or a sample that is not a number.
+    except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError):
         return None
+
+
+def metric_total(text: str, name: str) -> float:
+    """The sum of metric ``name``'s samples in a Prometheus text exposition (ValueError
+    for a sample that is not a number). Pure."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):

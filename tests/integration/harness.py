@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ackline.dev.ports import pick_free_port
+from ackline.load.chaos.workers import metric_total
 from ackline.sinks.admin.migrate import load_migrations, migrate
 
 T = TypeVar("T")
@@ -172,14 +173,7 @@ class Worker:
         """Sum of a metric's samples scraped from the worker's /metrics."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                head, _, value = line.rpartition(" ")
-                if head.split("{")[0] == name:
-                    total += float(value)
-        return total
+            return metric_total(resp.read().decode(), name)
 
     def reap(self) -> int:
         """Wait for a process that ends by itself (an armed kill); return its status."""

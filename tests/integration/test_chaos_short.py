@@ -14,6 +14,7 @@ reproduced with `ackline chaos --runtime R --seed N` and the same options.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,10 +39,18 @@ def test_short_chaos_run_is_exactly_once(
     try:
         run.proc.wait(timeout=run.left_s())
     except subprocess.TimeoutExpired:
+        # SIGABRT first: the harness's faulthandler writes where each thread is to stderr
+        os.kill(run.proc.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.proc.wait(timeout=2)
         os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
-        tail = run.stdout.read_text(errors="replace")[-5000:]
-        pytest.fail(f"chaos run (seed {seed}) did not finish in {RUN_LIMIT_S:g} s:\n{tail}")
+        tail = run.stdout.read_text(errors="replace")[-4000:]
+        err = run.stderr.read_text(errors="replace")[-6000:]
+        pytest.fail(
+            f"chaos run (seed {seed}) did not finish in {RUN_LIMIT_S:g} s:\n{tail}\n"
+            f"--- stderr:\n{err}"
+        )
     finally:
         end(run)
     proc = run.proc
@@ -52,8 +61,8 @@ def test_short_chaos_run_is_exactly_once(
     if not lines or not lines[-1].startswith("{"):
         # ended before its verdict: how it ended is all there is to go on (CI's stack is gone)
         pytest.fail(
-            f"chaos run (seed {seed}) exited {proc.returncode} without a verdict "
-            f"(negative: killed by that signal)\n--- stdout:\n{stdout[-4000:]}\n"
+            f"chaos run (seed {seed}) exited {_status(proc.returncode)} without a verdict"
+            f"\n--- stdout:\n{stdout[-4000:]}\n"
             f"--- stderr:\n{stderr[-6000:]}"
         )
     verdict = json.loads(lines[-1])
@@ -67,3 +76,10 @@ def test_short_chaos_run_is_exactly_once(
     for name, value in MINIMUM.items():
         assert verdict[name] >= value, output
     assert verdict["runs_mismatch"] == 0 and verdict["runs"] > 0, output
+
+
+def _status(code: int) -> str:
+    """An exit status as a reader wants it: a signal named (Popen gives -N for it)."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"with status {code}"

@@ -160,6 +160,7 @@ def _serve_once(reply: bytes) -> tuple[int, threading.Thread]:
         # a worker dying between its headers and its body (SIGKILL, an armed kill)
         b"HTTP/1.0 200 OK\r\nContent-Length: 500\r\n\r\nackline_fenced_batches_total 1\n",
         b"garbage, not HTTP\r\n\r\n",  # not an OSError either: http.client.BadStatusLine
+        b"HTTP/1.0 200 OK\r\nContent-Length: 34\r\n\r\nackline_fenced_batches_total 1.2.3\n",
     ],
 )
 def test_a_scrape_of_a_worker_that_answers_badly_is_no_answer(reply: bytes) -> None:
