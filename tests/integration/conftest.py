@@ -107,8 +107,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     chaos tests go last: their runs start with the first integration test and overlap
     everything else (chaos_runs).
 
-    First (tryfirst): xdist's worker reads the ``xdist_group`` marks in its own
-    modifyitems hook, which ran before this one, and no group ever held. Every grouped
+    First (tryfirst): when this directory is named on the command line, this conftest is
+    registered before xdist's worker plugin and its hook ran after the worker had read
+    the ``xdist_group`` marks (under `make test` it already ran first). Every grouped
     test checks that it was grouped (:func:`_grouped_as_marked`)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         items.sort(key=is_chaos_short)  # stable: the others keep their order
@@ -121,11 +122,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _grouped_as_marked(request: pytest.FixtureRequest) -> None:
     """A test given an ``xdist_group`` must have been scheduled with its group: xdist marks
-    that in the test's id (``...@group``). The groups silently did nothing for two reasons:
-    the mark was added after xdist had read the marks (see pytest_collection_modifyitems),
-    and pytest 9.2 ignores the id xdist rewrites (pytest-xdist issue 1386; pytest is held
-    below 9.2 in pyproject.toml). Two workers then ran the two short chaos tests, and each
-    started both runtimes' runs: four chaos stacks at once beside the suite."""
+    that in the test's id (``...@group``). The groups silently did nothing: pytest 9.2
+    ignores the id xdist rewrites (pytest-xdist issue 1386; pytest is held below 9.2 in
+    pyproject.toml), and with ``tests/integration`` named on the command line the marks
+    also came after xdist had read them (see pytest_collection_modifyitems). Two workers
+    then ran the two short chaos tests, and each started both runtimes' runs: four chaos
+    stacks at once beside the suite."""
     mark = request.node.get_closest_marker("xdist_group")
     if not getattr(request.config.option, "loadgroup", False) or mark is None:
         return
