@@ -150,9 +150,12 @@ class AsyncActivityProducer:
         A transaction an older instance left open is finished by the broker first
         (committed if its commit had begun, aborted otherwise), so after start() the
         earlier attempt's outcome is settled and a resend of the same records is safe.
-        A second start() on an open instance raises :class:`ProduceError` and leaves it
-        as it was.
+        A second start() on an open instance, or a start() after close() (a failed
+        start() closes it), raises :class:`ProduceError` and changes nothing: an instance
+        starts once.
         """
+        if self._closed:
+            raise not_open("AsyncActivityProducer", closed=True)
         if self._aio is not None:
             raise started_twice("AsyncActivityProducer")
         executor = concurrent.futures.ThreadPoolExecutor(

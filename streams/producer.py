@@ -333,7 +333,7 @@ def started_twice(sdk: str) -> ProduceError:
     """The error of a second start() on an open instance: a second client would replace
     the first, which nothing could close any more (its threads and connections, and a
     transaction it had open). Pure."""
-    return ProduceError(f"{sdk}.start() was already called; close() it first, or make a new one")
+    return ProduceError(f"{sdk}.start() was already called; a new instance starts another client")
 
 
 def unheld(exc: BaseException) -> None:
@@ -494,8 +494,12 @@ class ActivityProducer:
 
         A transaction an older instance left open is finished by the broker first
         (committed if its commit had begun, aborted otherwise). A second start() on an
-        open instance raises :class:`ProduceError` and leaves it as it was.
+        open instance, or a start() after close(), raises :class:`ProduceError` and
+        changes nothing: an instance starts once (a closed one may have been marked
+        unusable, which a new client would not undo).
         """
+        if self._closed:
+            raise not_open("ActivityProducer", closed=True)
         if self._producer is not None:
             raise started_twice("ActivityProducer")
         producer = Producer(self._conf)
@@ -655,8 +659,13 @@ class ActivityProducer:
             try:
                 producer.commit_transaction(left)
                 return
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
+            except (KafkaException, SystemError) as exc:
+                unheld(exc)
+                found = kafka_error(exc)
+                if found is None:  # a SystemError with no error behind it: unknown
+                    self._broken = OutcomeUnknownError(f"commit_transaction failed: {exc!r}")
+                    raise self._broken from exc
+                err: KafkaError = found
                 action = txn_action(err)
                 if action == "retry":
                     log.warning("commit_transaction retriable error, retrying: %s", err)
@@ -669,10 +678,19 @@ class ActivityProducer:
 
     @contextmanager
     def _failures_as_outcome(self, what: str) -> Iterator[None]:
+        """A begin_transaction's failure as the SDK's error; fenced or fatal, it leaves the
+        instance unusable, as the asyncio SDK's."""
         try:
             yield
-        except KafkaException as exc:
-            raise settle(exc.args[0], what) from exc
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            err = kafka_error(exc)
+            if err is None:
+                raise ProduceError(f"{what} failed: {exc!r}") from exc
+            settled = settle(err, what)
+            if txn_action(err) in ("fenced", "fatal"):
+                self._broken = settled
+            raise settled from exc
 
     def abort(self, timeout: float = 60.0) -> None:
         """Abort the open transaction, whose commit was not requested: none of its records

@@ -166,7 +166,9 @@ def test_a_sync_instance_whose_commit_was_not_confirmed_is_unusable(
 def test_a_second_start_is_refused_and_leaks_no_client(services: Services, topic: str) -> None:
     """A second start() on an open instance made a second client and dropped the first
     where nothing could close it (its librdkafka threads and connections lived until a
-    collection). Both SDKs now refuse it; the instance goes on with its first client."""
+    collection). Both SDKs now refuse it; the instance goes on with its first client. A
+    start() after close() is refused too: an instance starts once (a closed one may have
+    been marked unusable, which a new client did not undo)."""
     sent = records()
     before = _live_clients()
     sync = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
@@ -178,6 +180,8 @@ def test_a_second_start_is_refused_and_leaks_no_client(services: Services, topic
         sync.send_transaction(sent[:2])
     finally:
         sync.close()
+    with pytest.raises(ProduceError, match="was closed"):
+        sync.start()
 
     async def go() -> int:
         aio = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
@@ -187,9 +191,11 @@ def test_a_second_start_is_refused_and_leaks_no_client(services: Services, topic
                 await aio.start()
             alive = len(_new_clients(before))
             await aio.send_transaction(sent[2:])
-            return alive
         finally:
             await aio.close()
+        with pytest.raises(ProduceError, match="was closed"):
+            await aio.start()
+        return alive
 
     assert asyncio.run(go()) == 1
     assert _new_clients(before) == []
