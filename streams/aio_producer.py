@@ -69,6 +69,7 @@ from ackline.streams.producer import (
     started_twice,
     transactional_config,
     txn_action,
+    unexplained,
     unheld,
     warn_dropped,
 )
@@ -367,9 +368,11 @@ class AsyncActivityProducer:
         except (KafkaException, SystemError) as exc:
             unheld(exc)
             err = kafka_error(exc)
-            if err is None:
-                raise
-            self._broken = abort_failed(err)
+            self._broken = (
+                unexplained(exc, "abort_transaction", asked=False)
+                if err is None
+                else abort_failed(err)
+            )
             raise self._broken from exc
 
     async def close(self, timeout: float = 30.0) -> None:
@@ -516,8 +519,9 @@ class AsyncActivityProducer:
             except (KafkaException, SystemError) as exc:
                 unheld(exc)
                 err = kafka_error(exc)
-                if err is None:
-                    raise
+                if err is None:  # a SystemError with no error behind it
+                    self._broken = unexplained(exc, "commit_transaction", asked)
+                    raise self._broken from exc
                 action = txn_action(err)
                 if action == "retry":
                     log.warning("commit_transaction retriable error, retrying: %s", err)

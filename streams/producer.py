@@ -235,6 +235,19 @@ def abort_failed(err: KafkaError) -> ProduceError:
     )
 
 
+def unexplained(exc: BaseException, what: str, asked: bool) -> ProduceError:
+    """The error for a transactional call that failed with no KafkaError behind it (a
+    SystemError confluent-kafka raised from a delivery report served inside the call):
+    after a commit was requested its outcome is unknown; before, nothing was committed.
+    Either way the instance is unusable. Pure."""
+    if asked:
+        return OutcomeUnknownError(f"{what} failed, outcome unknown: {exc!r}")
+    return TransientProduceError(
+        f"{what} failed ({exc!r}), no commit asked for: nothing of the transaction was "
+        "committed; close this instance, then send the same records again from a new one"
+    )
+
+
 def failure_causes(errors: Sequence[KafkaError]) -> list[KafkaError]:
     """The delivery errors among ``errors`` that can have failed the transaction (not the
     refusals and purges that follow; judged as refusals, they made a broker's absence look
@@ -496,7 +509,8 @@ class ActivityProducer:
         (committed if its commit had begun, aborted otherwise). A second start() on an
         open instance, or a start() after close(), raises :class:`ProduceError` and
         changes nothing: an instance starts once (a closed one may have been marked
-        unusable, which a new client would not undo).
+        unusable, which a new client would not undo). A start() that fails leaves it
+        closed, as the asyncio SDK's.
         """
         if self._closed:
             raise not_open("ActivityProducer", closed=True)
@@ -505,8 +519,13 @@ class ActivityProducer:
         producer = Producer(self._conf)
         try:
             producer.init_transactions(timeout)
-        except KafkaException as exc:
-            raise start_failed(exc.args[0]) from exc
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            self._closed = True
+            err = kafka_error(exc)
+            if err is None:
+                raise ProduceError(f"cannot initialise transactions: {exc!r}") from exc
+            raise start_failed(err) from exc
         self._producer = producer
 
     @property
@@ -662,8 +681,8 @@ class ActivityProducer:
             except (KafkaException, SystemError) as exc:
                 unheld(exc)
                 found = kafka_error(exc)
-                if found is None:  # a SystemError with no error behind it: unknown
-                    self._broken = OutcomeUnknownError(f"commit_transaction failed: {exc!r}")
+                if found is None:  # a SystemError with no error behind it
+                    self._broken = unexplained(exc, "commit_transaction", asked=True)
                     raise self._broken from exc
                 err: KafkaError = found
                 action = txn_action(err)
@@ -702,8 +721,13 @@ class ActivityProducer:
         leaves nothing visible."""
         try:
             self.client.abort_transaction(timeout)
-        except KafkaException as exc:
-            self._broken = abort_failed(exc.args[0])
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            err = kafka_error(exc)
+            if err is None:
+                self._broken = unexplained(exc, "abort_transaction", asked=False)
+            else:
+                self._broken = abort_failed(err)
             raise self._broken from exc
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:

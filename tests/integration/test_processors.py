@@ -975,7 +975,9 @@ def test_a_late_failure_record_does_not_mark_a_processor_that_moved_on(dsn: str)
         record waits for it, and finds the cursor moved."""
         mover = await asyncpg.connect(dsn)
         watch = await asyncpg.connect(dsn)
-        late = await asyncpg.connect(dsn, server_settings={"application_name": "late-record"})
+        late = await asyncpg.connect(  # as the processor's own role (privileges, RLS)
+            with_user(dsn, PROCESSOR), server_settings={"application_name": "late-record"}
+        )
         try:
             batch = mover.transaction()
             await batch.start()
