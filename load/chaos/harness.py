@@ -59,7 +59,13 @@ from ackline.load.chaos.pacing import Pacer
 from ackline.load.chaos.plan import Fault, plan
 from ackline.load.chaos.probe import OffsetWatch, Pg
 from ackline.load.chaos.runs_check import RunsCheck, check_runs_at
-from ackline.load.chaos.workers import FENCED_LINE, Incarnation, WorkerPool, wait_for
+from ackline.load.chaos.workers import (
+    FENCED_LINE,
+    Incarnation,
+    WorkerPool,
+    production_failed,
+    wait_for,
+)
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
 from ackline.load.manifest import read_manifest
@@ -379,7 +385,7 @@ class _Run:
             self._last_scrape = now
             pool.scrape_all()
         if self.producer is not None and self.producer.poll() not in (None, 0):
-            raise ChaosError(f"production failed: see {self.run_dir / 'produce.log'}")
+            raise ChaosError(production_failed(self.run_dir / "produce.log"))
 
     def _reap_processors(self) -> None:
         """A processor that ended by itself is counted and restarted (unarmed)."""
@@ -443,7 +449,7 @@ class _Run:
         from ackline.streams.kafkainfo import topic_offsets
 
         if self.producer is not None and self.producer.poll() not in (None, 0):
-            raise ChaosError(f"production failed: see {self.run_dir / 'produce.log'}")
+            raise ChaosError(production_failed(self.run_dir / "produce.log"))
         try:
             found = topic_offsets(self.bootstrap, {}, self.name, self.name, timeout=5)
         except KafkaUnavailableError:

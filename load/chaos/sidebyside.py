@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ackline.core.signals import ignore_sigterm, run_stoppable, terminate_as_exit
 from ackline.load.chaos.probe import Pg
-from ackline.load.chaos.workers import WorkerPool, wait_for
+from ackline.load.chaos.workers import WorkerPool, production_failed, wait_for
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs
 from ackline.load.manifest import read_manifest
@@ -245,7 +245,7 @@ class _SideBySideRun:
 
         def halfway() -> bool:
             if self._production_failed():
-                raise LoadError(f"production failed: see {self.run_dir / 'produce.log'}")
+                raise LoadError(production_failed(self.run_dir / "produce.log"))
             return min(share(a_pg, _A_ROWS), share(c_pg, _C_ROWS)) >= 0.4
 
         if not wait_for(halfway, 3600):
@@ -258,7 +258,7 @@ class _SideBySideRun:
         if not wait_for(lambda: producer.poll() is not None, 3600, connect.tick):
             raise LoadError("production did not finish")
         if producer.returncode != 0:
-            raise LoadError(f"production failed: see {self.run_dir / 'produce.log'}")
+            raise LoadError(production_failed(self.run_dir / "produce.log"))
         copier.finish()
         last = expected_outcome(read_manifest(self.manifest).records).max_offsets
 

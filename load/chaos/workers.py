@@ -232,6 +232,17 @@ class WorkerPool:
         return codes
 
 
+def production_failed(log: Path, lines: int = 15) -> str:
+    """Why a chaos run stops when its producer child failed: the log's path and its last
+    ``lines`` lines, for the run's own output is all a CI run keeps (its state directory
+    goes with its stack)."""
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        tail = [f"(cannot read it: {exc})"]
+    return f"production failed: see {log}; its last lines:\n" + "\n".join(tail)
+
+
 def scrape_metric(port: int, name: str, timeout: float = 2.0) -> float | None:
     """The sum of a metric's samples on 127.0.0.1:port/metrics, None if unreachable."""
     url = f"http://127.0.0.1:{port}/metrics"

@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from ackline.load.chaos.infra import readyz
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.plan import KILL_POINTS, plan
 from ackline.load.chaos.runs_check import RunsCheck
-from ackline.load.chaos.workers import FENCED_METRIC, scrape_metric
+from ackline.load.chaos.workers import FENCED_METRIC, production_failed, scrape_metric
 from ackline.load.verify import Verdict
 
 SIZES = {"kills": 30, "stops": 3, "broker_restarts": 2, "pg_restarts": 2, "commit_faults": 10}
@@ -175,3 +176,15 @@ def test_a_scrape_of_a_worker_that_answers_badly_is_no_answer(reply: bytes) -> N
         port, thread = _serve_once(reply)
         assert readyz(port) is None
         thread.join(5)
+
+
+def test_a_failed_production_says_why_in_the_runs_own_output(tmp_path: Path) -> None:
+    """A chaos run whose producer child failed stopped with "production failed: see
+    <produce.log>", a file that goes with the run's state directory: in CI nothing said
+    why. The error now carries the log's last lines."""
+    log = tmp_path / "produce.log"
+    log.write_text("".join(f"line {n}\n" for n in range(40)) + "LoadError: produce failed\n")
+    text = production_failed(log)
+    assert str(log) in text and text.endswith("LoadError: produce failed")
+    assert "line 26" in text and "line 25" not in text  # the last 15 lines
+    assert "cannot read it" in production_failed(tmp_path / "missing.log")
