@@ -53,6 +53,7 @@ from ackline.streams.producer import (
     KeyBy,
     Outgoing,
     abort_failed,
+    call_failed,
     check_fit,
     check_fits,
     client_limits,
@@ -367,12 +368,7 @@ class AsyncActivityProducer:
             raise self._broken from None
         except (KafkaException, SystemError) as exc:
             unheld(exc)
-            err = kafka_error(exc)
-            self._broken = (
-                unexplained(exc, "abort_transaction", asked=False)
-                if err is None
-                else abort_failed(err)
-            )
+            self._broken = abort_failed(exc)
             raise self._broken from exc
 
     async def close(self, timeout: float = 30.0) -> None:
@@ -543,11 +539,8 @@ class AsyncActivityProducer:
                 raise self._broken from None
 
     def _settled(self, exc: BaseException, what: str) -> ProduceError:
-        err = kafka_error(exc)
-        if err is None:
-            return ProduceError(f"{what} failed: {exc!r}")
-        settled = settle(err, what)
-        if txn_action(err) in ("fenced", "fatal"):
+        settled, broken = call_failed(exc, what)
+        if broken:
             self._broken = settled
         return settled
 

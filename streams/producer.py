@@ -222,10 +222,13 @@ def start_failed(err: KafkaError) -> ProduceError:
     return ProduceError(text)
 
 
-def abort_failed(err: KafkaError) -> ProduceError:
-    """The error for ``abort_transaction`` failing with ``err``, for a transaction whose
+def abort_failed(exc: BaseException) -> ProduceError:
+    """The error for ``abort_transaction`` failing with ``exc``, for a transaction whose
     commit was never requested: nothing of it is committed whatever happened, and the
-    broker aborts it (its timeout, or the next instance's ``init_transactions``)."""
+    broker aborts it (its timeout, or the next instance's ``init_transactions``). Pure."""
+    err = kafka_error(exc)
+    if err is None:
+        return unexplained(exc, "abort_transaction", asked=False)
     if txn_action(err) == "fenced":
         return ProducerFencedError(f"abort_transaction: fenced by a newer instance: {err.str()}")
     return TransientProduceError(
@@ -233,6 +236,15 @@ def abort_failed(err: KafkaError) -> ProduceError:
         "transaction was committed: close this instance, then send the same records again "
         "from a new one"
     )
+
+
+def call_failed(exc: BaseException, what: str) -> tuple[ProduceError, bool]:
+    """The SDK's error for a transactional call ``what`` that raised ``exc``, and whether
+    it leaves the instance unusable (fenced, or librdkafka's fatal state). Pure."""
+    err = kafka_error(exc)
+    if err is None:
+        return ProduceError(f"{what} failed: {exc!r}"), False
+    return settle(err, what), txn_action(err) in ("fenced", "fatal")
 
 
 def unexplained(exc: BaseException, what: str, asked: bool) -> ProduceError:
@@ -703,11 +715,8 @@ class ActivityProducer:
             yield
         except (KafkaException, SystemError) as exc:
             unheld(exc)
-            err = kafka_error(exc)
-            if err is None:
-                raise ProduceError(f"{what} failed: {exc!r}") from exc
-            settled = settle(err, what)
-            if txn_action(err) in ("fenced", "fatal"):
+            settled, broken = call_failed(exc, what)
+            if broken:
                 self._broken = settled
             raise settled from exc
 
@@ -723,11 +732,7 @@ class ActivityProducer:
             self.client.abort_transaction(timeout)
         except (KafkaException, SystemError) as exc:
             unheld(exc)
-            err = kafka_error(exc)
-            if err is None:
-                self._broken = unexplained(exc, "abort_transaction", asked=False)
-            else:
-                self._broken = abort_failed(err)
+            self._broken = abort_failed(exc)
             raise self._broken from exc
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
