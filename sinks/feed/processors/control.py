@@ -58,21 +58,30 @@ _HEARTBEAT = """
 UPDATE processors SET last_seen_at = now(), last_instance = $2 WHERE name = ANY($1::text[])
 """
 
-_LAG = """
-SELECT c.reader AS name, coalesce(l.events, 0) AS events,
-       coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS seconds, p.paused
-FROM feed_cursors AS c
-JOIN processors AS p ON p.name = c.reader
+# The lag after cursor c: the items of the feed's transactions past it (a transaction it
+# is inside of counts whole): a batch's inserted rows (erased ones too: an upper bound),
+# an erasure's notices, one per erased event. No rows where c has none (no cursor).
+_LAG_AFTER_CURSOR = """
 LEFT JOIN LATERAL (
     SELECT sum(t.events) AS events, min(t.at) AS oldest
     FROM (SELECT b.commit_xid, b.inserted AS events, b.committed_at AS at FROM ingest_batches AS b
-          UNION ALL  -- an erasure is a transaction of the feed: one notice per erased event
+          UNION ALL
           SELECT e.commit_xid, e.events, e.erased_at FROM erasures AS e) AS t
     WHERE t.commit_xid >= c.position
       AND (t.commit_xid > c.position OR c.within_batch IS NOT NULL)
 ) AS l ON true
-WHERE c.reader = ANY($1::text[])
 """
+
+_LAG = (
+    """
+SELECT c.reader AS name, coalesce(l.events, 0) AS events,
+       coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS seconds, p.paused
+FROM feed_cursors AS c
+JOIN processors AS p ON p.name = c.reader"""
+    + _LAG_AFTER_CURSOR
+    + """WHERE c.reader = ANY($1::text[])
+"""
+)
 
 _FILTER = """
 SELECT filter, filter_at, filter_instance, superseded_filters FROM processors WHERE name = $1
@@ -101,7 +110,8 @@ GUARD_SQLSTATE = "AKSP1"
 """Raised by migration 0012's trigger when a session moves a processor's cursor under a
 filter that is not the one in effect."""
 
-_STATUS = """
+_STATUS = (
+    """
 SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.error_cursor,
        p.last_instance, p.last_seen_at, p.registered_at,
        p.filter, p.filter_at, p.filter_instance, p.superseded_filters,
@@ -110,18 +120,12 @@ SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.
        coalesce(l.events, 0) AS lag_events,
        coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS lag_seconds
 FROM processors AS p
-LEFT JOIN feed_cursors AS c ON c.reader = p.name
-LEFT JOIN LATERAL (
-    SELECT sum(t.events) AS events, min(t.at) AS oldest
-    FROM (SELECT b.commit_xid, b.inserted AS events, b.committed_at AS at FROM ingest_batches AS b
-          UNION ALL
-          SELECT e.commit_xid, e.events, e.erased_at FROM erasures AS e) AS t
-    WHERE c.reader IS NOT NULL AND t.commit_xid >= c.position
-      AND (t.commit_xid > c.position OR c.within_batch IS NOT NULL)
-) AS l ON true
-WHERE $1::text[] IS NULL OR p.name = ANY($1::text[])
+LEFT JOIN feed_cursors AS c ON c.reader = p.name"""
+    + _LAG_AFTER_CURSOR
+    + """WHERE $1::text[] IS NULL OR p.name = ANY($1::text[])
 ORDER BY p.name
 """
+)
 
 _PAUSE = """
 UPDATE processors SET paused = $2, paused_at = CASE WHEN $2 THEN now() END WHERE name = $1
