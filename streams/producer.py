@@ -680,7 +680,8 @@ class ActivityProducer:
 
         An outcome it cannot confirm leaves this instance unusable, as the asyncio SDK's:
         the commit may still complete, so neither an abort nor a new transaction may be
-        asked of it (an abort said "nothing was committed", untrue here)."""
+        asked of it (an abort said "nothing was committed", untrue here). So does an
+        interruption inside the call (KeyboardInterrupt, SystemExit), raised as it came."""
         producer = self.client
         while True:
             left = deadline - time.monotonic()
@@ -706,6 +707,11 @@ class ActivityProducer:
                     raise _AbortRequired(err) from exc
                 self._broken = settle(err, "commit_transaction")
                 raise self._broken from exc
+            except BaseException as exc:
+                # KeyboardInterrupt or SystemExit from a hook (or a signal handler) run while
+                # librdkafka served reports inside the commit: the commit may go on without us
+                self._broken = unexplained(exc, "commit_transaction", asked=True)
+                raise
 
     @contextmanager
     def _failures_as_outcome(self, what: str) -> Iterator[None]:
@@ -850,13 +856,26 @@ class ActivityProducer:
 
     def _counted(self, then: DeliveryHook | None) -> DeliveryHook:
         """A delivery hook that counts the report served (:attr:`_unreported`,
-        :attr:`_delivered`), then calls the caller's own hook ``then``."""
+        :attr:`_delivered`), then calls the caller's own hook ``then``.
+
+        What ``then`` raises is logged with its traceback, not raised: librdkafka serves
+        reports inside commit_transaction, and confluent-kafka lets a callback's exception
+        out of it in place of the commit's result, so a service's failing hook would make
+        a committed transaction look failed (and a resend write it twice). Kafka's Java
+        producer logs its callbacks' exceptions the same way."""
 
         def report(err: KafkaError | None, msg: Message) -> None:
             self._unreported -= 1
             self._delivered += err is None
             if then is not None:
-                then(err, msg)
+                try:
+                    then(err, msg)
+                except Exception:
+                    log.exception(
+                        "an on_delivery hook raised for a record of %s; logged, not raised: "
+                        "the record's delivery and its transaction are as reported",
+                        self.topic,
+                    )
 
         return report
 
