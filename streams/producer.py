@@ -407,10 +407,49 @@ def settle(err: KafkaError, what: str) -> ProduceError:
     return OutcomeUnknownError(f"{what} failed ({err.name()}), outcome unknown: {err.str()}")
 
 
+_CALLBACKS: Final = ("error_cb", "throttle_cb", "stats_cb")
+"""The callbacks a service may set in ``extra`` that librdkafka serves inside the SDK's
+transactional calls (besides ``on_delivery``, which each SDK handles itself)."""
+
+
+def shielded(callback: Callable[..., None], what: str) -> Callable[..., None]:
+    """``callback``, with what it raises (an Exception) logged with its traceback instead.
+
+    confluent-kafka lets a callback's exception out of the call that served it
+    (``commit_transaction``, ``abort_transaction``, ``flush``, ``poll``) in place of that
+    call's result, so a service's failing callback would stand in for the outcome of a
+    transaction it does not decide. Kafka's Java producer logs its callbacks' exceptions
+    too. KeyboardInterrupt and SystemExit still come out: the calls that serve callbacks
+    treat them as an interruption (the instance unusable)."""
+
+    def call(*args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("the producer's %s raised; logged, not raised", what)
+
+    return call
+
+
 def transactional_config(
     bootstrap: str, transactional_id: str, extra: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The producer settings both SDK producers use; ``extra`` overrides (security...)."""
+    """The producer settings both SDK producers use; ``extra`` overrides (security...).
+
+    ``extra``'s ``error_cb``, ``throttle_cb`` and ``stats_cb`` are :func:`shielded`.
+    ``delivery.report.only.error`` is refused: both SDKs learn that a record was delivered
+    from its report (a transaction whose reports do not all say so is not called
+    committed), so without the reports of delivered records a committed transaction could
+    never be confirmed."""
+    extra = dict(extra or {})
+    if str(extra.get("delivery.report.only.error", "false")).lower() not in ("false", "0"):
+        raise ProduceError(
+            "delivery.report.only.error is not supported by the SDK producers: they confirm "
+            "each record from its delivery report; leave it unset"
+        )
+    for name in _CALLBACKS:
+        if callable(extra.get(name)):
+            extra[name] = shielded(extra[name], name)
     return {
         "bootstrap.servers": bootstrap,
         "transactional.id": transactional_id,
@@ -420,7 +459,7 @@ def transactional_config(
         "compression.type": "lz4",
         "transaction.timeout.ms": 60_000,
         "message.max.bytes": SDK_MESSAGE_MAX_BYTES,
-        **(extra or {}),
+        **extra,
     }
 
 
@@ -679,9 +718,22 @@ class ActivityProducer:
         """commit_transaction, again while it fails retriably and time is left.
 
         An outcome it cannot confirm leaves this instance unusable, as the asyncio SDK's:
-        the commit may still complete, so neither an abort nor a new transaction may be
-        asked of it (an abort said "nothing was committed", untrue here). So does an
-        interruption inside the call (KeyboardInterrupt, SystemExit), raised as it came."""
+        the commit may have completed, so neither an abort nor a new transaction may be
+        asked of it (an abort said "nothing was committed", untrue here). So does anything
+        else that comes out of the call or its retry pause: a KeyboardInterrupt or
+        SystemExit (raised as it came) stops librdkafka's flush inside the commit, which
+        may or may not have completed before it surfaced."""
+        try:
+            self._commit_until(deadline)
+        except (_AbortRequired, ProduceError):
+            raise
+        except BaseException as exc:
+            self._broken = unexplained(exc, "commit_transaction", asked=True)
+            if isinstance(exc, Exception):
+                raise self._broken from exc
+            raise
+
+    def _commit_until(self, deadline: float) -> None:
         producer = self.client
         while True:
             left = deadline - time.monotonic()
@@ -699,19 +751,13 @@ class ActivityProducer:
                     raise self._broken from exc
                 err: KafkaError = found
                 action = txn_action(err)
-                if action == "retry":
-                    log.warning("commit_transaction retriable error, retrying: %s", err)
-                    time.sleep(RETRY_PAUSE_S)
-                    continue
                 if action == "abort":
                     raise _AbortRequired(err) from exc
-                self._broken = settle(err, "commit_transaction")
-                raise self._broken from exc
-            except BaseException as exc:
-                # KeyboardInterrupt or SystemExit from a hook (or a signal handler) run while
-                # librdkafka served reports inside the commit: the commit may go on without us
-                self._broken = unexplained(exc, "commit_transaction", asked=True)
-                raise
+                if action != "retry":
+                    self._broken = settle(err, "commit_transaction")
+                    raise self._broken from exc
+                log.warning("commit_transaction retriable error, retrying: %s", err)
+            time.sleep(RETRY_PAUSE_S)
 
     @contextmanager
     def _failures_as_outcome(self, what: str) -> Iterator[None]:
@@ -733,13 +779,19 @@ class ActivityProducer:
         fenced: this instance is unusable (:class:`TransientProduceError` or
         :class:`ProducerFencedError`), and the broker aborts the transaction itself (its
         timeout, or the next instance's ``init_transactions``): a crash anywhere here
-        leaves nothing visible."""
+        leaves nothing visible. So is an abort a KeyboardInterrupt or SystemExit stopped
+        (out of a hook its flush served; raised as it came): librdkafka holds it half-way,
+        and a next transaction would meet it in progress."""
+        client = self.client
         try:
-            self.client.abort_transaction(timeout)
+            client.abort_transaction(timeout)
         except (KafkaException, SystemError) as exc:
             unheld(exc)
             self._broken = abort_failed(exc)
             raise self._broken from exc
+        except BaseException as exc:
+            self._broken = unexplained(exc, "abort_transaction", asked=False)
+            raise
 
     def send(self, envelope: Envelope, on_delivery: DeliveryHook | None = None) -> None:
         """Queue one validated envelope inside the current transaction (a
@@ -858,24 +910,16 @@ class ActivityProducer:
         """A delivery hook that counts the report served (:attr:`_unreported`,
         :attr:`_delivered`), then calls the caller's own hook ``then``.
 
-        What ``then`` raises is logged with its traceback, not raised: librdkafka serves
-        reports inside commit_transaction, and confluent-kafka lets a callback's exception
-        out of it in place of the commit's result, so a service's failing hook would make
-        a committed transaction look failed (and a resend write it twice). Kafka's Java
-        producer logs its callbacks' exceptions the same way."""
+        ``then`` is :func:`shielded`: librdkafka serves reports inside commit_transaction
+        and abort_transaction, and a hook's exception let out there would stop the call
+        and stand in for its result."""
+        hook = None if then is None else shielded(then, "on_delivery hook")
 
         def report(err: KafkaError | None, msg: Message) -> None:
             self._unreported -= 1
             self._delivered += err is None
-            if then is not None:
-                try:
-                    then(err, msg)
-                except Exception:
-                    log.exception(
-                        "an on_delivery hook raised for a record of %s; logged, not raised: "
-                        "the record's delivery and its transaction are as reported",
-                        self.topic,
-                    )
+            if hook is not None:
+                hook(err, msg)
 
         return report
 

@@ -11,13 +11,17 @@ logs what a hook raises, as Kafka's Java producer does with its callbacks.
 from __future__ import annotations
 
 import logging
+import re
+import time
 import uuid
+from collections import Counter
 
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from ackline.streams.errors import OutcomeUnknownError
-from ackline.streams.producer import ActivityProducer, DeliveryHook, prepare
+from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
+from ackline.streams.producer import ActivityProducer, DeliveryHook, Outgoing, prepare
 from tests.integration.harness import Services
 from tests.integration.producing import committed_values, unit_of_work
 
@@ -88,19 +92,34 @@ def test_a_raising_default_hook_leaves_send_transaction_s_deliveries_as_they_wer
     assert len(failures) == len(values), caplog.text
 
 
+def _resend(services: Services, topic: str, slot: str, records: list[Outgoing]) -> None:
+    """The same records from a new instance of ``slot`` (its start settles the old one's
+    transaction)."""
+    again = ActivityProducer(services.bootstrap, topic, slot)
+    again.start()
+    try:
+        again.send_transaction(records, timeout=30)
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("at", ["first", "last"])
 def test_an_interrupt_from_a_hook_inside_the_commit_leaves_the_instance_unusable(
-    services: Services, topic: str
+    services: Services, topic: str, at: str
 ) -> None:
-    """A hook raises KeyboardInterrupt while the commit serves its reports: the interrupt
-    comes out as it was, the commit's outcome is unknown, so the instance refuses more
-    work; a new instance with the same transactional.id sends the same records."""
+    """A hook raises KeyboardInterrupt while the commit serves the transaction's reports
+    (on the first, or on the last): the interrupt comes out as it was and the instance
+    refuses more work, since the commit may have completed before it surfaced; a new
+    instance with the same transactional.id sends the same records. Interrupted on the
+    first report the flush stops with records undelivered: nothing was committed, so
+    each record is in the topic once; on the last it may have been (once or twice)."""
     records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
     slot = f"svc-{uuid.uuid4().hex[:8]}"
-    interrupted: list[bool] = []
+    calls: list[bytes] = []
 
-    def interrupt_once(err: KafkaError | None, msg: Message) -> None:
-        if not interrupted:
-            interrupted.append(True)
+    def interrupt(err: KafkaError | None, msg: Message) -> None:
+        calls.append(msg.value())
+        if len(calls) == (1 if at == "first" else len(records)):
             raise KeyboardInterrupt
 
     producer = ActivityProducer(services.bootstrap, topic, slot)
@@ -108,15 +127,91 @@ def test_an_interrupt_from_a_hook_inside_the_commit_leaves_the_instance_unusable
     try:
         with pytest.raises(KeyboardInterrupt), producer.transaction(timeout=30):
             for record in records:
-                producer.send_record(record, on_delivery=interrupt_once)
+                producer.send_record(record, on_delivery=interrupt)
         with pytest.raises(OutcomeUnknownError, match="unusable"):
             producer.send_transaction(records, timeout=30)
     finally:
         producer.close()
-    again = ActivityProducer(services.bootstrap, topic, slot)
-    again.start()
+    _resend(services, topic, slot, records)
+    counts = Counter(committed_values(services.bootstrap, topic))
+    assert set(counts) == {r.value for r in records}
+    if at == "first":
+        assert set(counts.values()) == {1}
+    else:
+        assert set(counts.values()) <= {1, 2}
+
+
+def test_an_interrupt_from_a_hook_inside_an_abort_leaves_the_instance_unusable(
+    services: Services, topic: str
+) -> None:
+    """The block fails, and the abort's flush serves the reports of the records it
+    purged: their hook raises KeyboardInterrupt. The interrupt comes out as it was,
+    nothing is committed, and the instance refuses more work (a next transaction would
+    meet the abort still in progress)."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
+    slot = f"svc-{uuid.uuid4().hex[:8]}"
+
+    calls: list[bytes] = []
+
+    def interrupt(err: KafkaError | None, msg: Message) -> None:
+        calls.append(msg.value())
+        if len(calls) == 1:  # once: close() serves the reports the abort did not
+            raise KeyboardInterrupt
+
+    producer = ActivityProducer(services.bootstrap, topic, slot)
+    producer.start()
     try:
-        again.send_transaction(records, timeout=30)
+        with pytest.raises(KeyboardInterrupt), producer.transaction(timeout=30):
+            for record in records:
+                producer.send_record(record, on_delivery=interrupt)
+            raise HookFailed("the block failed")
+        with pytest.raises(TransientProduceError, match="unusable"):
+            producer.send_transaction(records, timeout=30)
     finally:
-        again.close()
-    assert set(committed_values(services.bootstrap, topic)) == {r.value for r in records}
+        producer.close()
+    _resend(services, topic, slot, records)
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+def test_a_raising_stats_cb_is_logged_and_the_transactions_commit(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service's ``stats_cb`` that raises: librdkafka queues statistics every 50 ms
+    and nothing but the SDK's calls serves them, so they are served inside its commits.
+    Every transaction's result stands; the errors are logged."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
+    stats: list[str] = []
+
+    def stats_cb(raw: str) -> None:
+        stats.append(raw)
+        raise HookFailed("the service's stats_cb failed")
+
+    producer = ActivityProducer(
+        services.bootstrap,
+        topic,
+        f"svc-{uuid.uuid4().hex[:8]}",
+        extra={"stats_cb": stats_cb, "statistics.interval.ms": 50},
+    )
+    producer.start()
+    sent = 0
+    try:
+        with caplog.at_level(logging.ERROR, logger="ackline"):
+            deadline = time.monotonic() + 30
+            while len(stats) < 3 and time.monotonic() < deadline:
+                producer.send_transaction(records, timeout=30)
+                sent += 1
+    finally:
+        producer.close()
+    assert len(stats) >= 3, "librdkafka served no statistics in 30 s"
+    counts = Counter(committed_values(services.bootstrap, topic))
+    assert counts == Counter({r.value: sent for r in records})
+    failures = [r for r in caplog.records if r.exc_info and r.exc_info[0] is HookFailed]
+    assert len(failures) == len(stats), caplog.text
+
+
+def test_delivery_reports_of_errors_only_are_refused() -> None:
+    """Both SDKs confirm a committed transaction from every record's report: a setting
+    that drops the reports of delivered records is refused when the producer is made."""
+    for make in (ActivityProducer, AsyncActivityProducer):
+        with pytest.raises(ProduceError, match=re.escape("delivery.report.only.error")):
+            make("127.0.0.1:9", "t", "svc-x", extra={"delivery.report.only.error": "true"})
