@@ -804,7 +804,7 @@ class ConsumerRuntime:
         self._watch.not_consumed(assigned, self.ledger.owned())
 
     def _unblock(self, consumer: Consumer, tp: TP) -> None:
-        db_next = self.ledger.unblock(tp)
+        db_next = self.ledger.unblock(tp).offset
         if db_next is not None:
             consumer.seek(TopicPartition(tp[0], tp[1], db_next))
         if not self._paused:

@@ -63,7 +63,7 @@ class _Owned:
     next_offset: int | None  # None: PostgreSQL has no offset for this partition yet
     taken: int | None = None
     rewound_below: int | None = None  # refuse records above this until one at or below it
-    refused: int | None = None  # the highest offset refused while suspended (it was fetched)
+    refused: int | None = None  # the highest offset refused while suspended or blocked (fetched)
     suspended: bool = False  # fenced: records refused until taken back (or released)
     blocked: str | None = None  # why its records are refused for now (DB offset past the log end)
     retake_at: float = 0.0  # when a suspended partition may be claimed again
@@ -140,11 +140,14 @@ class Ledger:
         owned.blocked = reason
         return news
 
-    def unblock(self, tp: TP) -> int | None:
-        """Consume ``tp`` again; returns its DB next offset (seek it there first)."""
+    def unblock(self, tp: TP) -> Rewind:
+        """Consume ``tp`` again from its DB next offset (the caller seeks it there), as a
+        :meth:`rewind`: a runtime that kept fetching the blocked partition (faust's, which
+        neither seeks nor pauses it) may hold records past that offset fetched before the
+        seek, and taking one would let a batch commit past the re-read ones."""
         owned = self._owned[_tp(tp)]
         owned.blocked = None
-        return owned.next_offset
+        return self.rewind(tp, owned.next_offset)
 
     def blocked(self) -> dict[TP, str]:
         """Owned partitions not consumed for now, and why."""
@@ -173,8 +176,9 @@ class Ledger:
             return Admit.STALE
         owned = self._owned.get(_tp(tp))
         if owned is None or not owned.consumed():
-            if owned is not None and owned.suspended:
-                # fetched all the same: a retake must refuse what came before its seek
+            if owned is not None:
+                # suspended or blocked, fetched all the same: a retake or an unblock must
+                # refuse what came before its seek
                 owned.refused = offset if owned.refused is None else max(owned.refused, offset)
             return Admit.UNOWNED
         if owned.rewound_below is not None:
@@ -262,7 +266,7 @@ class Ledger:
         """Re-read owned ``tp`` from ``next_offset`` (the DB next offset just read).
 
         Records above the highest offset fetched so far (taken, or refused while the
-        partition was suspended) are refused until the first one at or below it arrives
+        partition was suspended or blocked) are refused until the first one at or below it arrives
         (the seek took effect). When ``next_offset`` is past everything fetched (another
         writer moved it), nothing fetched so far can be re-read: records below it are
         refused as committed and no mark is needed. Records refused while suspended count:

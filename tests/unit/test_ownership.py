@@ -182,8 +182,25 @@ def test_a_blocked_partition_is_not_consumed_until_unblocked() -> None:
     assert ledger.block((T, 0), reason) is True and ledger.block((T, 0), reason) is False
     assert ledger.owned() == {} and ledger.blocked() == {(T, 0): reason}
     assert ledger.admit((T, 0), 3, 7) is Admit.UNOWNED
-    assert ledger.unblock((T, 0)) == 5000
+    assert ledger.unblock((T, 0)) == Rewind((T, 0), 5000)
     assert ledger.admit((T, 0), 5000, 7) is Admit.TAKE
+
+
+def test_records_fetched_while_blocked_cannot_skip_the_re_read_after_unblock() -> None:
+    """The faust runtime neither seeks nor pauses a blocked partition, so it goes on
+    fetching: the log grows past the DB offset (1000) and 1000..1010 are refused while it
+    is blocked; then the lag check unblocks it and seeks it to 1000. 1011, fetched before
+    the seek took effect, must not be taken: a batch starting there would commit past
+    1000..1010 (the fence asks only next_offset <= first_offset), which the re-read
+    would then refuse as committed: lost (a review reproduced it on this ledger)."""
+    ledger = _ledger(p0=1000)
+    ledger.block((T, 0), past_log_end((T, 0), 1000, 990))
+    for offset in range(990, 1011):
+        assert ledger.admit((T, 0), offset, 7) is Admit.UNOWNED
+    ledger.unblock((T, 0))  # and the caller seeks it to 1000
+    assert ledger.admit((T, 0), 1011, 7) is Admit.STALE  # fetched before the seek
+    for offset in range(1000, 1012):  # the re-read
+        assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
 
 
 def test_release_drops_ownership() -> None:
