@@ -625,7 +625,7 @@ class ConsumerRuntime:
         claims = self._claims.claim(wanted)
         if claims is None:
             return
-        rewinds = [self.ledger.retake(c) for c in claims]
+        rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
         self._seek(rewinds)
         self._metrics.assigned.set(len(self.ledger.owned()))
         log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])

@@ -252,12 +252,16 @@ class Ledger:
         """Suspended partitions whose retake wait is over."""
         return [tp for tp, o in self._owned.items() if o.suspended and o.retake_at <= now]
 
-    def retake(self, claim: Claim) -> Rewind:
+    def retake(self, claim: Claim) -> Rewind | None:
         """Own suspended ``claim``'s partition again under the new claim; the rewind mark
         of what was taken before is kept (records fetched before the seek back are
-        refused). The caller seeks it to the returned offset."""
+        refused). The caller seeks it to the returned offset. None when the partition is
+        no longer suspended here: the faust runtime claims with an await, during which a
+        revoke may release it or a new assignment claim it afresh (its own claim stands)."""
         tp = (claim.topic, claim.partition)
-        owned = self._owned[tp]
+        owned = self._owned.get(tp)
+        if owned is None or not owned.suspended:
+            return None
         owned.epoch = claim.epoch
         owned.suspended = False
         return self.rewind(tp, claim.next_offset)

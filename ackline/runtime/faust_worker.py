@@ -140,10 +140,20 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     partition of the ledger (an upper bound: transaction markers take offsets too);
     ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
-    sought there and consumed again; fenced partitions due a retake are taken back."""
+    sought there and consumed again; fenced partitions due a retake are taken back.
+
+    A tick that fails (the broker away past its request timeout, PostgreSQL away during
+    a retake) is logged and the next tick tries again: an exception out of a faust timer
+    crashes the worker, and in a broker outage every worker of the group at once."""
     shown: set[tuple[str, int]] = set()
 
     async def report() -> None:
+        try:
+            await tick()
+        except Exception as exc:
+            log.warning("the lag check failed, again in %g s: %r", LAG_INTERVAL_S, exc)
+
+    async def tick() -> None:
         sink = app.parts.sink
         ledger = sink.ledger
         await sink.retake()

@@ -170,7 +170,7 @@ class FaustSink:
         if not wanted:
             return
         claims = await self._claim(wanted, None)
-        rewinds = [self.ledger.retake(c) for c in claims]
+        rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
         await self.kafka.seek({r.tp: r.offset for r in rewinds})
         self._metrics.assigned.set(len(self.ledger.owned()))
         log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])

@@ -153,6 +153,21 @@ def test_a_retake_past_what_was_taken_refuses_what_was_fetched_while_suspended()
     assert ledger.admit((T, 0), 29, 7) is Admit.COMMITTED
 
 
+def test_a_retake_of_a_partition_released_or_claimed_meanwhile_changes_nothing() -> None:
+    """The faust runtime's retake claims with an await; a revoke may release the
+    partition meanwhile (the retake then met a KeyError, which crashed the worker's lag
+    timer), or a new assignment claim it afresh (its claim is the one that stands)."""
+    ledger = _ledger(p0=10, p1=10)
+    ranges = [PartitionRange(T, 0, 10, 15, epoch=3), PartitionRange(T, 1, 10, 15, epoch=3)]
+    ledger.not_committed(ranges, _rows(5, p0=10, p1=10), now=100.0)
+    assert sorted(ledger.retakes_due(100.0)) == [(T, 0), (T, 1)]
+    ledger.release([(T, 0)])  # revoked during the claim
+    ledger.claimed([Claim(T, 1, 10, epoch=8)], 7)  # assigned again during the claim
+    assert ledger.retake(Claim(T, 0, 10, epoch=6)) is None
+    assert ledger.retake(Claim(T, 1, 10, epoch=6)) is None
+    assert ledger.owned() == {(T, 1): 8}
+
+
 def test_retakes_back_off_until_a_commit() -> None:
     ledger = _ledger(p0=10)
     ranges = [PartitionRange(T, 0, 10, 15, epoch=3)]
