@@ -26,6 +26,21 @@ from ackline.dev.ports import pick_free_port
 FENCED_LINE = "fenced and rolled back"
 FENCED_METRIC = "ackline_fenced_batches_total"
 STOP_MARGIN_S = 15.0
+REAP_WAIT_S = 30.0
+"""How long the pool waits for a SIGKILLed worker to be gone."""
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's ``State`` of ``pid`` and where it sleeps (``wchan``), for a message."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except OSError as exc:
+        return f"/proc unreadable: {exc}"
+    state = next(
+        (ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("State:")), "?"
+    )
+    return f"state {state}, wchan {wchan}"
 
 
 @dataclass
@@ -135,11 +150,10 @@ class WorkerPool:
         return None
 
     def kill(self, inc: Incarnation) -> None:
-        """Scrape its metrics (the fenced count dies with it), then SIGKILL and reap."""
+        """Scrape its metrics (the fenced count dies with it), then SIGKILL and reap
+        (:func:`_sigkill`)."""
         self.scrape(inc)
-        inc.killed = True
-        inc.proc.kill()
-        inc.proc.wait(30)
+        _sigkill(inc)
         self._end(inc)
 
     @property
@@ -159,9 +173,7 @@ class WorkerPool:
         try:
             code = inc.proc.wait(self.stop_timeout if timeout is None else timeout)
         except subprocess.TimeoutExpired:
-            inc.killed = True
-            inc.proc.kill()
-            code = inc.proc.wait(30)
+            code = _sigkill(inc)
         self._end(inc)
         return code
 
@@ -225,11 +237,31 @@ class WorkerPool:
             try:
                 codes.append(inc.proc.wait(max(deadline - time.monotonic(), 1.0)))
             except subprocess.TimeoutExpired:
-                inc.killed = True
-                inc.proc.kill()
-                codes.append(inc.proc.wait(30))
+                codes.append(_sigkill(inc))
             self._end(inc)
         return codes
+
+
+def _sigkill(inc: Incarnation) -> int:
+    """SIGKILL ``inc`` and reap it; its exit status (-SIGKILL when it is not gone yet).
+
+    A process SIGKILLed runs no more code, but one with a thread in uninterruptible sleep
+    (a write the host's disk has not finished) is not gone until that ends. Not reaped
+    within :data:`REAP_WAIT_S`, the run says so on stderr, with the kernel's state of it,
+    and goes on (the next start or the run's end reaps it): this wait raised out of the
+    run before, which then ended without its verdict."""
+    inc.killed = True
+    inc.proc.kill()
+    try:
+        return inc.proc.wait(REAP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        print(
+            f"chaos: {inc.worker_id} (pid {inc.proc.pid}) not gone {REAP_WAIT_S:g} s after "
+            f"SIGKILL ({proc_state(inc.proc.pid)}); going on",
+            file=sys.stderr,
+            flush=True,
+        )
+        return -signal.SIGKILL
 
 
 def production_failed(log: Path, lines: int = 15) -> str:
