@@ -54,6 +54,7 @@ from ackline.streams.producer import (
     Outgoing,
     abort_failed,
     call_failed,
+    check_callbacks,
     check_fit,
     check_fits,
     client_limits,
@@ -102,6 +103,7 @@ class AsyncActivityProducer:
         self.topic = topic
         self.key_by: KeyBy = key_by
         self.transactional_id = transactional_id
+        check_callbacks(extra, coroutines=True)
         self._conf = transactional_config(bootstrap, transactional_id, extra)
         if "on_delivery" in self._conf:
             # AIOProducer gives every record its own callback (its future): a default

@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 import traceback
@@ -407,13 +408,14 @@ def settle(err: KafkaError, what: str) -> ProduceError:
     return OutcomeUnknownError(f"{what} failed ({err.name()}), outcome unknown: {err.str()}")
 
 
-_CALLBACKS: Final = ("error_cb", "throttle_cb", "stats_cb")
+CALLBACKS: Final = ("error_cb", "throttle_cb", "stats_cb")
 """The callbacks a service may set in ``extra`` that librdkafka serves inside the SDK's
 transactional calls (besides ``on_delivery``, which each SDK handles itself)."""
 
 
-def shielded(callback: Callable[..., None], what: str) -> Callable[..., None]:
-    """``callback``, with what it raises (an Exception) logged with its traceback instead.
+def shielded(callback: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """``callback``, with what it raises (an Exception) logged with its traceback instead;
+    a coroutine function stays one (confluent-kafka's AIOProducer awaits its callbacks).
 
     confluent-kafka lets a callback's exception out of the call that served it
     (``commit_transaction``, ``abort_transaction``, ``flush``, ``poll``) in place of that
@@ -422,6 +424,16 @@ def shielded(callback: Callable[..., None], what: str) -> Callable[..., None]:
     too. KeyboardInterrupt and SystemExit still come out: the calls that serve callbacks
     treat them as an interruption (the instance unusable)."""
 
+    if inspect.iscoroutinefunction(callback):
+
+        async def acall(*args: Any) -> None:
+            try:
+                await callback(*args)
+            except Exception:
+                log.exception("the producer's %s raised; logged, not raised", what)
+
+        return acall
+
     def call(*args: Any) -> None:
         try:
             callback(*args)
@@ -429,6 +441,24 @@ def shielded(callback: Callable[..., None], what: str) -> Callable[..., None]:
             log.exception("the producer's %s raised; logged, not raised", what)
 
     return call
+
+
+def check_callbacks(extra: dict[str, Any] | None, *, coroutines: bool) -> None:
+    """Refuse an ``error_cb``, ``throttle_cb`` or ``stats_cb`` of the wrong kind: the
+    asyncio SDK's AIOProducer awaits them (a plain function fails with a TypeError inside
+    the call that served it: a commit), the synchronous one calls them (a coroutine is
+    never awaited: the callback silently never runs). Pure."""
+    for name in CALLBACKS:
+        callback = (extra or {}).get(name)
+        if callback is not None and inspect.iscoroutinefunction(callback) != coroutines:
+            kind, sdk = (
+                ("a coroutine function (async def)", "asyncio")
+                if coroutines
+                else ("a plain function, not a coroutine function", "synchronous")
+            )
+            raise ProduceError(
+                f"{name} in extra must be {kind} for the {sdk} producer: {callback!r}"
+            )
 
 
 def transactional_config(
@@ -442,12 +472,12 @@ def transactional_config(
     committed), so without the reports of delivered records a committed transaction could
     never be confirmed."""
     extra = dict(extra or {})
-    if str(extra.get("delivery.report.only.error", "false")).lower() not in ("false", "0"):
+    if str(extra.get("delivery.report.only.error", "false")).lower() not in ("false", "f", "0"):
         raise ProduceError(
             "delivery.report.only.error is not supported by the SDK producers: they confirm "
             "each record from its delivery report; leave it unset"
         )
-    for name in _CALLBACKS:
+    for name in CALLBACKS:
         if callable(extra.get(name)):
             extra[name] = shielded(extra[name], name)
     return {
@@ -523,6 +553,7 @@ class ActivityProducer:
         key_by: KeyBy = "agent",
         extra: dict[str, Any] | None = None,
     ) -> None:
+        check_callbacks(extra, coroutines=False)
         self.topic = topic
         self.key_by: KeyBy = key_by
         # librdkafka's lines through Python logging, de-duplicated (``extra`` may replace

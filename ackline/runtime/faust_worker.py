@@ -33,6 +33,7 @@ from ackline.settings import Settings
 from ackline.streams.deadletter import prepare_topics
 from ackline.streams.faust_runtime import risk
 from ackline.streams.faust_runtime.headers import install_lenient_headers
+from ackline.streams.faust_runtime.sink import FaustSink
 
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
@@ -142,21 +143,29 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
     sought there and consumed again; fenced partitions due a retake are taken back.
 
-    A tick that fails (the broker away past its request timeout, PostgreSQL away during
-    a retake) is logged and the next tick tries again: an exception out of a faust timer
-    crashes the worker, and in a broker outage every worker of the group at once."""
+    A retake or a log-end read that fails (a claim refused, the broker away past its
+    request timeout) is logged with its traceback and tried again at the next tick, the
+    gauges refreshed whatever happened to the retake (``/readyz`` reads them): an
+    exception out of a faust timer ends the worker, and in a broker outage every worker
+    of the group at once. PostgreSQL away holds a retake until it is back (the control
+    connection retries), and the gauges with it."""
     shown: set[tuple[str, int]] = set()
 
     async def report() -> None:
-        try:
-            await tick()
-        except Exception as exc:
-            log.warning("the lag check failed, again in %g s: %r", LAG_INTERVAL_S, exc)
-
-    async def tick() -> None:
         sink = app.parts.sink
+        try:
+            await sink.retake()
+        except Exception:
+            log.warning(
+                "taking back fenced partitions failed; again in %g s", LAG_INTERVAL_S, exc_info=True
+            )
+        try:
+            await gauges(sink)
+        except Exception:
+            log.warning("the lag check failed; again in %g s", LAG_INTERVAL_S, exc_info=True)
+
+    async def gauges(sink: FaustSink) -> None:
         ledger = sink.ledger
-        await sink.retake()
         tracked = {tp: ledger.db_next(tp) for tp in ledger.tracked()}
         for topic, partition in shown - set(tracked):
             metrics.lag.remove(topic, str(partition))
@@ -166,14 +175,13 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
         if not tracked:
             return
         ends = await app.consumer.highwaters(*(TP(t, p) for t, p in tracked))
-        blocked = ledger.blocked()
-        for (topic, partition), done in tracked.items():
-            end = ends.get(TP(topic, partition))
+        for (topic, partition), end in ((tp, ends.get(TP(*tp))) for tp in tracked):
             if end is None:
                 continue
-            if (topic, partition) in blocked and done is not None and end >= done:
-                ledger.unblock((topic, partition))
-                await sink.kafka.seek({(topic, partition): done})
+            done = ledger.db_next((topic, partition))  # read again: a claim may have run
+            if (topic, partition) in ledger.blocked() and done is not None and end >= done:
+                rewind = ledger.unblock((topic, partition))
+                await sink.kafka.seek({rewind.tp: rewind.offset})
                 log.warning(
                     "%s[%d]: the log end reached the DB offset %d again", topic, partition, done
                 )

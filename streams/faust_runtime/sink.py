@@ -86,6 +86,10 @@ class FaustSink:
         self._group = group_id
         self._worker = worker_id
         self._control_db = control_db
+        # one connection: an assignment's claim, a timer's retake and the agent's re-read
+        # after a dropped batch must not overlap on it (asyncpg: "another operation is in
+        # progress", which is not transient, so the claim would end the worker)
+        self._control_lock = asyncio.Lock()
         self._writer = writer
         self._dlq = dead_letters
         self._metrics = metrics
@@ -148,7 +152,8 @@ class FaustSink:
         )
 
     async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
-        return await claim_over(self._control_db, self._group, self._worker, partitions, starts)
+        async with self._control_lock:
+            return await claim_over(self._control_db, self._group, self._worker, partitions, starts)
 
     async def retake(self) -> None:
         """Take back the fenced partitions that Kafka still assigns to this worker.
@@ -173,7 +178,8 @@ class FaustSink:
         rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
         await self.kafka.seek({r.tp: r.offset for r in rewinds})
         self._metrics.assigned.set(len(self.ledger.owned()))
-        log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])
+        if rewinds:
+            log.warning("took back %s after a fence", [(r.tp[1], r.offset) for r in rewinds])
 
     async def revoking(self) -> None:
         """A revoke starts: the revoke_in_flight point when a batch is in flight."""
@@ -270,9 +276,10 @@ class FaustSink:
         from now on); seek those; take back the fenced ones Kafka still assigns here.
         """
         tps = [(r.topic, r.partition) for r in batch.ranges]
-        rows = await self._control_db.retrying(
-            "re-read", lambda conn: locked_offsets(conn, self._group, tps)
-        )
+        async with self._control_lock:
+            rows = await self._control_db.retrying(
+                "re-read", lambda conn: locked_offsets(conn, self._group, tps)
+            )
         fenced, rewinds = self.ledger.not_committed(
             batch.ranges, {(c.topic, c.partition): c for c in rows}, time.monotonic()
         )

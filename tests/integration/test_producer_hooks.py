@@ -10,6 +10,7 @@ logs what a hook raises, as Kafka's Java producer does with its callbacks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -207,6 +208,61 @@ def test_a_raising_stats_cb_is_logged_and_the_transactions_commit(
     assert counts == Counter({r.value: sent for r in records})
     failures = [r for r in caplog.records if r.exc_info and r.exc_info[0] is HookFailed]
     assert len(failures) == len(stats), caplog.text
+
+
+def test_a_raising_async_stats_cb_is_logged_and_the_asyncio_transactions_commit(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The asyncio SDK's ``stats_cb`` is a coroutine function (confluent-kafka's
+    AIOProducer awaits it): one that raises is logged as the synchronous SDK's is, and
+    every transaction's result stands."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
+    stats: list[str] = []
+
+    async def stats_cb(raw: str) -> None:
+        stats.append(raw)
+        raise HookFailed("the service's stats_cb failed")
+
+    async def run() -> int:
+        producer = AsyncActivityProducer(
+            services.bootstrap,
+            topic,
+            f"svc-{uuid.uuid4().hex[:8]}",
+            extra={"stats_cb": stats_cb, "statistics.interval.ms": 50},
+        )
+        await producer.start()
+        sent = 0
+        try:
+            deadline = time.monotonic() + 30
+            while len(stats) < 3 and time.monotonic() < deadline:
+                await producer.send_transaction(records, timeout=30)
+                sent += 1
+        finally:
+            await producer.close()
+        return sent
+
+    with caplog.at_level(logging.ERROR, logger="ackline"):
+        sent = asyncio.run(run())
+    assert len(stats) >= 3, "librdkafka served no statistics in 30 s"
+    counts = Counter(committed_values(services.bootstrap, topic))
+    assert counts == Counter({r.value: sent for r in records})
+    failures = [r for r in caplog.records if r.exc_info and r.exc_info[0] is HookFailed]
+    assert failures, caplog.text
+
+
+def test_a_callback_of_the_wrong_kind_is_refused() -> None:
+    """AIOProducer awaits ``error_cb``, ``throttle_cb`` and ``stats_cb``: a plain function
+    would fail with a TypeError inside whatever call served it; the synchronous producer
+    would never await a coroutine function's. Either is refused when the producer is
+    made, naming the setting."""
+    with pytest.raises(ProduceError, match="stats_cb in extra must be a coroutine"):
+        AsyncActivityProducer("127.0.0.1:9", "t", "svc-x", extra={"stats_cb": print})
+
+    async def error_cb(err: KafkaError) -> None:
+        pass
+
+    with pytest.raises(ProduceError, match="error_cb in extra must be a plain function"):
+        ActivityProducer("127.0.0.1:9", "t", "svc-x", extra={"error_cb": error_cb})
 
 
 def test_delivery_reports_of_errors_only_are_refused() -> None:
