@@ -775,7 +775,9 @@ class ConsumerRuntime:
             self._paused = False
 
     def _report(self, consumer: Consumer) -> None:
-        """Set the lag gauges and the not-consumed gauge; unblock what caught up."""
+        """Set the lag gauges and the not-consumed gauge; unblock what caught up; move a
+        re-read whose range retention deleted to the log start."""
+        self._past_retention(consumer)
         pending = {r.tp for s in self._slots for r in s.buffer} | set(self._holds.held)
         for slot in self._slots:
             if slot.batch is not None:
@@ -802,6 +804,42 @@ class ConsumerRuntime:
                 self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))
         assigned = [_tp_of(p) for p in consumer.assignment()]
         self._watch.not_consumed(assigned, self.ledger.owned())
+
+    def _past_retention(self, consumer: Consumer) -> None:
+        """A partition re-read after a rewind whose mark retention deleted (its log start
+        past the mark: Kafka reset the position there, and every record would be refused
+        as fetched before the seek back) is re-read from the log start, the offsets
+        below it counted as retention's (:meth:`Ledger.past_retention`). Marks last from a
+        seek back to its first record, so this looks at none almost always."""
+        for tp, mark in self.ledger.marks().items():
+            part = TopicPartition(*tp)
+            try:
+                low, _ = consumer.get_watermark_offsets(part, cached=True)
+                if low < 0:
+                    low, _ = consumer.get_watermark_offsets(part, timeout=_WATERMARK_TIMEOUT_S)
+            except KafkaException:
+                continue
+            db_next = self.ledger.db_next(tp)
+            rewind = self.ledger.past_retention(tp, low)
+            if rewind is None:
+                continue
+            self._drop_buffered({tp})
+            self._seek([rewind])
+            skipped = low - db_next if db_next is not None else 0
+            if skipped > 0:
+                self._metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)
+            log.error(
+                "%s[%d]: retention deleted the re-read from %s (the log starts at %d, past "
+                "%d, the highest offset fetched before it): %d offsets skipped; re-reading "
+                "from %d",
+                tp[0],
+                tp[1],
+                db_next,
+                low,
+                mark,
+                max(skipped, 0),
+                low,
+            )
 
     def _unblock(self, consumer: Consumer, tp: TP) -> None:
         db_next = self.ledger.unblock(tp).offset

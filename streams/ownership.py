@@ -290,6 +290,30 @@ class Ledger:
             )
         return Rewind(_tp(tp), next_offset)
 
+    def marks(self) -> dict[TP, int]:
+        """Consumed partitions whose rewind mark still holds: partition → mark."""
+        return {
+            tp: o.rewound_below
+            for tp, o in self._owned.items()
+            if o.rewound_below is not None and o.consumed()
+        }
+
+    def past_retention(self, tp: TP, log_start: int) -> Rewind | None:
+        """The re-read after a rewind, when retention deleted everything up to its mark:
+        ``log_start`` is past it, so no record at or below the mark can come again and
+        every one above it would be refused as fetched before the seek, for ever (Kafka
+        resets a deleted position to the log start). Re-read from ``log_start`` instead
+        (the caller seeks there and counts the offsets below it as retention's): the mark
+        moves to it, so what was fetched in between is refused until the seek takes
+        effect. None when the mark still holds (or there is none)."""
+        owned = self._owned.get(_tp(tp))
+        mark = None if owned is None or not owned.consumed() else owned.rewound_below
+        if owned is None or mark is None or log_start <= mark:
+            return None
+        owned.rewound_below = log_start
+        owned.taken = owned.refused = None
+        return Rewind(_tp(tp), log_start)
+
     # ---- Kafka commits (advisory) ----------------------------------------------------
 
     def commit_targets(self, assignment: Iterable[TP] | None = None) -> dict[TP, int]:

@@ -571,3 +571,58 @@ def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
     wait_drained(dsn, manifest, group, [b])
     assert b.stop() == 0
     verify_ok(dsn, manifest, group)
+
+
+def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
+    services: Services, dsn: str, tmp_path: Path, topic1: str
+) -> None:
+    """A batch that may not have committed is re-read from the DB offset, records above
+    the highest offset fetched before it refused until the re-read's first arrives. When
+    retention deletes past that offset first, Kafka resets the position to the log start
+    and no such record ever comes: every record was refused, the partition stalled for
+    good (a review found it in the ledger). The worker now re-reads from the log start
+    and counts what retention took."""
+    topic, group = topic1, f"g-{topic1}"
+    sc = Scenario(services.bootstrap, topic, tmp_path / "m.jsonl.gz")
+    a: Worker | None = None
+    try:
+        sc.send([Item.event(step(i), partition=0) for i in range(200)])
+        a = Worker(
+            services,
+            dsn,
+            topic,
+            tmp_path,
+            name="a",
+            faults="after_fetch=stall@2,before_reread=stall@1",
+            fault_stall_seconds=120,
+            batch_max_events=50,
+            writer_connections=1,
+        )
+        wait_until(lambda: fired(a, "after_fetch"), 90, "batch 2 to stall before its write")
+        committed = offset_rows(dsn, group)[0].next_offset
+        assert committed is not None and 0 < committed < 200, committed
+        _intrude(dsn, group, topic, 0)  # batch 2 is fenced: taken back, re-read from its row
+        a.release_stall("after_fetch")
+        wait_until(lambda: fired(a, "before_reread"), 60, "batch 2's re-read")
+        sc.send([Item.event(step(1000 + i), partition=0) for i in range(100)])
+        admin = AdminClient({"bootstrap.servers": services.bootstrap})
+        for future in admin.delete_records([TopicPartition(topic, 0, 250)]).values():
+            future.result(30)
+        rows = db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"]
+        low, high = watermarks(services.bootstrap, topic, 1)[0]
+        assert low == 250, low
+        a.release_stall("before_reread")
+        # each send is a transaction: its commit marker takes the log's last offset
+        wait_until(
+            lambda: offset_rows(dsn, group)[0].next_offset == high - 1,
+            60,
+            "the records past retention's cut to be ingested",
+        )
+        assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == rows + high - 1 - 250
+        assert a.metric("ackline_retention_skipped_offsets_total") == 250 - committed
+        assert "retention deleted the re-read" in a.log()
+        assert a.stop() == 0, a.log()[-3000:]
+    finally:
+        sc.close()
+        if a is not None and a.proc.poll() is None:
+            a.kill()

@@ -218,6 +218,24 @@ def test_records_fetched_while_blocked_cannot_skip_the_re_read_after_unblock() -
         assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
 
 
+def test_a_re_read_whose_range_retention_deleted_resumes_at_the_log_start() -> None:
+    """A batch over 10..14 is dropped: the re-read starts at 10, its mark at 14. Retention
+    deletes up to 19 before the seek back takes effect, so Kafka resets the position to
+    the log start, 20: every record from there is above the mark and was refused as
+    fetched before the seek, for ever. Past the mark, the re-read moves to the log start."""
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
+    ledger.not_committed([PartitionRange(T, 0, 10, 15, epoch=3)], _rows(3, p0=10), 1.0)
+    assert ledger.marks() == {(T, 0): 14}
+    assert ledger.past_retention((T, 0), 14) is None  # 14 may come again: the mark holds
+    assert ledger.admit((T, 0), 20, 7) is Admit.STALE
+    assert ledger.past_retention((T, 0), 20) == Rewind((T, 0), 20)
+    assert ledger.admit((T, 0), 21, 7) is Admit.STALE  # fetched before the seek to 20
+    assert [ledger.admit((T, 0), o, 7) for o in range(20, 23)] == [Admit.TAKE] * 3
+    assert ledger.marks() == {} and ledger.past_retention((T, 0), 30) is None
+
+
 def test_release_drops_ownership() -> None:
     ledger = _ledger(p0=10, p1=10)
     ledger.release([(T, 0)])
