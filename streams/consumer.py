@@ -808,9 +808,10 @@ class ConsumerRuntime:
     def _past_retention(self, consumer: Consumer) -> None:
         """A partition re-read after a rewind whose mark retention deleted (its log start
         past the mark: Kafka reset the position there, and every record would be refused
-        as fetched before the seek back) is re-read from the log start, the offsets
-        below it counted as retention's (:meth:`Ledger.past_retention`). Marks last from a
-        seek back to its first record, so this looks at none almost always."""
+        as fetched before the seek back) is re-read from the log start
+        (:meth:`Ledger.past_retention`: librdkafka drops what was fetched before the
+        seek); the first record's admission counts and logs the offsets retention took.
+        Marks last from a seek back to its first record: this looks at none almost always."""
         for tp, mark in self.ledger.marks().items():
             part = TopicPartition(*tp)
             try:
@@ -819,26 +820,18 @@ class ConsumerRuntime:
                     low, _ = consumer.get_watermark_offsets(part, timeout=_WATERMARK_TIMEOUT_S)
             except KafkaException:
                 continue
-            db_next = self.ledger.db_next(tp)
             rewind = self.ledger.past_retention(tp, low)
             if rewind is None:
                 continue
             self._drop_buffered({tp})
             self._seek([rewind])
-            skipped = low - db_next if db_next is not None else 0
-            if skipped > 0:
-                self._metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)
             log.error(
-                "%s[%d]: retention deleted the re-read from %s (the log starts at %d, past "
-                "%d, the highest offset fetched before it): %d offsets skipped; re-reading "
-                "from %d",
+                "%s[%d]: retention deleted the re-read (the log starts at %d, past %d, the "
+                "highest offset fetched before it): re-reading from the log start",
                 tp[0],
                 tp[1],
-                db_next,
                 low,
                 mark,
-                max(skipped, 0),
-                low,
             )
 
     def _unblock(self, consumer: Consumer, tp: TP) -> None:

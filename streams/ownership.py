@@ -284,10 +284,12 @@ class Ledger:
         fetched = [o for o in (owned.taken, owned.refused) if o is not None]
         owned.taken = owned.refused = None
         high = max(fetched, default=None)
+        earlier = owned.rewound_below
+        if earlier is not None and next_offset is not None and next_offset > earlier:
+            earlier = None  # the re-read starts past an earlier mark: nothing clears it now
+        owned.rewound_below = earlier
         if high is not None and (next_offset is None or next_offset <= high):
-            owned.rewound_below = (
-                high if owned.rewound_below is None else min(high, owned.rewound_below)
-            )
+            owned.rewound_below = high if earlier is None else min(high, earlier)
         return Rewind(_tp(tp), next_offset)
 
     def marks(self) -> dict[TP, int]:
@@ -302,15 +304,17 @@ class Ledger:
         """The re-read after a rewind, when retention deleted everything up to its mark:
         ``log_start`` is past it, so no record at or below the mark can come again and
         every one above it would be refused as fetched before the seek, for ever (Kafka
-        resets a deleted position to the log start). Re-read from ``log_start`` instead
-        (the caller seeks there and counts the offsets below it as retention's): the mark
-        moves to it, so what was fetched in between is refused until the seek takes
-        effect. None when the mark still holds (or there is none)."""
+        resets a deleted position to the log start). Re-read from ``log_start`` instead,
+        with no mark: the first record there may be any offset from ``log_start`` on (a
+        transaction marker or an aborted record takes the log start), so no mark could
+        name it. Only for a runtime whose seek drops what was fetched before it
+        (librdkafka's); the admission of the first record counts the offsets retention
+        took (:meth:`expected`). None when the mark still holds (or there is none)."""
         owned = self._owned.get(_tp(tp))
         mark = None if owned is None or not owned.consumed() else owned.rewound_below
         if owned is None or mark is None or log_start <= mark:
             return None
-        owned.rewound_below = log_start
+        owned.rewound_below = None
         owned.taken = owned.refused = None
         return Rewind(_tp(tp), log_start)
 

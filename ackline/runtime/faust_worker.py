@@ -161,7 +161,6 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
             )
         try:
             await gauges(sink)
-            await _past_retention(app, metrics, sink)
         except Exception:
             log.warning("the lag check failed; again in %g s", LAG_INTERVAL_S, exc_info=True)
 
@@ -172,6 +171,7 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
             metrics.lag.remove(topic, str(partition))
         shown.intersection_update(tracked)
         assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
+        metrics.assigned.set(len(ledger.owned()))  # a retake that failed may not have
         metrics.not_consumed.set(len(assigned - set(ledger.owned())))
         if not tracked:
             return
@@ -190,33 +190,3 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
             shown.add((topic, partition))
 
     return report
-
-
-async def _past_retention(app: FaustApp, metrics: Metrics, sink: FaustSink) -> None:
-    """A re-read whose range retention deleted moves to the log start (the default
-    runtime's ``_past_retention``; :meth:`Ledger.past_retention`)."""
-    marks = sink.ledger.marks()
-    if not marks:
-        return
-    starts = await app.consumer.earliest_offsets(*(TP(t, p) for t, p in marks))
-    for (topic, partition), mark in marks.items():
-        low = starts.get(TP(topic, partition))
-        db_next = sink.ledger.db_next((topic, partition))
-        rewind = None if low is None else sink.ledger.past_retention((topic, partition), low)
-        if rewind is None or rewind.offset is None:
-            continue
-        skipped = rewind.offset - db_next if db_next is not None else 0
-        if skipped > 0:
-            metrics.retention_skipped.labels(topic, str(partition)).inc(skipped)
-        await sink.kafka.seek({rewind.tp: rewind.offset})
-        log.error(
-            "%s[%d]: retention deleted the re-read from %s (the log starts at %d, past %d): "
-            "%d offsets skipped; re-reading from %d",
-            topic,
-            partition,
-            db_next,
-            rewind.offset,
-            mark,
-            max(skipped, 0),
-            rewind.offset,
-        )

@@ -153,7 +153,12 @@ class FaustSink:
 
     async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
         async with self._control_lock:
-            return await claim_over(self._control_db, self._group, self._worker, partitions, starts)
+            return await self._claim_unlocked(partitions, starts)
+
+    async def _claim_unlocked(
+        self, partitions: list[TP], starts: Mapping[TP, int] | None
+    ) -> list[Claim]:
+        return await claim_over(self._control_db, self._group, self._worker, partitions, starts)
 
     async def retake(self) -> None:
         """Take back the fenced partitions that Kafka still assigns to this worker.
@@ -166,16 +171,17 @@ class FaustSink:
         soon (the ledger's doubling wait); fenced partitions Kafka no longer assigns here
         are released.
         """
-        due = self.ledger.retakes_due(time.monotonic())
-        if not due:
-            return
-        assigned = self.kafka.assigned()
-        self.ledger.release([tp for tp in due if tp not in assigned])
-        wanted = [tp for tp in due if tp in assigned]
-        if not wanted:
-            return
-        claims = await self._claim(wanted, None)
-        rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
+        async with self._control_lock:  # what is due, its claim and the ledger: one step
+            due = self.ledger.retakes_due(time.monotonic())
+            if not due:
+                return
+            assigned = self.kafka.assigned()
+            self.ledger.release([tp for tp in due if tp not in assigned])
+            wanted = [tp for tp in due if tp in assigned]
+            if not wanted:
+                return
+            claims = await self._claim_unlocked(wanted, None)
+            rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
         await self.kafka.seek({r.tp: r.offset for r in rewinds})
         self._metrics.assigned.set(len(self.ledger.owned()))
         if rewinds:

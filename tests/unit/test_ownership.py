@@ -222,18 +222,34 @@ def test_a_re_read_whose_range_retention_deleted_resumes_at_the_log_start() -> N
     """A batch over 10..14 is dropped: the re-read starts at 10, its mark at 14. Retention
     deletes up to 19 before the seek back takes effect, so Kafka resets the position to
     the log start, 20: every record from there is above the mark and was refused as
-    fetched before the seek, for ever. Past the mark, the re-read moves to the log start."""
+    fetched before the seek, for ever. Past the mark, the re-read moves to the log start
+    with no mark (20 may be a transaction marker: the first record may be 21)."""
     ledger = _ledger(p0=10)
     for offset in range(10, 15):
         assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
     ledger.not_committed([PartitionRange(T, 0, 10, 15, epoch=3)], _rows(3, p0=10), 1.0)
     assert ledger.marks() == {(T, 0): 14}
     assert ledger.past_retention((T, 0), 14) is None  # 14 may come again: the mark holds
-    assert ledger.admit((T, 0), 20, 7) is Admit.STALE
+    assert ledger.admit((T, 0), 21, 7) is Admit.STALE
+    assert ledger.expected((T, 0)) is None  # no gap counted while the mark holds
     assert ledger.past_retention((T, 0), 20) == Rewind((T, 0), 20)
-    assert ledger.admit((T, 0), 21, 7) is Admit.STALE  # fetched before the seek to 20
-    assert [ledger.admit((T, 0), o, 7) for o in range(20, 23)] == [Admit.TAKE] * 3
     assert ledger.marks() == {} and ledger.past_retention((T, 0), 30) is None
+    assert ledger.expected((T, 0)) == 10  # the first record's admission counts 10..20
+    assert [ledger.admit((T, 0), o, 7) for o in range(21, 24)] == [Admit.TAKE] * 3
+
+
+def test_a_re_read_past_an_earlier_mark_drops_it() -> None:
+    """Rewound to 10 with 14 taken (mark 14); cut off from the group before the re-read's
+    first record, while another worker committed up to 300; taken back there. The
+    earlier mark held: every record from 300 on was refused as fetched before a seek,
+    for ever (a review reproduced it in this ledger)."""
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        ledger.admit((T, 0), offset, 7)
+    ledger.not_committed([PartitionRange(T, 0, 10, 15, epoch=3)], _rows(3, p0=10), 1.0)
+    ledger.suspend_all(2.0)
+    assert ledger.retake(Claim(T, 0, 300, epoch=9)) == Rewind((T, 0), 300)
+    assert ledger.admit((T, 0), 300, 7) is Admit.TAKE
 
 
 def test_release_drops_ownership() -> None:
