@@ -811,7 +811,10 @@ class ConsumerRuntime:
         as fetched before the seek back) is re-read from the log start
         (:meth:`Ledger.past_retention`: librdkafka drops what was fetched before the
         seek); the first record's admission counts and logs the offsets retention took.
-        Marks last from a seek back to its first record: this looks at none almost always."""
+        Only once the read has passed the mark (its position beyond it): until then the
+        re-read's records at or below it may still be queued in librdkafka, which the
+        seek would drop. Marks last from a seek back to its first record: this looks at
+        none almost always."""
         for tp, mark in self.ledger.marks().items():
             part = TopicPartition(*tp)
             try:
@@ -819,6 +822,14 @@ class ConsumerRuntime:
                 if low < 0:
                     low, _ = consumer.get_watermark_offsets(part, timeout=_WATERMARK_TIMEOUT_S)
             except KafkaException:
+                continue
+            if low <= mark:
+                continue
+            try:  # the read passed the mark: a record above it was delivered (and refused)
+                (at,) = consumer.position([part])
+            except KafkaException:
+                continue
+            if at.offset <= mark:  # INVALID (negative) until one is: N..M may be queued
                 continue
             rewind = self.ledger.past_retention(tp, low)
             if rewind is None:

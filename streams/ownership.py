@@ -159,9 +159,12 @@ class Ledger:
 
     def expected(self, tp: TP) -> int | None:
         """The offset the next record of ``tp`` should have at least (after the last one
-        taken, else the DB next offset); None when unknown. For retention-gap checks."""
+        taken, else the DB next offset); None when unknown. For retention-gap checks: a
+        re-read after a rewind counts too (nothing is taken while its mark holds, so its
+        first record is measured from the DB offset: retention may have taken the start
+        of the range it re-reads)."""
         owned = self._owned.get(_tp(tp))
-        if owned is None or owned.rewound_below is not None:
+        if owned is None:
             return None
         if owned.taken is not None:
             return owned.taken + 1

@@ -231,11 +231,24 @@ def test_a_re_read_whose_range_retention_deleted_resumes_at_the_log_start() -> N
     assert ledger.marks() == {(T, 0): 14}
     assert ledger.past_retention((T, 0), 14) is None  # 14 may come again: the mark holds
     assert ledger.admit((T, 0), 21, 7) is Admit.STALE
-    assert ledger.expected((T, 0)) is None  # no gap counted while the mark holds
+    assert ledger.expected((T, 0)) == 10  # nothing taken while the mark holds
     assert ledger.past_retention((T, 0), 20) == Rewind((T, 0), 20)
     assert ledger.marks() == {} and ledger.past_retention((T, 0), 30) is None
     assert ledger.expected((T, 0)) == 10  # the first record's admission counts 10..20
     assert [ledger.admit((T, 0), o, 7) for o in range(21, 24)] == [Admit.TAKE] * 3
+
+
+def test_the_first_record_of_a_re_read_is_measured_from_the_db_offset() -> None:
+    """Rewound to 10 (mark 14); retention deletes up to 12 and Kafka resets the re-read
+    there: 12 clears the mark and is taken. What it skipped (10, 11) is measured from the
+    DB offset; it was not measured at all while a mark held (a review found it)."""
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        ledger.admit((T, 0), offset, 7)
+    ledger.not_committed([PartitionRange(T, 0, 10, 15, epoch=3)], _rows(3, p0=10), 1.0)
+    assert ledger.expected((T, 0)) == 10
+    assert ledger.admit((T, 0), 12, 7) is Admit.TAKE
+    assert ledger.expected((T, 0)) == 13
 
 
 def test_a_re_read_past_an_earlier_mark_drops_it() -> None:
