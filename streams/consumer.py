@@ -60,7 +60,13 @@ from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
-from ackline.streams.lag import PartitionWatch, count_retention_gap, partition_lag, watermarks
+from ackline.streams.lag import (
+    PartitionWatch,
+    count_retention_gap,
+    log_start,
+    partition_lag,
+    watermarks,
+)
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger, Rewind, past_log_end
 from ackline.streams.slots import BUFFERED_BATCHES, Looked, Slot, SlotMap
 
@@ -816,17 +822,11 @@ class ConsumerRuntime:
         seek would drop. Marks last from a seek back to its first record: this looks at
         none almost always."""
         for tp, mark in self.ledger.marks().items():
-            part = TopicPartition(*tp)
-            try:
-                low, _ = consumer.get_watermark_offsets(part, cached=True)
-                if low < 0:
-                    low, _ = consumer.get_watermark_offsets(part, timeout=_WATERMARK_TIMEOUT_S)
-            except KafkaException:
-                continue
-            if low <= mark:
+            low = log_start(consumer, tp)
+            if low is None or low <= mark:
                 continue
             try:  # the read passed the mark: a record above it was delivered (and refused)
-                (at,) = consumer.position([part])
+                (at,) = consumer.position([TopicPartition(*tp)])
             except KafkaException:
                 continue
             if at.offset <= mark:  # INVALID (negative) until one is: N..M may be queued

@@ -88,6 +88,20 @@ def watermarks(consumer: Consumer, tps: list[TP], timeout_s: float) -> dict[TP, 
     return found
 
 
+def log_start(consumer: Consumer, tp: TP) -> int | None:
+    """``tp``'s log start offset: librdkafka's cached one (fetch responses carry it), else
+    asked of the broker; None (logged) when it cannot be read."""
+    part = TopicPartition(tp[0], tp[1])
+    try:
+        low, _ = consumer.get_watermark_offsets(part, cached=True)
+        if low < 0:
+            low, _ = consumer.get_watermark_offsets(part, timeout=5)
+    except KafkaException as exc:
+        log.info("cannot read the log start of %s[%d]: %s", tp[0], tp[1], exc)
+        return None
+    return int(low)
+
+
 def count_retention_gap(
     consumer: Consumer | None, metrics: Metrics, tp: TP, expected: int, offset: int
 ) -> int:
@@ -100,15 +114,8 @@ def count_retention_gap(
     """
     if consumer is None:
         return 0
-    part = TopicPartition(tp[0], tp[1])
-    try:
-        low, _ = consumer.get_watermark_offsets(part, cached=True)
-        if low < 0:
-            low, _ = consumer.get_watermark_offsets(part, timeout=5)
-    except KafkaException as exc:
-        log.info("cannot read the log start of %s[%d]: %s", tp[0], tp[1], exc)
-        return 0
-    if low <= expected:
+    low = log_start(consumer, tp)
+    if low is None or low <= expected:
         return 0
     skipped = min(low, offset) - expected
     metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)

@@ -314,8 +314,9 @@ class Ledger:
         (librdkafka's); the admission of the first record counts the offsets retention
         took (:meth:`expected`). None when the mark still holds (or there is none)."""
         owned = self._owned.get(_tp(tp))
-        mark = None if owned is None or not owned.consumed() else owned.rewound_below
-        if owned is None or mark is None or log_start <= mark:
+        if owned is None or not owned.consumed() or owned.rewound_below is None:
+            return None
+        if log_start <= owned.rewound_below:
             return None
         owned.rewound_below = None
         owned.taken = owned.refused = None

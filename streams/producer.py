@@ -777,9 +777,8 @@ class ActivityProducer:
             except (KafkaException, SystemError) as exc:
                 unheld(exc)
                 found = kafka_error(exc)
-                if found is None:  # a SystemError with no error behind it
-                    self._broken = unexplained(exc, "commit_transaction", asked=True)
-                    raise self._broken from exc
+                if found is None:  # a bare SystemError: _commit calls the outcome unknown
+                    raise
                 err: KafkaError = found
                 action = txn_action(err)
                 if action == "abort":

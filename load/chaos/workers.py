@@ -248,8 +248,8 @@ def _sigkill(inc: Incarnation) -> int:
     A process SIGKILLed runs no more code, but one with a thread in uninterruptible sleep
     (a write the host's disk has not finished) is not gone until that ends. Not reaped
     within :data:`REAP_WAIT_S`, the run says so on stderr, with the kernel's state of it,
-    and goes on (the next start or the run's end reaps it): this wait raised out of the
-    run before, which then ended without its verdict."""
+    and goes on (it stays a zombie until the harness exits; nothing counts it again): this
+    wait raised out of the run before, which then ended without its verdict."""
     inc.killed = True
     inc.proc.kill()
     try:

@@ -93,6 +93,19 @@ def test_a_raising_default_hook_leaves_send_transaction_s_deliveries_as_they_wer
     assert len(failures) == len(values), caplog.text
 
 
+def _interrupting(at_call: int) -> DeliveryHook:
+    """A hook that raises KeyboardInterrupt on its ``at_call``-th report, and only then."""
+    calls = 0
+
+    def hook(err: KafkaError | None, msg: Message) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == at_call:
+            raise KeyboardInterrupt
+
+    return hook
+
+
 def _resend(services: Services, topic: str, slot: str, records: list[Outgoing]) -> None:
     """The same records from a new instance of ``slot`` (its start settles the old one's
     transaction)."""
@@ -116,13 +129,7 @@ def test_an_interrupt_from_a_hook_inside_the_commit_leaves_the_instance_unusable
     each record is in the topic once; on the last it may have been (once or twice)."""
     records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
     slot = f"svc-{uuid.uuid4().hex[:8]}"
-    calls: list[bytes] = []
-
-    def interrupt(err: KafkaError | None, msg: Message) -> None:
-        calls.append(msg.value())
-        if len(calls) == (1 if at == "first" else len(records)):
-            raise KeyboardInterrupt
-
+    interrupt = _interrupting(1 if at == "first" else len(records))
     producer = ActivityProducer(services.bootstrap, topic, slot)
     producer.start()
     try:
@@ -151,14 +158,7 @@ def test_an_interrupt_from_a_hook_inside_an_abort_leaves_the_instance_unusable(
     meet the abort still in progress)."""
     records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
     slot = f"svc-{uuid.uuid4().hex[:8]}"
-
-    calls: list[bytes] = []
-
-    def interrupt(err: KafkaError | None, msg: Message) -> None:
-        calls.append(msg.value())
-        if len(calls) == 1:  # once: close() serves the reports the abort did not
-            raise KeyboardInterrupt
-
+    interrupt = _interrupting(1)  # once: close() serves the reports the abort did not
     producer = ActivityProducer(services.bootstrap, topic, slot)
     producer.start()
     try:
