@@ -413,6 +413,14 @@ CALLBACKS: Final = ("error_cb", "throttle_cb", "stats_cb")
 transactional calls (besides ``on_delivery``, which each SDK handles itself)."""
 
 
+def is_async_callable(callback: object) -> bool:
+    """Whether calling ``callback`` returns a coroutine: a coroutine function, or an
+    object whose ``__call__`` is one (``inspect.iscoroutinefunction`` says no to such an
+    object, and AIOProducer awaits it all the same). Pure."""
+    call = inspect.getattr_static(type(callback), "__call__", None)
+    return inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(call)
+
+
 def shielded(callback: Callable[..., Any], what: str) -> Callable[..., Any]:
     """``callback``, with what it raises (an Exception) logged with its traceback instead;
     a coroutine function stays one (confluent-kafka's AIOProducer awaits its callbacks).
@@ -424,7 +432,7 @@ def shielded(callback: Callable[..., Any], what: str) -> Callable[..., Any]:
     too. KeyboardInterrupt and SystemExit still come out: the calls that serve callbacks
     treat them as an interruption (the instance unusable)."""
 
-    if inspect.iscoroutinefunction(callback):
+    if is_async_callable(callback):
 
         async def acall(*args: Any) -> None:
             try:
@@ -450,7 +458,7 @@ def check_callbacks(extra: dict[str, Any] | None, *, coroutines: bool) -> None:
     never awaited: the callback silently never runs). Pure."""
     for name in CALLBACKS:
         callback = (extra or {}).get(name)
-        if callback is not None and inspect.iscoroutinefunction(callback) != coroutines:
+        if callback is not None and is_async_callable(callback) != coroutines:
             kind, sdk = (
                 ("a coroutine function (async def)", "asyncio")
                 if coroutines
@@ -536,9 +544,19 @@ def default_hook(conf: dict[str, Any]) -> DeliveryHook | None:
     without a callback, and the SDK gives every record one (its bookkeeping), so the SDK
     calls it itself, last, for each record sent without a hook of its own."""
     hook = conf.pop("on_delivery", None)
-    if hook is not None and not callable(hook):
-        raise ProduceError(f"on_delivery must be a callable(err, msg), not {hook!r}")
+    if hook is not None:
+        check_hook(hook)
     return hook  # type: ignore[no-any-return]
+
+
+def check_hook(hook: object) -> None:
+    """Refuse an ``on_delivery`` hook the synchronous SDK cannot call: not callable, or a
+    coroutine function (its coroutine would never be awaited: the hook silently never
+    runs). Pure."""
+    if not callable(hook) or is_async_callable(hook):
+        raise ProduceError(
+            f"on_delivery must be a plain callable(err, msg), not a coroutine function: {hook!r}"
+        )
 
 
 class ActivityProducer:
@@ -943,6 +961,8 @@ class ActivityProducer:
         ``then`` is :func:`shielded`: librdkafka serves reports inside commit_transaction
         and abort_transaction, and a hook's exception let out there would stop the call
         and stand in for its result."""
+        if then is not None:
+            check_hook(then)
         hook = None if then is None else shielded(then, "on_delivery hook")
 
         def report(err: KafkaError | None, msg: Message) -> None:

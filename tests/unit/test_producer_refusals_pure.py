@@ -17,6 +17,7 @@ from ackline.streams.producer import (
     SDK_MESSAGE_MAX_BYTES,
     ActivityProducer,
     Outgoing,
+    check_callbacks,
     check_fits,
     client_limits,
     failure_causes,
@@ -140,3 +141,43 @@ def test_the_asyncio_producer_refuses_a_default_on_delivery_naming_it() -> None:
 
     with pytest.raises(ProduceError, match=r"on_delivery.*delivery future"):
         AsyncActivityProducer("127.0.0.1:9", "t", "svc", extra={"on_delivery": print})
+
+
+class _AsyncCallable:
+    """A callback object whose ``__call__`` is a coroutine function: AIOProducer awaits
+    what it returns, as it does a coroutine function's."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def __call__(self, raw: str) -> None:
+        self.seen.append(raw)
+        raise RuntimeError("the service's stats_cb failed")
+
+
+def test_an_object_with_an_async_call_is_a_coroutine_callback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Judged by ``inspect.iscoroutinefunction`` alone, such an object was refused by the
+    asyncio SDK (it works there) and accepted by the synchronous one (where it never runs),
+    and shielded() wrapped it as a plain function: AIOProducer then awaited None."""
+    callback = _AsyncCallable()
+    check_callbacks({"stats_cb": callback}, coroutines=True)
+    with pytest.raises(ProduceError, match="stats_cb in extra must be a plain function"):
+        check_callbacks({"stats_cb": callback}, coroutines=False)
+    wrapped = transactional_config("127.0.0.1:9", "svc-x", {"stats_cb": callback})["stats_cb"]
+    assert asyncio.run(wrapped("{}")) is None
+    assert callback.seen == ["{}"]
+    assert "stats_cb raised" in caplog.text
+
+
+def test_a_coroutine_delivery_hook_is_refused_by_the_synchronous_sdk() -> None:
+    """librdkafka calls a delivery hook; a coroutine's would never be awaited, so the hook
+    silently never ran. It is refused, in ``extra`` when the producer is made."""
+
+    async def hook(err: KafkaError | None, msg: object) -> None:
+        pass
+
+    for bad in (hook, _AsyncCallable(), "not callable"):
+        with pytest.raises(ProduceError, match="on_delivery must be a plain callable"):
+            ActivityProducer("127.0.0.1:9", "t", "svc-x", extra={"on_delivery": bad})
