@@ -357,12 +357,32 @@ class Reader:
             yield batch
             if batch.transactions:
                 await self._faults.ahit("feed_before_commit")
+            if batch.end != batch.start:
+                await self._still_open(conn)
         except BaseException:
             await _rollback_quietly(conn, tr)
             raise
         await tr.commit()
         self.stats.transactions += batch.transactions
         self.stats.delivered += len(batch.events)
+
+    async def _still_open(self, conn: asyncpg.Connection) -> None:
+        """Raise FeedError if the batch's transaction is aborted: a statement of the body
+        failed and the body caught the error. PostgreSQL answers COMMIT of an aborted
+        transaction with ROLLBACK, not an error, so the batch (side effects and cursor)
+        would be rolled back while next_batch returned as if it had committed, and the
+        same batch would come again for ever. Any statement fails in an aborted
+        transaction; this one reads the cursor the batch moved."""
+        try:
+            await conn.fetchrow(_CURSOR, self.name)
+        except asyncpg.InFailedSQLTransactionError as exc:
+            raise FeedError(
+                f"reader {self.name!r}: a statement of the batch's transaction failed and "
+                "the handler went on, so the transaction is aborted: its side effects and "
+                "the cursor are rolled back and the batch comes again. Let the error out "
+                "of the handler, or catch it inside a savepoint (async with "
+                "conn.transaction())"
+            ) from exc
 
     async def _claim(self, conn: asyncpg.Connection, limit: int | None) -> FeedBatch:
         row = await conn.fetchrow(_CURSOR, self.name)

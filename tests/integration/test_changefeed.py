@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -119,6 +120,16 @@ class Gate(Faults):
         if point == "before_commit":
             self.reached.set()
             await self.release.wait()
+
+
+async def write_steps(dsn: str, request: str, agent: str, n: int) -> None:
+    """One ingested batch of ``n`` steps of ``request`` on partition 0, from offset 0."""
+    epochs = await take(dsn, [0])
+    database = Database(dsn)
+    await BatchWriter(database, GROUP, "w").write(
+        batch_of([step(request, agent, i) for i in range(n)], epochs[0], 0, 0)
+    )
+    await database.close()
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -359,12 +370,7 @@ def test_a_read_inside_a_transaction_holding_an_xid_is_refused(dsn: str) -> None
 
 def test_a_failing_handler_rolls_back_its_effects_and_the_cursor(dsn: str) -> None:
     async def go() -> None:
-        epochs = await take(dsn, [0])
-        database = Database(dsn)
-        await BatchWriter(database, GROUP, "w").write(
-            batch_of([step("r1", "a1", i) for i in range(4)], epochs[0], 0, 0)
-        )
-        await database.close()
+        await write_steps(dsn, "r1", "a1", 4)
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(DELIVERIES)
@@ -382,6 +388,34 @@ def test_a_failing_handler_rolls_back_its_effects_and_the_cursor(dsn: str) -> No
             assert [e.event_id for e in again.events] == [e.event_id for e in batch.events]
             assert await reader.position(conn) == again.end != before
             assert await conn.fetchval("SELECT count(*) FROM deliveries") == 4
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_handler_that_swallows_a_database_error_does_not_pass_for_committed(dsn: str) -> None:
+    """A statement that fails aborts the batch's transaction; a handler that catches the
+    error and returns left COMMIT to roll back the side effects and the cursor without a
+    word, and next_batch counted the batch as delivered: the same batch came again, for
+    ever. It now raises, naming what happened."""
+
+    async def go() -> None:
+        await write_steps(dsn, "r2", "a2", 3)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(DELIVERIES)
+            reader = Reader("swallow", Changefeed())
+            before = await reader.position(conn)
+            with pytest.raises(FeedError, match="aborted"):
+                async with reader.next_batch(conn) as batch:
+                    await deliver_into_table(conn, batch, "x")
+                    # the handler "handles" the error; the transaction is aborted
+                    with contextlib.suppress(asyncpg.DivisionByZeroError):
+                        await conn.execute("SELECT 1 / 0")
+            assert reader.stats.delivered == 0
+            assert await reader.position(conn) == before
+            assert await conn.fetchval("SELECT count(*) FROM deliveries") == 0
         finally:
             await conn.close()
 
