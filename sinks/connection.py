@@ -328,13 +328,15 @@ class Database:
         if conn is not None:
             drop(conn)
 
-    async def close(self) -> None:
-        """Close politely (bounded); terminate when that does not finish in time."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Close politely within ``timeout`` (default: the connect bound); terminate when
+        that does not finish in time."""
         conn, self._conn = self._conn, None
         self._session = None
         if conn is not None and not conn.is_closed():
+            bound = self.bounds.connect_s if timeout is None else timeout
             try:
-                async with asyncio.timeout(self.bounds.connect_s):  # not wait_for: see _open
+                async with asyncio.timeout(bound):  # not wait_for: see _open
                     await conn.close()
             except Exception:
                 drop(conn)

@@ -175,16 +175,25 @@ def stop_signals(
     loop: asyncio.AbstractEventLoop,
     request_stop: Callable[[], None],
     on_signal: Callable[[int], None] | None = None,
+    on_repeat: Callable[[int], None] | None = None,
 ) -> Iterator[None]:
     """SIGTERM and SIGINT request a clean stop while the block runs (``on_signal`` is told
-    which came); after it, the handlers that were there before are back. The loop's
-    ``remove_signal_handler`` leaves the default action behind (SIGTERM kills at once), so
-    a command that goes on after the worker (``ackline demo`` verifies, then stops its
-    stack) would have been killed mid-cleanup by a later SIGTERM."""
+    which came); a later one calls ``on_repeat`` instead, when given (an operator who
+    signals again means now). After the block, the handlers that were there before are
+    back. The loop's ``remove_signal_handler`` leaves the default action behind (SIGTERM
+    kills at once), so a command that goes on after the worker (``ackline demo``
+    verifies, then stops its stack) would have been killed mid-cleanup by a later
+    SIGTERM."""
     stops = (signal.SIGTERM, signal.SIGINT)
     before = {sig: signal.getsignal(sig) for sig in stops}
+    seen = False
 
     def stop(sig: int) -> None:
+        nonlocal seen
+        if seen and on_repeat is not None:
+            on_repeat(sig)
+            return
+        seen = True
         if on_signal is not None:
             on_signal(sig)
         request_stop()

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -82,9 +84,15 @@ async def run(
         ingest.faults,
     )
     runtime.drain_and_stop = until_drained
+    stopping = asyncio.Event()
+
+    def request_stop() -> None:
+        runtime.request_stop()
+        stopping.set()
+
     # First, so a stop request during start-up ends the run cleanly (status 0) as soon as
     # the loop runs again, instead of killing the process mid-start.
-    with stop_signals(loop, runtime.request_stop, on_signal):
+    with stop_signals(loop, request_stop, on_signal, exit_now):
         partitions = prepare_topics(
             bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf
         )
@@ -110,16 +118,65 @@ async def run(
         _tune_switching()
         thread = threading.Thread(target=body, name="ackline-consumer", daemon=True)
         thread.start()
+        status = 0
         try:
-            await done
+            if not await _joined(done, stopping, settings.shutdown_wait_s + CLOSE_WAIT_S):
+                log.error(
+                    "the consumer did not close within %g s of the stop request "
+                    "(ACKLINE_SHUTDOWN_WAIT_S + %g s): Kafka does not answer its offset "
+                    "commit or LeaveGroup. Exiting without leaving the group: what "
+                    "committed in PostgreSQL stands, and the group reassigns the "
+                    "partitions after the session timeout",
+                    settings.shutdown_wait_s + CLOSE_WAIT_S,
+                    CLOSE_WAIT_S,
+                )
+                status = 1
         finally:
-            runtime.request_stop()
+            request_stop()
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
-            await ingest.close()
+            await ingest.close(CLOSE_WAIT_S)
     log.info("stopped after %d committed batches", runtime.committed_batches)
-    return 0
+    return status
+
+
+CLOSE_WAIT_S = 10.0
+"""How long the consumer's close (store offsets, commit them, leave the group) and the
+connections' close may take after the batches in flight settled. librdkafka's close
+waits for the broker with no bound of its own: with the broker gone, a worker stayed
+deaf to SIGTERM until it came back."""
+
+
+async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: float) -> bool:
+    """Wait for the consumer thread's end (``done``, whose exception is raised); once a
+    stop is requested, at most ``bound_s`` more. False when that bound ran out: the
+    thread, a daemon, is left blocked in librdkafka and the process exits without it."""
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((done, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not done.done():
+        await asyncio.wait((done,), timeout=bound_s)
+        if not done.done():
+            return False
+    done.result()
+    return True
+
+
+def exit_now(sig: int) -> None:
+    """A second SIGTERM or SIGINT: exit at once, status 128 + the signal. Safe at any
+    point: PostgreSQL decides what committed (a transaction cut before its COMMIT rolls
+    back, and its records are re-read from the DB offsets); Kafka's offsets are only
+    advisory."""
+    log.warning(
+        "%s again while stopping: exiting now; what committed in PostgreSQL stands, the "
+        "batches in flight are re-read by the next owner",
+        signal.Signals(sig).name,
+    )
+    logging.shutdown()
+    os._exit(128 + sig)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

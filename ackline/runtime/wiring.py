@@ -10,6 +10,7 @@ confluent-kafka consumer thread (:mod:`ackline.runtime.confluent`) or the faust 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import time
@@ -97,13 +98,13 @@ class Ingest:
             },
         )
 
-    async def close(self) -> None:
-        """Stop the status server, flush the dead-letter producer, close the connections."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop the status server, flush the dead-letter producer, close the connections:
+        all at once, each within ``timeout`` (else its own bound), so a database that
+        stopped answering costs one bound, not one per connection."""
         self.server.close()
         self.dead_letters.close()
-        for db in self.dbs:
-            await db.close()
-        await self.control_db.close()
+        await asyncio.gather(*(db.close(timeout) for db in (*self.dbs, self.control_db)))
 
     @property
     def writer(self) -> BatchWriter:

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,10 @@ from confluent_kafka import Producer
 
 from ackline.streams.admin import delete_topic, ensure_topic, partition_count
 from ackline.streams.errors import TopicError
+from ackline.streams.producer import ActivityProducer, prepare
 from tests.integration.harness import Services, db, wait_until
+from tests.integration.producing import ingested, unit_of_work
+from tests.integration.test_aio_producer import frozen_broker
 from tests.integration.windows import watermarks
 
 SHUTDOWN_WAIT_S = 2
@@ -508,3 +512,91 @@ def test_a_sigterm_asyncpg_dropped_still_stops_a_one_shot_command(
     assert sent, "no statement was written"
     assert status == EXIT_TERMINATED
     assert signal.getsignal(signal.SIGTERM) == before  # the CLI's block put it back
+
+
+def _worker_with_a_frozen_broker(
+    services: Services, dsn: str, topic: str, tmp_path: Path, name: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A default-runtime worker that has ingested a transaction of records (the broker is
+    frozen by the caller: SIGSTOP, a host that vanished without closing its sockets)."""
+    log = tmp_path / f"{name}.log"
+    env = _env(
+        ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
+        ACKLINE_DATABASE_URL=dsn,
+        ACKLINE_TOPIC=topic,
+        ACKLINE_GROUP_ID=f"g-{topic}",
+        ACKLINE_DLQ_TOPIC=f"{topic}.dlq",
+        ACKLINE_METRICS_PORT="0",
+    )
+    sent = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-s", 20)]
+    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    try:
+        producer.send_transaction(sent, timeout=30)
+    finally:
+        producer.close()
+    proc = _spawn(["run"], env, log)
+    try:
+        # offsets to commit at the close: the commit is what waited for the broker
+        wait_until(lambda: ingested(dsn).rows == len(sent), 90, "the records ingested")
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return proc, log
+
+
+def test_a_worker_whose_broker_vanished_stops_at_sigterm(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """From a hostile review: with the broker unreachable, librdkafka's consumer close
+    (its LeaveGroup and offset commit) waited for the broker with no bound, and the
+    worker stayed deaf to SIGTERM until the broker came back (670 s there). The stop is
+    now bounded by ACKLINE_SHUTDOWN_WAIT_S plus the close's own bound."""
+    proc, log = _worker_with_a_frozen_broker(services, dsn, topic, tmp_path, "vanished")
+    try:
+        with frozen_broker(services):
+            time.sleep(1)
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                status = proc.wait(SHUTDOWN_WAIT_S + 30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"still running {time.monotonic() - began:.0f} s after SIGTERM with the "
+                    f"broker away:\n{log.read_text(errors='replace')[-3000:]}"
+                ) from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    text = log.read_text(errors="replace")
+    assert status != 0, text[-3000:]  # it could not leave its group: not a clean stop
+    assert "did not close" in text, text[-3000:]
+
+
+def test_a_second_sigterm_ends_a_stopping_worker_at_once(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """An operator who sends SIGTERM again (or presses Ctrl-C twice) means now: the
+    second signal was ignored while the first stop waited (the broker away: minutes).
+    The database decides what committed, so the worker exits at once (128 + signal)."""
+    proc, log = _worker_with_a_frozen_broker(services, dsn, topic, tmp_path, "twice")
+    try:
+        with frozen_broker(services):
+            time.sleep(1)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1)
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            proc.send_signal(signal.SIGTERM)
+            try:
+                status = proc.wait(10)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"a second SIGTERM did not end it:\n{log.read_text(errors='replace')[-3000:]}"
+                ) from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert status == 128 + signal.SIGTERM, log.read_text(errors="replace")[-3000:]
