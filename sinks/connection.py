@@ -92,6 +92,23 @@ def is_transient(exc: BaseException, conn: asyncpg.Connection | None = None) -> 
     return isinstance(exc, asyncpg.InterfaceError) and (conn is None or conn.is_closed())
 
 
+def went_away(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether ``exc``, raised by code of the caller's own on ``conn`` (a processor's
+    ``apply``, a changefeed handler), is the database's doing (retry the batch on a new
+    connection) rather than that code's (stop: the same batch would fail the same way).
+
+    Stricter than :func:`is_transient`: an OSError or TimeoutError counts only when the
+    connection is closed (the caller's code raises them too: a missing file, a full
+    disk, a socket of its own), and a cancelled statement (``statement_timeout``) is
+    the batch's failure, not the database's.
+    """
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+        return False
+    if isinstance(exc, (OSError, TimeoutError)):
+        return conn.is_closed()
+    return is_transient(exc, conn)
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """Every bound of a :class:`Database`'s waits, in seconds unless named ``_ms``."""

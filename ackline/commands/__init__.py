@@ -7,6 +7,7 @@ heavy dependencies inside the handler so `ackline --help` and `ackline dev` stay
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,3 +22,15 @@ MODULES = (
     "retention",
     "erase",
 )
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (``0`` or less polled in a
+    busy loop; ``nan`` turned polling off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
+    return value

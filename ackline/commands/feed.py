@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, positive_seconds
 from ackline.core.signals import ignore_sigterm, run_stoppable
 from ackline.settings import Settings
 
@@ -152,7 +152,11 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
     feed = Changefeed(Filter.of(args.types, args.agents))
     connect = _guarded(
         dsn,
-        connector(dsn, f"ackline-tail:{args.reader or '-'}"),
+        connector(
+            dsn,
+            f"ackline-tail:{args.reader or '-'}",
+            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        ),
         settings,
         give_up=not args.follow,
     )
@@ -174,7 +178,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
             for event in batch.events:
                 sys.stdout.write(event_line(event) + "\n")
             sys.stdout.flush()
-        except BrokenPipeError as exc:  # an OSError, which follow() would retry
+        except BrokenPipeError as exc:  # the reader of our stdout left: not an error
             raise _StdoutClosed() from exc
 
     stop = asyncio.Event()
@@ -190,6 +194,10 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
                     poll_interval=args.poll_interval,
                     limit=args.limit,
                     batch_events=args.batch_events,
+                    # only --commit prints inside a transaction (LocalReader autocommits)
+                    idle_in_transaction_s=(
+                        settings.db_idle_in_transaction_timeout_ms / 1000 if args.commit else None
+                    ),
                 )
             )
         except _StdoutClosed:
@@ -315,7 +323,9 @@ def register(sub: Subparsers) -> None:
         help="events per read (bounds memory: one feed transaction, such as a large "
         "erasure, can hold millions; a read cut inside it resumes there)",
     )
-    tail.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
+    tail.add_argument(
+        "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
+    )
     tail.set_defaults(handler=cmd_tail)
 
     disp = sub.add_parser(
@@ -326,7 +336,9 @@ def register(sub: Subparsers) -> None:
     disp.add_argument("--reader", default="dispatcher", help="cursor name, shared by instances")
     disp.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")
     disp.add_argument("--once", action="store_true", help="exit once caught up")
-    disp.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
+    disp.add_argument(
+        "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
+    )
     disp.add_argument(
         "--max-transactions", type=int, default=64, help="feed transactions per batch"
     )

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, positive_seconds
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable, stop_signals
 from ackline.settings import Settings
@@ -354,7 +354,9 @@ def register(sub: Subparsers) -> None:
     proc.add_argument(
         "--max-transactions", type=int, default=16, help="ingest transactions per feed read"
     )
-    proc.add_argument("--poll-interval", type=float, default=2.0, help="fallback poll, seconds")
+    proc.add_argument(
+        "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
+    )
     proc.set_defaults(handler=cmd_process)
 
     p = sub.add_parser("processors", help="stream processors: list, status, pause, resume, reset")

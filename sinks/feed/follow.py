@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import asyncpg
 
-from ackline.sinks.connection import is_transient
+from ackline.sinks.connection import is_transient, went_away
+from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ async def follow(
     batch_events: int | None = None,
     on_commit: Callable[[Committed[T]], None] | None = None,
     on_transient: Callable[[BaseException], None] | None = None,
+    idle_in_transaction_s: float | None = None,
 ) -> Cursor:
     """Run ``handle(conn, batch)`` inside each of ``reader``'s batches until ``stop``.
 
@@ -77,6 +80,14 @@ async def follow(
     repeated (it is then missing from ``on_commit`` and the reader's stats, which count
     confirmed commits only). ``on_commit`` runs after each COMMIT, ``on_transient`` on
     each transient error before the reconnect.
+
+    What ``handle`` raises is retried only when it is the database's doing
+    (:func:`~ackline.sinks.connection.went_away`): a full disk under the handler's own
+    output, or its failing statement, would fail the same batch again for ever, so it is
+    raised. So is a connection lost after ``handle`` held the batch's transaction for
+    ``idle_in_transaction_s`` (the server's ``idle_in_transaction_session_timeout`` on
+    the connections ``connect`` makes) or longer: the server ends that session each time,
+    and the batch would be handled again for ever (:class:`FeedError`, naming it).
     """
     wake = asyncio.Event()
     follower = _Follower(connect, wake, reader.name)
@@ -84,6 +95,8 @@ async def follow(
     cursor: Cursor | None = None
     try:
         while not stop.is_set():
+            handler_failed = False
+            began: float | None = None
             try:
                 conn = await follower.connection()
                 if cursor is None or follower.fresh:
@@ -91,10 +104,28 @@ async def follow(
                     follower.fresh = False
                 wake.clear()
                 async with reader.next_batch(conn, _least(remaining, batch_events)) as batch:
-                    result = await handle(conn, batch)
+                    began = time.monotonic()
+                    try:
+                        result = await handle(conn, batch)
+                    except Exception as exc:
+                        handler_failed = not went_away(exc, conn)
+                        raise
             except Exception as exc:
-                if not is_transient(exc, follower.current):
+                if handler_failed or not is_transient(exc, follower.current):
                     raise
+                held = None if began is None else time.monotonic() - began
+                if (
+                    held is not None
+                    and idle_in_transaction_s is not None
+                    and held >= idle_in_transaction_s
+                ):
+                    raise FeedError(
+                        f"reader {reader.name}: the handler held the batch's transaction "
+                        f"{held:.1f} s, past the server's idle_in_transaction_session_timeout "
+                        f"({idle_in_transaction_s:g} s), and the connection was lost ({exc}): "
+                        "the same batch would be handled again for ever. Read smaller batches "
+                        "or raise ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"
+                    ) from exc
                 if on_transient is not None:
                     on_transient(exc)
                 await follower.backoff(exc, stop)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -418,6 +419,61 @@ def test_a_handler_that_swallows_a_database_error_does_not_pass_for_committed(ds
             assert await conn.fetchval("SELECT count(*) FROM deliveries") == 0
         finally:
             await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_handler_s_own_failure_is_raised_not_retried_for_ever(dsn: str) -> None:
+    """follow() retried whatever a handler raised that looked transient: `ackline tail >
+    /dev/full` printed the same batch again and again, logging "transient error,
+    reconnecting: [Errno 28] No space left on device". An OSError of the handler's own,
+    with the connection open, is now raised."""
+
+    async def go() -> None:
+        await write_steps(dsn, "r3", "a3", 2)
+        calls = 0
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            nonlocal calls
+            calls += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with pytest.raises(OSError, match="No space left"):
+            async with asyncio.timeout(20):
+                await follow(
+                    Reader("full", Changefeed()), connector(dsn, "t"), handle, asyncio.Event()
+                )
+        assert calls == 1
+
+    asyncio.run(go())
+
+
+def test_a_handler_held_past_the_idle_timeout_stops_instead_of_repeating(dsn: str) -> None:
+    """A handler slower than the server's idle_in_transaction_session_timeout (a slow
+    consumer of `ackline tail --commit`): the server ended the session, follow()
+    reconnected and handled the same batch again, for ever, its cursor never moving. It
+    now stops with FeedError naming the setting."""
+
+    async def go() -> None:
+        await write_steps(dsn, "r4", "a4", 2)
+        calls = 0
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(1.5)
+
+        connect = connector(dsn, "t", idle_in_transaction_timeout_ms=300)
+        with pytest.raises(FeedError, match="ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"):
+            async with asyncio.timeout(30):
+                await follow(
+                    Reader("slow", Changefeed()),
+                    connect,
+                    handle,
+                    asyncio.Event(),
+                    idle_in_transaction_s=0.3,
+                )
+        assert calls == 1
 
     asyncio.run(go())
 

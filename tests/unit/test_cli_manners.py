@@ -416,3 +416,23 @@ def test_a_command_runs_its_async_steps_so_that_a_stop_cannot_be_dropped() -> No
     }
     assert len(files) > 150  # the layers were read, not only ackline/'s own modules
     assert found == LOOPS_WITH_THEIR_OWN_SIGNALS
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tail", "--follow"],
+        ["dispatch"],
+        ["process", "dispatcher"],
+    ],
+)
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+def test_a_poll_interval_that_is_not_a_positive_number_of_seconds_is_refused(
+    argv: list[str], bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0 or less polled in a busy loop (about 2,000 reads/s at -1), nan turned polling
+    off: refused at start, naming the option."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.parser().parse_args([*argv, "--poll-interval", bad])
+    assert exit_.value.code == 2
+    assert "--poll-interval" in capsys.readouterr().err

@@ -58,7 +58,7 @@ from typing import Any
 import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
-from ackline.sinks.connection import is_transient
+from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, follow
 from ackline.sinks.feed.processors import control
@@ -257,7 +257,7 @@ class ProcessorRunner:
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
-                if not _database_went_away(exc, conn):
+                if not went_away(exc, conn):
                     raise ProcessorError(self.name, exc) from exc
                 if await self._held_idle_too_long(time.monotonic() - began, conn):
                     raise ProcessorError(
@@ -596,20 +596,3 @@ async def run_all(
         else:
             reports.append(task.result())
     return reports
-
-
-def _database_went_away(exc: BaseException, conn: asyncpg.Connection) -> bool:
-    """Whether ``exc``, raised by a processor's ``apply``, is the database's doing (retry
-    the batch on a new connection) rather than the processor's (stop at the first event
-    that raises).
-
-    Stricter than :func:`is_transient`: an OSError or TimeoutError counts only when the
-    connection is closed (the processor's own code raises them too: a missing file, a
-    socket of its own), and a cancelled statement (``statement_timeout``) is the batch's
-    failure, so that it is halved instead of retried whole for ever.
-    """
-    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
-        return False
-    if isinstance(exc, (OSError, TimeoutError)):
-        return conn.is_closed()
-    return is_transient(exc, conn)
