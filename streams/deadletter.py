@@ -398,11 +398,13 @@ class DeadLetterProducer:
         except (KafkaException, RuntimeError) as exc:
             log.info("discarding the dead-letter producer: %s", str(exc))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Flush what is queued (every dead letter a batch waited for is acknowledged
+        already), at most ``timeout`` s (default 10), and let the client go."""
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
-                producer.flush(10)
+                producer.flush(10 if timeout is None else timeout)
             except KafkaException as exc:
                 log.warning("closing the dead-letter producer: %s", str(exc))
 

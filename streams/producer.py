@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -417,6 +418,8 @@ def is_async_callable(callback: object) -> bool:
     """Whether calling ``callback`` returns a coroutine: a coroutine function, or an
     object whose ``__call__`` is one (``inspect.iscoroutinefunction`` says no to such an
     object, and AIOProducer awaits it all the same). Pure."""
+    while isinstance(callback, functools.partial):
+        callback = callback.func
     call = inspect.getattr_static(type(callback), "__call__", None)
     return inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(call)
 
@@ -876,6 +879,8 @@ class ActivityProducer:
         :meth:`transaction` block every later send raises :func:`send_refused`.
         """
         with self._sending():
+            if on_delivery is not None:
+                check_hook(on_delivery)
             self._produce(key, value, headers, on_delivery or self._default_hook)
 
     @contextmanager
@@ -914,6 +919,8 @@ class ActivityProducer:
         """:meth:`send_record` without the bookkeeping of :meth:`_sending`; a record
         without a hook of its own gets the configuration's default."""
         check_fits([record], self._limits)
+        if on_delivery is not None:
+            check_hook(on_delivery)  # the caller's own, before the SDK wraps it
         on_delivery = on_delivery or self._default_hook
         if self._reports is not None:
             on_delivery = _collect_into(self._reports, on_delivery)
@@ -961,8 +968,6 @@ class ActivityProducer:
         ``then`` is :func:`shielded`: librdkafka serves reports inside commit_transaction
         and abort_transaction, and a hook's exception let out there would stop the call
         and stand in for its result."""
-        if then is not None:
-            check_hook(then)
         hook = None if then is None else shielded(then, "on_delivery hook")
 
         def report(err: KafkaError | None, msg: Message) -> None:

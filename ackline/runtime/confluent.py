@@ -55,6 +55,7 @@ async def run(
     dsn: str,
     until_drained: bool = False,
     on_signal: Callable[[int], None] | None = None,
+    exit_on_repeat: bool = False,
 ) -> int:
     """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
 
@@ -66,7 +67,9 @@ async def run(
     SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
     and the status is 0; ``on_signal`` is told which signal it was, and the handlers that
-    were there before are back (:func:`stop_signals`).
+    were there before are back (:func:`stop_signals`). With ``exit_on_repeat`` (`ackline
+    run`) a second SIGTERM or SIGINT exits at once (:func:`exit_now`); a caller with
+    cleanup of its own after the worker (``ackline demo`` stops its stack) leaves it off.
 
     ``dsn`` is the operator's; every connection of the worker is made as the ingest
     role (:func:`ackline.clients.ingest_dsn`), which may only append event data.
@@ -92,7 +95,7 @@ async def run(
 
     # First, so a stop request during start-up ends the run cleanly (status 0) as soon as
     # the loop runs again, instead of killing the process mid-start.
-    with stop_signals(loop, request_stop, on_signal, exit_now):
+    with stop_signals(loop, request_stop, on_signal, exit_now if exit_on_repeat else None):
         partitions = prepare_topics(
             bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf
         )

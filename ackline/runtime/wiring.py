@@ -99,12 +99,14 @@ class Ingest:
         )
 
     async def close(self, timeout: float | None = None) -> None:
-        """Stop the status server, flush the dead-letter producer, close the connections:
-        all at once, each within ``timeout`` (else its own bound), so a database that
-        stopped answering costs one bound, not one per connection."""
+        """Stop the status server; flush the dead-letter producer and close the
+        connections, all at once, each within ``timeout`` (else its own bound), so a
+        broker or database that stopped answering costs one bound, not one per client."""
         self.server.close()
-        self.dead_letters.close()
-        await asyncio.gather(*(db.close(timeout) for db in (*self.dbs, self.control_db)))
+        await asyncio.gather(
+            asyncio.to_thread(self.dead_letters.close, timeout),
+            *(db.close(timeout) for db in (*self.dbs, self.control_db)),
+        )
 
     @property
     def writer(self) -> BatchWriter:

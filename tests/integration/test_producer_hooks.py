@@ -271,3 +271,28 @@ def test_delivery_reports_of_errors_only_are_refused() -> None:
     for make in (ActivityProducer, AsyncActivityProducer):
         with pytest.raises(ProduceError, match=re.escape("delivery.report.only.error")):
             make("127.0.0.1:9", "t", "svc-x", extra={"delivery.report.only.error": "true"})
+
+
+def test_a_coroutine_hook_of_a_record_sent_in_a_transaction_block_is_refused(
+    services: Services, topic: str
+) -> None:
+    """A record's own hook is wrapped by the SDK before librdkafka sees it: judged after
+    the wrapping, a coroutine function passed the check and silently never ran. It is
+    refused as the send's error, and the block's transaction is aborted whole."""
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-h", 1)]
+
+    async def hook(err: KafkaError | None, msg: Message) -> None:
+        pass
+
+    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    try:
+        with (
+            pytest.raises(ProduceError, match="on_delivery must be a plain callable"),
+            producer.transaction(timeout=30),
+        ):
+            producer.send_record(records[0])
+            producer.send_record(records[1], on_delivery=hook)
+    finally:
+        producer.close()
+    assert committed_values(services.bootstrap, topic) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Callable
 from typing import cast
@@ -181,3 +182,11 @@ def test_a_coroutine_delivery_hook_is_refused_by_the_synchronous_sdk() -> None:
     for bad in (hook, _AsyncCallable(), "not callable"):
         with pytest.raises(ProduceError, match="on_delivery must be a plain callable"):
             ActivityProducer("127.0.0.1:9", "t", "svc-x", extra={"on_delivery": bad})
+
+
+def test_a_partial_of_an_async_callable_is_async() -> None:
+    """functools.partial hides its function's kind from the check of __call__."""
+    callback = functools.partial(_AsyncCallable())
+    check_callbacks({"stats_cb": callback}, coroutines=True)
+    with pytest.raises(ProduceError, match="must be a plain function"):
+        check_callbacks({"stats_cb": callback}, coroutines=False)
