@@ -195,9 +195,9 @@ class Settings(BaseSettings):
         default=8 * 1_048_576,
         ge=1_048_576,
         le=512 * 1_048_576,
-        description="a batch is written at this many bytes of record keys and values; twice "
-        "this is buffered ahead per writer connection at most (a worker's memory, a "
-        "transaction's size)",
+        description="a batch is written at this many bytes of record keys, values and "
+        "headers; twice this is buffered ahead per writer connection at most (a worker's "
+        "memory, a transaction's size)",
     )
     max_message_bytes: int = Field(
         default=1_048_576,

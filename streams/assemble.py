@@ -27,6 +27,7 @@ from ackline.sinks.ingest.batch import (
     new_repeat,
 )
 from ackline.streams.deadletter import Headers, Poison
+from ackline.streams.headers import headers_size
 from ackline.streams.ownership import NO_GENERATION, Admit, Ledger
 
 
@@ -34,8 +35,8 @@ class Record(NamedTuple):
     """One consumed Kafka record, before any decoding (a named tuple: one is made per
     record on the hot path, at a third of a frozen dataclass's cost).
 
-    ``headers`` is read only for poison: a runtime may hand a function that extracts them
-    from its client's message (most records never need them).
+    ``headers``: the list, or a function that extracts them from the client's message
+    (read only for poison; such a record's size cannot count them).
     """
 
     topic: str
@@ -54,8 +55,11 @@ class Record(NamedTuple):
         return self.headers() if callable(self.headers) else self.headers
 
     def size(self) -> int:
-        """What the record counts against ``batch_max_bytes``: key and value, not headers."""
-        return len(self.value or b"") + len(self.key or b"")
+        """What the record counts against ``batch_max_bytes``: key, value and headers
+        (a record of a few bytes may carry a megabyte of them)."""
+        headers = self.headers
+        extra = 0 if callable(headers) or not headers else headers_size(headers)
+        return len(self.value or b"") + len(self.key or b"") + extra
 
 
 new_record: Final = builder(Record)

@@ -34,7 +34,6 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Iterable, Sequence
-from functools import partial
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -58,6 +57,7 @@ from ackline.streams.deadletter import DeadLetterProducer, safe_headers
 from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
+from ackline.streams.headers import headers_size
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import (
@@ -300,10 +300,11 @@ class ConsumerRuntime:
                 if expected is not None and offset > expected:
                     count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
                 key, value = msg.key(), msg.value()
-                # Record.size(), inline; headers are read only for poison
-                size = len(value or b"") + len(key or b"")
+                # Record.size(), inline. The headers are read here (~0.5-0.9 us per record)
+                # although only poison needs them: the byte bound must count them.
+                headers = safe_headers(msg)
+                size = len(value or b"") + len(key or b"") + headers_size(headers)
                 hint = next_size_hint(hint, size)  # parked records count too
-                headers = partial(safe_headers, msg)
                 record = new_record((tp[0], tp[1], offset, key, value, headers, NO_GENERATION))
                 if holds.is_held(tp):
                     holds.park(tp, record)  # read before the pause took effect: kept, in order

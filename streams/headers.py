@@ -90,7 +90,18 @@ def safe_headers(msg: Message) -> Headers:
         return out
     if raw is None:
         return []
+    if type(raw) is list:  # the message's own list (read on every record: no copy)
+        return raw
     return list(raw.items()) if isinstance(raw, dict) else list(raw)
+
+
+def headers_size(headers: Headers) -> int:
+    """What ``headers`` count against ``batch_max_bytes``: each key's length and each
+    value's (a ``str`` counted by characters, near enough for a bound). Pure."""
+    n = 0
+    for key, value in headers:
+        n += len(key or "") + len(value or b"")
+    return n
 
 
 def _key_bytes(key: str | None) -> bytes | None:

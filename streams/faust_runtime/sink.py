@@ -314,8 +314,8 @@ class FaustSink:
 
 
 def chunks(records: list[Record], max_bytes: int) -> Iterator[list[Record]]:
-    """``records`` in order, cut so each chunk's keys and values stay under ``max_bytes``
-    (a record larger than that is a chunk of its own). Pure."""
+    """``records`` in order, cut so each chunk's keys, values and headers stay under
+    ``max_bytes`` (a record larger than that is a chunk of its own). Pure."""
     chunk: list[Record] = []
     size = 0
     for rec in records:

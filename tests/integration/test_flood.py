@@ -98,3 +98,37 @@ def test_a_batch_holds_no_more_bytes_than_its_bound_and_one_record(
     big = [int(r["n"]) for r in db(dsn, "SELECT rejects AS n FROM ingest_batches")]
     # 1 MiB holds three 300 kB records (and the small events); the fourth closes the batch.
     assert max(big) <= 4, sorted(big, reverse=True)[:10]
+
+
+def test_header_bytes_count_against_the_batch_byte_bound(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """From a hostile review: a record's size counted its key and value, not its headers,
+    so records of a few bytes with 300 kB of headers filled batches (and the buffers) up
+    to ``batch_max_events``: 34 such rejects in one batch against a 1 MiB bound, and at
+    2,000 a rejects INSERT past PostgreSQL's 1 GB message limit, which could never
+    commit. Headers now count like the key and the value."""
+    rng = random.Random(7)
+    txns = [
+        [
+            Item.event(step(chunk), partition=0),
+            *(
+                Item.bad(
+                    rng.randbytes(1_000),
+                    "not_utf8",
+                    partition=0,
+                    headers=(("blob", rng.randbytes(300_000)),),
+                )
+                for _ in range(20)
+            ),
+        ]
+        for chunk in range(4)
+    ]
+    w, manifest = _drained(
+        services, dsn, topic, tmp_path, txns, batch_max_bytes=1_048_576, max_message_bytes=400_000
+    )
+    assert w.stop() == 0, w.log()[-3000:]
+    verify_ok(dsn, manifest, f"g-{topic}")
+    big = [int(r["n"]) for r in db(dsn, "SELECT rejects AS n FROM ingest_batches")]
+    # 1 MiB holds three such records (and the small events); the fourth closes the batch.
+    assert max(big) <= 4, sorted(big, reverse=True)[:10]

@@ -332,6 +332,7 @@ class Item:
     body_hash: str | None = None
     poison: str | None = None
     partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()  # sent after content-type
 
     @classmethod
     def event(cls, env: Envelope, kind: str = "original", partition: int | None = None) -> Item:
@@ -346,8 +347,14 @@ class Item:
         )
 
     @classmethod
-    def bad(cls, value: bytes, reason: str, partition: int | None = None) -> Item:
-        return cls("poison", value, b"agent-1", poison=reason, partition=partition)
+    def bad(
+        cls,
+        value: bytes,
+        reason: str,
+        partition: int | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> Item:
+        return cls("poison", value, b"agent-1", poison=reason, partition=partition, headers=headers)
 
 
 class Scenario:
@@ -396,7 +403,10 @@ class Scenario:
 
         client.begin_transaction()
         for i, item in enumerate(items):
-            headers: list[tuple[str, str | bytes | None]] = [("content-type", CONTENT_TYPE)]
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("content-type", CONTENT_TYPE),
+                *item.headers,
+            ]
             extra: dict[str, Any] = {} if item.partition is None else {"partition": item.partition}
             client.produce(
                 self.topic,

@@ -12,6 +12,7 @@ from ackline.schemas.decode import Rejection, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.assemble import Record
+from ackline.streams.faust_runtime.sink import chunks
 from ackline.streams.slots import Slot, SlotMap
 
 
@@ -156,3 +157,17 @@ def test_put_back_goes_first_and_is_decoded_again() -> None:
     slot.put_back([_rec(0, 3), _rec(0, 4)])
     assert [r.offset for r in slot.buffer] == [3, 4, 5]
     assert slot.decoded == [] and slot.buffer_bytes == 30
+
+
+def test_header_bytes_count_in_a_record_s_size_and_cut_batches() -> None:
+    """A record's size counted its key and value only: 2,000 records of a few bytes with
+    900 kB of headers each were one batch under a 1 MiB bound (a hostile review)."""
+    big: list[tuple[str | None, str | bytes | None]] = [("blob", b"a" * 900_000)]
+    recs = [Record("t", 0, i, b"k", b"not json", big) for i in range(2000)]
+    assert recs[0].size() == len(b"k") + len(b"not json") + len("blob") + 900_000
+    slot = _slot()
+    for rec in recs:
+        slot.add(rec, rec.size())
+    records, _ = slot.take(2000, 1 << 20)
+    assert len(records) == 1
+    assert [len(c) for c in chunks(recs[:3], 1 << 20)] == [1, 1, 1]
