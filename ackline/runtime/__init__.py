@@ -38,7 +38,7 @@ def run(
         return run_faust(settings, bootstrap, dsn, until_drained=until_drained)
     from ackline.runtime.confluent import run as run_confluent
 
-    # a second SIGTERM exits at once: nothing of `ackline run` is left to clean up
+    # Ctrl-C twice exits at once: nothing of `ackline run` is left to clean up
     return asyncio.run(
         run_confluent(settings, bootstrap, dsn, until_drained=until_drained, exit_on_repeat=True)
     )

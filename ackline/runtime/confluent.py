@@ -169,14 +169,17 @@ async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: 
 
 
 def exit_now(sig: int) -> None:
-    """A second SIGTERM or SIGINT: exit at once, status 128 + the signal. Safe at any
-    point: PostgreSQL decides what committed (a transaction cut before its COMMIT rolls
-    back, and its records are re-read from the DB offsets); Kafka's offsets are only
-    advisory."""
+    """A signal during the stop. SIGINT again (Ctrl-C twice: someone at a terminal)
+    exits at once, status 130. Safe at any point: PostgreSQL decides what committed (a
+    transaction cut before its COMMIT rolls back, and its records are re-read from the
+    DB offsets); Kafka's offsets are only advisory. A SIGTERM, which supervisors and
+    scripts may send more than once, keeps the bounded stop going."""
+    if sig != signal.SIGINT:
+        log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
+        return
     log.warning(
-        "%s again while stopping: exiting now; what committed in PostgreSQL stands, the "
-        "batches in flight are re-read by the next owner",
-        signal.Signals(sig).name,
+        "SIGINT again while stopping: exiting now; what committed in PostgreSQL stands, "
+        "the batches in flight are re-read by the next owner"
     )
     logging.shutdown()
     os._exit(128 + sig)
