@@ -67,7 +67,14 @@ from ackline.streams.lag import (
     partition_lag,
     watermarks,
 )
-from ackline.streams.ownership import NO_GENERATION, Admit, Ledger, Rewind, past_log_end
+from ackline.streams.ownership import (
+    NO_GENERATION,
+    Admit,
+    Ledger,
+    Rewind,
+    log_end_unknown,
+    past_log_end,
+)
 from ackline.streams.slots import BUFFERED_BATCHES, Looked, Slot, SlotMap
 
 log = logging.getLogger(__name__)
@@ -666,6 +673,13 @@ class ConsumerRuntime:
         marks = watermarks(consumer, tps, _WATERMARK_TIMEOUT_S)
         if self.cfg.start_from == "latest":
             starts = stable_ends(self._admin(), tps, _WATERMARK_TIMEOUT_S)
+            if unknown := [p for tp in tps if tp not in starts for p in tp[1:]]:
+                log.warning(
+                    "no end offset for partitions %s within %g s: where no offset is stored "
+                    "they start at the log start, not at the latest",
+                    unknown,
+                    _WATERMARK_TIMEOUT_S,
+                )
         else:
             starts = {tp: low for tp, (low, _) in marks.items()}
         claims = self._claims.claim(tps, starts)
@@ -680,11 +694,17 @@ class ConsumerRuntime:
             offset = c.next_offset if c.next_offset is not None else OFFSET_BEGINNING
             assign.append(TopicPartition(c.topic, c.partition, offset))
             high = marks.get(tp, (0, -1))[1]
-            if c.next_offset is not None and high >= 0 and c.next_offset > high:
-                blocked.append(tp)
-                reason = past_log_end(tp, c.next_offset, high)
-                if self.ledger.block(tp, reason):
-                    log.error("%s", reason)
+            if c.next_offset is None or c.next_offset == 0 or high >= c.next_offset:
+                continue  # nothing stored, nothing to be past, or the end reached it
+            # past the log end, or the end unknown (it may be past it: held until read)
+            blocked.append(tp)
+            reason = (
+                past_log_end(tp, c.next_offset, high)
+                if high >= 0
+                else log_end_unknown(tp, c.next_offset)
+            )
+            if self.ledger.block(tp, reason):
+                log.log(logging.ERROR if high >= 0 else logging.WARNING, "%s", reason)
         consumer.incremental_assign(assign)
         if blocked:
             consumer.pause([TopicPartition(t, p) for t, p in blocked])
@@ -806,6 +826,10 @@ class ConsumerRuntime:
             db_next = self.ledger.db_next(tp)
             if tp in blocked and db_next is not None and high >= db_next:
                 self._unblock(consumer, tp)
+            elif tp in blocked and db_next is not None and high >= 0:
+                reason = past_log_end(tp, db_next, high)
+                if self.ledger.block(tp, reason):  # the end is known now: past it
+                    log.error("%s", reason)
             if high >= 0:
                 position = positions.get(tp)
                 self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))

@@ -353,6 +353,16 @@ def past_log_end(tp: TP, next_offset: int, end: int) -> str:
     )
 
 
+def log_end_unknown(tp: TP, next_offset: int) -> str:
+    """Why a partition whose log end could not be read at its assignment is not consumed
+    yet: were its DB offset past the log end, its records would be taken for committed
+    ones, so it waits until the end is read (the lag report reads it again). Pure."""
+    return (
+        f"{tp[0]}[{tp[1]}]: the log end did not answer at the assignment; not consumed "
+        f"until it is read and found at or past the DB offset {next_offset}"
+    )
+
+
 def _tp(tp: TP) -> TP:
     """A plain (topic, partition) tuple from faust's or aiokafka's named tuples."""
     return (tp[0], tp[1])

@@ -9,8 +9,9 @@ import pytest
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from ackline.streams import admin as admin_module
-from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.admin import delete_topic, ensure_topic, stable_ends
 from tests.integration.harness import Services
+from tests.integration.test_aio_producer import frozen_broker
 
 pytestmark = pytest.mark.integration
 
@@ -38,3 +39,16 @@ def test_ensure_topic_creates_a_topic_through_one_admin_client(
     finally:
         monkeypatch.undo()
         delete_topic(services.bootstrap, name)
+
+
+def test_stable_ends_leaves_out_what_did_not_answer_in_time(services: Services, topic: str) -> None:
+    """From a hostile review: a partition whose list_offsets future did not finish in
+    time raised TimeoutError out of stable_ends (its docstring says such partitions are
+    left out), which ended a worker starting from "latest" at its assignment; and with
+    the broker frozen a future also came back with OFFSET_INVALID (-1001), which a worker
+    starting from "latest" would have stored as its partition's start."""
+    client = admin_module.admin(services.bootstrap)
+    tps = [(topic, 0), (topic, 1)]
+    assert set(stable_ends(client, tps, 5.0)) == set(tps)
+    with frozen_broker(services):
+        assert stable_ends(client, tps, 0.5) == {}

@@ -90,14 +90,21 @@ def test_a_batch_holds_no_more_bytes_than_its_bound_and_one_record(
     ]
     # The size hint starts at the record limit (400 kB), near the records' size: calls stay
     # small from the first one. (How the hint decays after large records is a unit test's.)
+    big = _rejects_per_batch_at_1_mib(services, dsn, topic, tmp_path, txns)
+    # 1 MiB holds three 300 kB records (and the small events); the fourth closes the batch.
+    assert max(big) <= 4, sorted(big, reverse=True)[:10]
+
+
+def _rejects_per_batch_at_1_mib(
+    services: Services, dsn: str, topic: str, tmp_path: Path, txns: list[list[Item]]
+) -> list[int]:
+    """Drain ``txns`` with 1 MiB batches (records up to 400 kB): each batch's rejects."""
     w, manifest = _drained(
         services, dsn, topic, tmp_path, txns, batch_max_bytes=1_048_576, max_message_bytes=400_000
     )
     assert w.stop() == 0, w.log()[-3000:]
     verify_ok(dsn, manifest, f"g-{topic}")
-    big = [int(r["n"]) for r in db(dsn, "SELECT rejects AS n FROM ingest_batches")]
-    # 1 MiB holds three 300 kB records (and the small events); the fourth closes the batch.
-    assert max(big) <= 4, sorted(big, reverse=True)[:10]
+    return [int(r["n"]) for r in db(dsn, "SELECT rejects AS n FROM ingest_batches")]
 
 
 def test_header_bytes_count_against_the_batch_byte_bound(
@@ -124,11 +131,6 @@ def test_header_bytes_count_against_the_batch_byte_bound(
         ]
         for chunk in range(4)
     ]
-    w, manifest = _drained(
-        services, dsn, topic, tmp_path, txns, batch_max_bytes=1_048_576, max_message_bytes=400_000
-    )
-    assert w.stop() == 0, w.log()[-3000:]
-    verify_ok(dsn, manifest, f"g-{topic}")
-    big = [int(r["n"]) for r in db(dsn, "SELECT rejects AS n FROM ingest_batches")]
+    big = _rejects_per_batch_at_1_mib(services, dsn, topic, tmp_path, txns)
     # 1 MiB holds three such records (and the small events); the fourth closes the batch.
     assert max(big) <= 4, sorted(big, reverse=True)[:10]
