@@ -166,18 +166,25 @@ WHERE reader = $1 AND version = $2
 class Changefeed:
     """Reads the feed from any cursor; holds no state and no connection."""
 
-    def __init__(self, filter: Filter = ALL, *, max_transactions: int = 64) -> None:
+    def __init__(
+        self, filter: Filter = ALL, *, max_transactions: int = 64, max_events: int = 5_000
+    ) -> None:
         if max_transactions < 1:
             raise FeedError(f"max_transactions must be at least 1, not {max_transactions}")
+        if max_events < 1:
+            raise FeedError(f"max_events must be at least 1, not {max_events}")
         self.filter = filter
         self.max_transactions = max_transactions
+        self.max_events = max_events
 
     async def read(
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
     ) -> FeedBatch:
         """The events after ``cursor``, at most ``max_transactions`` whole transactions
-        (cut after ``limit`` events, in the statement: a cut read fetches ``limit + 1``
-        rows, not the whole window), in feed order. One statement, one snapshot.
+        (cut after ``limit`` events, else after ``max_events``, in the statement: a cut
+        read fetches ``limit + 1`` rows, not the whole window), in feed order. One
+        statement, one snapshot. Without a cut, one read of a large transaction (an
+        erasure of a busy agent: millions of notices) held it all in memory.
 
         Raises :class:`FeedError` if ``conn``'s transaction already holds an xid (that
         xid would hold this snapshot's horizon at itself), or if the cursor or a batch
@@ -187,6 +194,8 @@ class Changefeed:
         """
         w = cursor.within
         types, agents = self.filter.sql_args()
+        if limit is None:
+            limit = self.max_events
         rows = await conn.fetch(
             _READ,
             cursor.xid,
@@ -197,7 +206,7 @@ class Changefeed:
             None if w is None else w.topic,
             types,
             agents,
-            None if limit is None else limit + 1,  # one more says whether the window was cut
+            limit + 1,  # one more says whether the window was cut
         )
         head = rows[0]
         if head["foreign"]:

@@ -478,6 +478,30 @@ def test_a_handler_held_past_the_idle_timeout_stops_instead_of_repeating(dsn: st
     asyncio.run(go())
 
 
+def test_a_read_without_a_limit_is_cut_at_max_events(dsn: str) -> None:
+    """From a hostile review: without a limit, one read held up to 64 whole transactions
+    in memory (one erasure of a busy agent: millions of notices; 200,000 took 168 MB).
+    A read is now cut at the feed's max_events, and the next one resumes inside the
+    transaction."""
+
+    async def go() -> None:
+        await write_steps(dsn, "r5", "a5", 5_010)
+        conn = await asyncpg.connect(dsn)
+        try:
+            reader = Reader("capped", Changefeed())  # the default: 5,000
+            await reader.position(conn)
+            async with reader.next_batch(conn) as first:
+                pass
+            async with reader.next_batch(conn) as second:
+                pass
+            assert (len(first.events), len(second.events)) == (5_000, 10)
+            assert first.end.within is not None and second.end.within is None
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
 def test_a_connection_lost_mid_batch_reconnects_and_delivers_once(dsn: str) -> None:
     """The reader's backend is terminated after its side effects, before COMMIT: the
     transaction is gone, follow() reconnects, reads the stored cursor and delivers the
