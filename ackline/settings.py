@@ -139,7 +139,8 @@ class Settings(BaseSettings):
     start_from: Literal["earliest", "latest"] = Field(
         default="earliest",
         description="where a group that never committed anything starts: the log start, or "
-        "for latest its last stable offset, stored by the first claim (decided once)",
+        "for latest its last stable offset, stored by the first claim (decided once; a "
+        "partition whose end does not answer in 5 s starts at the log start, with a WARNING)",
     )
     # The consumer runtime of `ackline run` (`--runtime` wins); docs/faust.md.
     runtime: Literal["confluent", "faust"] = Field(

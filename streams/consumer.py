@@ -816,20 +816,31 @@ class ConsumerRuntime:
             positions = {_tp_of(p): p.offset for p in consumer.position(asked)}
         except KafkaException:
             positions = {}
+        # the held partitions' ends are asked of the broker under one deadline: one
+        # timeout each, one after another, held the consumer thread N x 5 s a report
+        held = watermarks(consumer, [tp for tp in owned if tp in blocked], _WATERMARK_TIMEOUT_S)
         for tp in owned:
-            try:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(*tp), cached=tp not in blocked, timeout=_WATERMARK_TIMEOUT_S
-                )
-            except KafkaException:
-                continue
+            if tp in blocked:
+                if tp not in held:
+                    continue
+                high = held[tp][1]
+            else:
+                try:
+                    _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                except KafkaException:
+                    continue
             db_next = self.ledger.db_next(tp)
             if tp in blocked and db_next is not None and high >= db_next:
                 self._unblock(consumer, tp)
-            elif tp in blocked and db_next is not None and high >= 0:
-                reason = past_log_end(tp, db_next, high)
-                if self.ledger.block(tp, reason):  # the end is known now: past it
-                    log.error("%s", reason)
+            elif (
+                tp in blocked
+                and db_next is not None
+                and high >= 0
+                and blocked[tp] == log_end_unknown(tp, db_next)
+            ):
+                reason = past_log_end(tp, db_next, high)  # the end is known now: past it
+                self.ledger.block(tp, reason)
+                log.error("%s", reason)
             if high >= 0:
                 position = positions.get(tp)
                 self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))

@@ -23,6 +23,7 @@ import base64
 import ctypes
 import logging
 import operator
+import time
 from typing import Any
 
 from confluent_kafka import Message
@@ -53,6 +54,14 @@ unrelated line."""
 
 _TUPLE_ITEMS = tuple.__basicsize__  # offsetof(PyTupleObject, ob_item)
 
+_LOST_KEYS: list[float] = [-1e9, 0]
+"""[monotonic time of the last lost-key WARNING, records with lost keys since]."""
+
+HEADER_OVERHEAD = 64
+"""What each header counts against ``batch_max_bytes`` besides its key and value: a
+Python tuple and its references (~64 bytes), so a record of a million empty headers
+(2 bytes each on the wire) is not counted as nothing."""
+
 
 def _slot_is_null(pair: tuple[Any, ...], index: int) -> bool:
     """True when slot ``index`` of ``pair`` holds a C NULL, read without touching it
@@ -76,13 +85,21 @@ def safe_headers(msg: Message) -> Headers:
     try:
         raw = _call_headers(msg)
     except SystemError as exc:
-        log.warning(
-            "%s[%s]@%s: a header key is not UTF-8 (%r); its bytes are lost, the values kept",
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
-            exc.__cause__ or exc,
-        )
+        # every record's headers are read (the byte bound counts them): at most one
+        # WARNING a minute, with how many came since, not one per record
+        now = time.monotonic()
+        _LOST_KEYS[1] += 1
+        if now - _LOST_KEYS[0] >= 60.0:
+            log.warning(
+                "%s[%s]@%s: a header key is not UTF-8 (%r); its bytes are lost, the values "
+                "kept (%d record(s) with such keys since the last such warning)",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                exc.__cause__ or exc,
+                _LOST_KEYS[1],
+            )
+            _LOST_KEYS[:] = [now, 0]
         out: Headers = []
         for pair in _call_headers(msg):
             out.append((None if _slot_is_null(pair, 0) else pair[0], pair[1]))
@@ -97,8 +114,9 @@ def safe_headers(msg: Message) -> Headers:
 
 def headers_size(headers: Headers) -> int:
     """What ``headers`` count against ``batch_max_bytes``: each key's length and each
-    value's (a ``str`` counted by characters, near enough for a bound). Pure."""
-    n = 0
+    value's (a ``str`` counted by characters, near enough for a bound), and
+    :data:`HEADER_OVERHEAD` each. Pure."""
+    n = HEADER_OVERHEAD * len(headers)
     for key, value in headers:
         n += len(key or "") + len(value or b"")
     return n

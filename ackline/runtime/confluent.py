@@ -68,8 +68,8 @@ async def run(
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
     and the status is 0; ``on_signal`` is told which signal it was, and the handlers that
     were there before are back (:func:`stop_signals`). With ``exit_on_repeat`` (`ackline
-    run`) a second SIGTERM or SIGINT exits at once (:func:`exit_now`); a caller with
-    cleanup of its own after the worker (``ackline demo`` stops its stack) leaves it off.
+    run`) a second SIGINT exits at once (:func:`exit_now`); a caller with cleanup of its
+    own after the worker (``ackline demo`` stops its stack) leaves it off.
 
     ``dsn`` is the operator's; every connection of the worker is made as the ingest
     role (:func:`ackline.clients.ingest_dsn`), which may only append event data.

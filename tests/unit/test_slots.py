@@ -164,10 +164,17 @@ def test_header_bytes_count_in_a_record_s_size_and_cut_batches() -> None:
     900 kB of headers each were one batch under a 1 MiB bound (a hostile review)."""
     big: list[tuple[str | None, str | bytes | None]] = [("blob", b"a" * 900_000)]
     recs = [Record("t", 0, i, b"k", b"not json", big) for i in range(2000)]
-    assert recs[0].size() == len(b"k") + len(b"not json") + len("blob") + 900_000
+    assert recs[0].size() == len(b"k") + len(b"not json") + len("blob") + 900_000 + 64
     slot = _slot()
     for rec in recs:
         slot.add(rec, rec.size())
     records, _ = slot.take(2000, 1 << 20)
     assert len(records) == 1
     assert [len(c) for c in chunks(recs[:3], 1 << 20)] == [1, 1, 1]
+
+
+def test_each_header_counts_its_overhead() -> None:
+    """A record of empty headers (2 bytes each on the wire, a tuple each in memory)
+    counted nothing: 500,000 of them were a record of size 3 (a hostile review)."""
+    empty: list[tuple[str | None, str | bytes | None]] = [("", None)] * 500_000
+    assert Record("t", 0, 0, b"k", b"vv", empty).size() >= 500_000 * 32
