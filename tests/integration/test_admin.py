@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from ackline.streams import admin as admin_module
 from ackline.streams.admin import delete_topic, ensure_topic, stable_ends
-from tests.integration.harness import Services
+from tests.integration.harness import Services, wait_until
 from tests.integration.test_aio_producer import frozen_broker
 
 pytestmark = pytest.mark.integration
@@ -49,6 +49,7 @@ def test_stable_ends_leaves_out_what_did_not_answer_in_time(services: Services, 
     starting from "latest" would have stored as its partition's start."""
     client = admin_module.admin(services.bootstrap)
     tps = [(topic, 0), (topic, 1)]
-    assert set(stable_ends(client, tps, 5.0)) == set(tps)
+    # a topic just made: its leaders may take a moment to answer
+    wait_until(lambda: set(stable_ends(client, tps, 5.0)) == set(tps), 60, "both ends")
     with frozen_broker(services):
         assert stable_ends(client, tps, 0.5) == {}
