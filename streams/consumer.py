@@ -84,6 +84,8 @@ _DECODE_CHUNK = 250  # records decoded per loop turn: keeps the in-flight check 
 # pausing purges librdkafka's prefetched records, which must then be fetched again.
 _PAUSE_AFTER_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
+_HELD_READ_BUDGET_S = 1.0
+"""How long one lag report may spend asking the broker for held partitions' log ends."""
 _IDLE_POLL_S = 0.1  # an idle worker waits this long per turn for its first record
 _COLLECT_S = 0.02  # a busy worker collects records this long per turn
 # After handing a batch to the event loop, give up the GIL this long: the loop thread then
@@ -127,6 +129,7 @@ class ConsumerRuntime:
         # Until records are seen, assume each may be as large as a valid record may be: the
         # first few hundred records come in small calls (once), never a whole queue at once.
         self._size_hint = float(config.limits.max_bytes)
+        self._held_at = 0  # where the next report starts asking held partitions' ends
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
@@ -816,9 +819,7 @@ class ConsumerRuntime:
             positions = {_tp_of(p): p.offset for p in consumer.position(asked)}
         except KafkaException:
             positions = {}
-        # the held partitions' ends are asked of the broker under one deadline: one
-        # timeout each, one after another, held the consumer thread N x 5 s a report
-        held = watermarks(consumer, [tp for tp in owned if tp in blocked], _WATERMARK_TIMEOUT_S)
+        held = self._held_ends(consumer, sorted(tp for tp in owned if tp in blocked))
         for tp in owned:
             if tp in blocked:
                 if tp not in held:
@@ -846,6 +847,30 @@ class ConsumerRuntime:
                 self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))
         assigned = [_tp_of(p) for p in consumer.assignment()]
         self._watch.not_consumed(assigned, self.ledger.owned())
+
+    def _held_ends(self, consumer: Consumer, held: list[TP]) -> dict[TP, tuple[int, int]]:
+        """The watermarks of as many ``held`` partitions as answer within
+        :data:`_HELD_READ_BUDGET_S`, asked in turn from where the last report stopped. One
+        timeout per partition, one after another, held the consumer thread N x 5 s a
+        report while the broker was away; a deadline over the same order starved the
+        partitions behind one whose leader never answers."""
+        found: dict[TP, tuple[int, int]] = {}
+        if not held:
+            return found
+        start = self._held_at % len(held)
+        deadline = time.monotonic() + _HELD_READ_BUDGET_S
+        tried = 0
+        for tp in held[start:] + held[:start]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            tried += 1
+            try:
+                found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
+            except KafkaException:
+                continue
+        self._held_at = start + tried
+        return found
 
     def _past_retention(self, consumer: Consumer) -> None:
         """A partition re-read after a rewind whose mark retention deleted (its log start
