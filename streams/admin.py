@@ -206,6 +206,8 @@ def delete_topics(
                 future.result(timeout=60)
             except KafkaException as exc:
                 raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
+            except TimeoutError as exc:  # the future's own wait: no answer in 60 s
+                raise TopicError(f"cannot delete topic {topic}: no answer in 60 s") from exc
 
 
 def stable_ends(

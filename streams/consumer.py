@@ -129,7 +129,7 @@ class ConsumerRuntime:
         # Until records are seen, assume each may be as large as a valid record may be: the
         # first few hundred records come in small calls (once), never a whole queue at once.
         self._size_hint = float(config.limits.max_bytes)
-        self._held_at = 0  # where the next report starts asking held partitions' ends
+        self._held_last: TP | None = None  # the held partition whose end was asked last
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
@@ -853,23 +853,25 @@ class ConsumerRuntime:
         :data:`_HELD_READ_BUDGET_S`, asked in turn from where the last report stopped. One
         timeout per partition, one after another, held the consumer thread N x 5 s a
         report while the broker was away; a deadline over the same order starved the
-        partitions behind one whose leader never answers."""
+        partitions behind one whose leader never answers. The turn goes on after the
+        partition asked last, by name (the list changes as partitions are released)."""
         found: dict[TP, tuple[int, int]] = {}
-        if not held:
-            return found
-        start = self._held_at % len(held)
+        last = self._held_last
+        order = (
+            held if last is None else [t for t in held if t > last] + [t for t in held if t <= last]
+        )
         deadline = time.monotonic() + _HELD_READ_BUDGET_S
-        tried = 0
-        for tp in held[start:] + held[:start]:
+        for tp in order:
             left = deadline - time.monotonic()
-            if left <= 0:
+            # not with a sliver left: a request that times out unanswered makes librdkafka
+            # drop its connection to that broker (socket.max.fails), fetches and all
+            if left < 0.25:
                 break
-            tried += 1
+            self._held_last = tp
             try:
                 found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
             except KafkaException:
                 continue
-        self._held_at = start + tried
         return found
 
     def _past_retention(self, consumer: Consumer) -> None:

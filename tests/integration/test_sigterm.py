@@ -546,6 +546,27 @@ def _worker_with_a_frozen_broker(
     return proc, log
 
 
+def _broker_back(services: Services, topic: str) -> None:
+    """Wait until the broker, thawed, commits a transaction again: a freeze longer than
+    KRaft's broker session fences it, and it takes a while to come back (a fresh-clone run
+    saw the next topic deletion time out)."""
+
+    def commits() -> bool:
+        producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        try:
+            producer.start()
+            producer.send_transaction(
+                [prepare(e) for e in unit_of_work("back", "agent-s", 1)], timeout=10
+            )
+        except Exception:
+            return False
+        finally:
+            producer.close()
+        return True
+
+    wait_until(commits, 180, "the thawed broker to commit a transaction", interval=1)
+
+
 def test_a_worker_whose_broker_vanished_stops_at_sigterm(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
@@ -570,6 +591,7 @@ def test_a_worker_whose_broker_vanished_stops_at_sigterm(
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+    _broker_back(services, topic)
     text = log.read_text(errors="replace")
     assert status == 1, text[-3000:]  # it could not leave its group: not a clean stop
     assert "did not close" in text, text[-3000:]
@@ -602,4 +624,5 @@ def test_a_second_sigint_ends_a_stopping_worker_at_once(
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+    _broker_back(services, topic)
     assert status == 128 + signal.SIGINT, log.read_text(errors="replace")[-3000:]
