@@ -310,8 +310,9 @@ class ConsumerRuntime:
                 if expected is not None and offset > expected:
                     count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
                 key, value = msg.key(), msg.value()
-                # Record.size(), inline. The headers are read here (~0.5-0.9 us per record)
-                # although only poison needs them: the byte bound must count them.
+                # Record.size(), inline. The headers are read here although only poison
+                # keeps them: the byte bound must count them (their conversion costs ~2-3.5
+                # us per record: docs/performance.md, "Headers counted")
                 headers = safe_headers(msg)
                 size = len(value or b"") + len(key or b"") + headers_size(headers)
                 hint = next_size_hint(hint, size)  # parked records count too
