@@ -61,14 +61,18 @@ def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 def _stop(proc: subprocess.Popen[bytes], log: Path) -> int:
     """SIGTERM, then the exit status; a process still running after BOUND_S fails."""
     proc.send_signal(signal.SIGTERM)
+    return _exited(proc, log, BOUND_S, f"still running {BOUND_S}s after SIGTERM")
+
+
+def _exited(proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str) -> int:
+    """The exit status within ``timeout`` s; else the process is killed and ``what``
+    fails the test, with the end of its log."""
     try:
-        return proc.wait(BOUND_S)
+        return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(30)
-        raise AssertionError(
-            f"still running {BOUND_S}s after SIGTERM:\n{log.read_text(errors='replace')[-3000:]}"
-        ) from None
+        raise AssertionError(f"{what}:\n{log.read_text(errors='replace')[-3000:]}") from None
 
 
 def _stop_when(
@@ -578,15 +582,9 @@ def test_a_worker_whose_broker_vanished_stops_at_sigterm(
     try:
         with frozen_broker(services):
             time.sleep(1)
-            began = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            try:
-                status = proc.wait(SHUTDOWN_WAIT_S + 30)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(
-                    f"still running {time.monotonic() - began:.0f} s after SIGTERM with the "
-                    f"broker away:\n{log.read_text(errors='replace')[-3000:]}"
-                ) from None
+            bound = SHUTDOWN_WAIT_S + 30
+            status = _exited(proc, log, bound, f"still running {bound} s after SIGTERM")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -614,12 +612,7 @@ def test_a_second_sigint_ends_a_stopping_worker_at_once(
             time.sleep(1)
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
             proc.send_signal(signal.SIGINT)
-            try:
-                status = proc.wait(10)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(
-                    f"a second SIGINT did not end it:\n{log.read_text(errors='replace')[-3000:]}"
-                ) from None
+            status = _exited(proc, log, 10, "a second SIGINT did not end it")
     finally:
         if proc.poll() is None:
             proc.kill()
