@@ -1,13 +1,16 @@
 """The consumer thread's calls to PostgreSQL: claims and re-reads of offset rows.
 
 They run on the worker's event loop (which owns PostgreSQL), retried through outages by
-the control connection, and they give up at a stop request: a worker waiting on an
-unreachable database inside its assign callback must still honour SIGTERM.
+the control connection, one at a time (the control connection is one asyncpg connection),
+and the waiting ones give up at a stop request: a worker waiting on an unreachable
+database inside its assign callback must still honour SIGTERM. A claim started without
+waiting (:meth:`Claims.claim_later`) is the caller's to cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Callable, Mapping
 
@@ -36,6 +39,13 @@ class Claims:
         self._group = group_id
         self._worker = worker_id
         self._stopping = stopping
+        # One control connection (a Database holds one, unlocked): a claim started by
+        # claim_later may still be retrying when a callback claims or re-reads.
+        self._lock = asyncio.Lock()
+
+    async def _claim(self, tps: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
+        async with self._lock:
+            return await claim_over(self._db, self._group, self._worker, tps, starts)
 
     def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
         """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim_over`: one autocommitted
@@ -44,20 +54,26 @@ class Claims:
         None when stopping, and then nothing was claimed or the claim is abandoned (a
         claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
         try:
-            taking = claim_over(self._db, self._group, self._worker, tps, starts)
-            return call_on_loop(self._loop, taking, self._stopping)
+            return call_on_loop(self._loop, self._claim(tps, starts), self._stopping)
         except StoppingError:
             log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
             return None
+
+    def claim_later(self, tps: list[TP]) -> concurrent.futures.Future[list[Claim]]:
+        """:meth:`claim` without waiting: the claim runs on the loop (retried through
+        outages) while the calling thread goes on polling Kafka, which a rebalance may
+        need it to do. Cancel the future to abandon it (as :meth:`claim` does at a stop)."""
+        return asyncio.run_coroutine_threadsafe(self._claim(tps, None), self._loop)
 
     def rows(self, tps: list[TP], what: str) -> dict[TP, Claim] | None:
         """The offset rows of ``tps`` read FOR SHARE (so a transaction still holding them
         has ended first); None when stopping. Reads only."""
 
         async def read() -> list[Claim]:
-            return await self._db.retrying(
-                what, lambda conn: locked_offsets(conn, self._group, tps)
-            )
+            async with self._lock:
+                return await self._db.retrying(
+                    what, lambda conn: locked_offsets(conn, self._group, tps)
+                )
 
         try:
             found = call_on_loop(self._loop, read(), self._stopping)

@@ -30,6 +30,7 @@ thread's state, and every method here runs on that thread; the pure parts live a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from ackline.schemas.exact import exact_form
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError, RepeatRejectedError
 from ackline.sinks.ingest.batch import TP, Batch, not_passed
+from ackline.sinks.ingest.offsets import Claim
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
 from ackline.streams.assemble import Record, assemble, new_record
@@ -137,6 +139,11 @@ class ConsumerRuntime:
         # hands its partitions to another (KIP-848 brokers default to 45 s).
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
         self._away = False
+        # The partitions a rebalance callback is giving up, while it settles the writes in
+        # flight (None outside one): :meth:`_not_committed` leaves them to the release.
+        self._releasing: frozenset[TP] | None = None
+        self._retaking: concurrent.futures.Future[list[Claim]] | None = None  # see _retake
+        self._retaking_tps: set[TP] = set()  # what it may still take back
         self._admin_client: AdminClient | None = None
         self._claims = Claims(
             loop, control_db, config.group_id, config.worker_id, self._stop.is_set
@@ -157,7 +164,8 @@ class ConsumerRuntime:
         after ``shutdown_wait_s``: the DB decides what committed); store their offsets; drop
         the buffered, unwritten records (they are re-read from the DB offset next time);
         close the consumer, which revokes (nothing in flight now), commits the stored
-        offsets and leaves the group.
+        offsets and leaves the group. A retake claim still running is cancelled first (one
+        that lands anyway only raises epochs: the next owner's claim raises them again).
         """
         conf = self.cfg.consumer_conf()
         conf["stats_cb"] = self._on_stats
@@ -177,6 +185,8 @@ class ConsumerRuntime:
             for slot in self._slots:
                 slot.clear()
         finally:
+            if self._retaking is not None:
+                self._retaking.cancel()  # a claim that lands anyway only raises the epochs
             consumer.close()
             self._consumer = None
             self._metrics.assigned.set(0)
@@ -523,7 +533,7 @@ class ConsumerRuntime:
         except FencedError as exc:
             self._metrics.fenced.inc()
             log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
-            self._not_committed(batch)
+            self._not_committed(batch, fenced=True)
             return
         except RepeatRejectedError as exc:
             # Rolled back: read again, those records decoded this time (their dead letters
@@ -554,7 +564,7 @@ class ConsumerRuntime:
             except KafkaException as exc:  # advisory; the DB offset is the truth
                 log.info("could not store Kafka offsets (advisory): %s", exc)
 
-    def _not_committed(self, batch: Batch) -> None:
+    def _not_committed(self, batch: Batch, fenced: bool = False) -> None:
         """Re-position the partitions of a batch that did not commit (or may not have).
 
         Order of effects: the before_reread point; read the batch's offset rows FOR SHARE
@@ -565,6 +575,16 @@ class ConsumerRuntime:
         they are sought there. Stopping (before or during that read), the partitions are
         given up instead: no record of them is written any more by this worker.
 
+        Inside a rebalance callback (:meth:`_release`) nothing waits for PostgreSQL, which
+        may be what failed the batch: the before_reread point; the partitions being given
+        up are left to the release (their next owner claims them and starts from the DB
+        offsets); the ones kept are suspended (after a fence, with the retake's backoff)
+        and their buffered records dropped, so that :meth:`_retake` claims them again
+        after the callback and seeks them to the DB next offset the claim reads (a claim
+        waits for the batch's transaction to end as the read does, and its new epoch
+        fences whatever of that transaction comes late). Waiting here held the whole
+        rebalance, the other worker's share included, for as long as PostgreSQL was away.
+
         Without this, the next batch of a kept partition would start after the dropped
         one, and the fence (next_offset <= first_offset: offsets are not contiguous, so
         it cannot ask for equality; the writer forgot where it left a batch that did not
@@ -573,20 +593,36 @@ class ConsumerRuntime:
         step loses nothing: the DB offsets have not moved past them.
         """
         self._faults.hit("before_reread")
-        tps = [(r.topic, r.partition) for r in batch.ranges if self.ledger.owns(_tp_of(r))]
+        releasing = self._releasing or frozenset()
+        tps = [tp for tp in map(_tp_of, batch.ranges) if self.ledger.owns(tp)]
+        tps = [tp for tp in tps if tp not in releasing]
         if not tps:
+            return
+        if self._releasing is not None:  # one claimed again since reads from the DB offset
+            mine = {_tp_of(r) for r in batch.ranges if self.ledger.owns(_tp_of(r), r.epoch)}
+            now = time.monotonic()
+            kept = self.ledger.suspend([tp for tp in tps if tp in mine], now, fenced=fenced)
+            self._drop_buffered(set(kept))
+            self._metrics.assigned.set(len(self.ledger.owned()))
+            if kept:
+                log.warning(
+                    "batch %s %s during a rebalance: partitions %s kept, claimed again after it",
+                    batch.describe(),
+                    "fenced" if fenced else "did not commit",
+                    [p for _, p in kept],
+                )
             return
         rows = None if self._stop.is_set() else self._claims.rows(tps, "re-read")
         if rows is None:  # stopping: where PostgreSQL has them is not known; the next owner
             self._forget(tps)  # starts from the DB offsets
             log.info("stopping: gave up %s after batch %s", [p for _, p in tps], batch.describe())
             return
-        fenced, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
-        self._drop_buffered({*fenced, *(r.tp for r in rewinds)})
+        taken, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
+        self._drop_buffered({*taken, *(r.tp for r in rewinds)})
         self._seek(rewinds)
         self._metrics.assigned.set(len(self.ledger.owned()))
-        if fenced:
-            log.warning("fenced on %s: taking them back while Kafka assigns them here", fenced)
+        if taken:
+            log.warning("fenced on %s: taking them back while Kafka assigns them here", taken)
         if rewinds:
             log.warning(
                 "re-reading %s from their DB offsets after batch %s was dropped",
@@ -620,33 +656,51 @@ class ConsumerRuntime:
         self._away = away
 
     def _retake(self, consumer: Consumer) -> None:
-        """Take back the fenced partitions that Kafka still assigns to this worker.
+        """Take back the suspended partitions that Kafka still assigns to this worker
+        (fenced, cut off from the group, or kept through a rebalance by a batch that did
+        not commit: :meth:`_not_committed`).
 
         Kafka, not PostgreSQL, decides who owns a partition: an epoch that moved while
         Kafka still assigns the partition here means someone claimed it late (a worker that
         resumed inside its assign callback after this one claimed). Order of effects: a
         new claim (one autocommitted statement, bumping the epoch: the late claimer's next
-        batch is fenced); the ledger renews ownership with the rewind mark kept; seek to
-        the DB next offset. Retakes back off (doubling) when fenced again soon, so two
-        workers that both believe they own a partition cannot spin; meanwhile the
-        partition counts as not consumed (gauge, /readyz). Fenced partitions Kafka no
-        longer assigns here are released.
+        batch is fenced), started on the loop and not waited for: the thread goes on
+        polling, so a rebalance that needs this worker is not held while PostgreSQL is
+        away; once the claim has answered, the ledger renews ownership with the rewind
+        mark kept, and the partitions are sought to the DB next offset. A partition
+        released or claimed afresh meanwhile is left alone (:meth:`Ledger.retake`); the
+        late claim only raised its epoch, which the next claim raises again. Retakes back
+        off (doubling) when fenced again soon, so two workers that both believe they own
+        a partition cannot spin; meanwhile the partition counts as not consumed (gauge,
+        /readyz). Fenced partitions Kafka no longer assigns here are released.
         """
+        if self._retaking is not None:
+            if not self._retaking.done():
+                return
+            future, self._retaking = self._retaking, None
+            still, self._retaking_tps = self._retaking_tps, set()
+            if future.cancelled():
+                return
+            claims = future.result()  # retried through outages: what is left is fatal
+            if self._away:  # cut off meanwhile: they stay suspended until the group is up
+                return
+            claims = [c for c in claims if (c.topic, c.partition) in still]
+            rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
+            self._seek(rewinds)
+            self._metrics.assigned.set(len(self.ledger.owned()))
+            if rewinds:
+                log.warning(
+                    "claimed %s again", [(r.tp[1], self.ledger.epoch(r.tp)) for r in rewinds]
+                )
+            return
         due = self.ledger.retakes_due(time.monotonic())
         if not due or self._away:
             return
         assigned = {_tp_of(p) for p in consumer.assignment()}
         self.ledger.release([tp for tp in due if tp not in assigned])
         wanted = [tp for tp in due if tp in assigned]
-        if not wanted:
-            return
-        claims = self._claims.claim(wanted)
-        if claims is None:
-            return
-        rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
-        self._seek(rewinds)
-        self._metrics.assigned.set(len(self.ledger.owned()))
-        log.warning("took back %s after a fence", [(c.partition, c.epoch) for c in claims])
+        if wanted:
+            self._retaking, self._retaking_tps = self._claims.claim_later(wanted), set(wanted)
 
     def _seek(self, rewinds: list[Rewind]) -> None:
         consumer = self._consumer
@@ -665,11 +719,12 @@ class ConsumerRuntime:
         reader reaching the end stands) and the log ends; claim: one
         autocommitted statement bumps the epochs and stores that start where no offset is
         stored, so "latest" is resolved once, for good (retried while PostgreSQL is
-        unreachable, until a stop request); the after_claim point; incremental_assign at
-        the DB next offsets. A partition whose DB offset is past the log end is assigned
-        but paused and reported (it is not consumed: its records would be taken for
-        committed ones). A crash after the claim and before the assign leaves only a
-        higher epoch, which the next owner bumps again.
+        unreachable, until a stop request; after a retake claim still running on the
+        control connection, if there is one: :meth:`_retake`); the after_claim point;
+        incremental_assign at the DB next offsets. A partition whose DB offset is past
+        the log end is assigned but paused and reported (it is not consumed: its records
+        would be taken for committed ones). A crash after the claim and before the assign
+        leaves only a higher epoch, which the next owner bumps again.
         """
         if not partitions:
             return
@@ -737,6 +792,16 @@ class ConsumerRuntime:
         self._release(consumer, partitions, lost=True)
 
     def _release(self, consumer: Consumer, partitions: list[TopicPartition], lost: bool) -> None:
+        """Give up ``partitions`` inside a rebalance callback.
+
+        Order of effects: let every batch in flight finish or, past ``revoke_wait_s``,
+        cancel it (a batch that did not commit leaves its partitions to this release or,
+        kept ones, to a claim after the callback: :meth:`_not_committed`; nothing here
+        waits for PostgreSQL); forget the partitions (ledger, buffers, slots); resume and
+        unassign them in Kafka. A crash at any step loses nothing: their DB offsets stand
+        where the last committed batch left them, and their next owner starts there.
+        """
+        tps = [_tp_of(tp) for tp in partitions]
         if self._writing():
             for slot in self._slots:
                 if slot.batch is not None:
@@ -746,8 +811,11 @@ class ConsumerRuntime:
                         slot.batch.describe(),
                     )
             self._faults.hit("lost_in_flight" if lost else "revoke_in_flight")
-            self._settle(self.cfg.revoke_wait_s)
-        tps = [_tp_of(tp) for tp in partitions]
+            self._releasing = frozenset(tps)
+            try:
+                self._settle(self.cfg.revoke_wait_s)
+            finally:
+                self._releasing = None
         self._forget(tps)
         # librdkafka keeps a partition's pause flag across unassign and a later assign
         # (librdkafka #1849): a partition given up while paused (backpressure or a hold)
@@ -768,6 +836,13 @@ class ConsumerRuntime:
         first; :meth:`_not_committed` after their batch ended), so once their buffered
         records are dropped they may change slots."""
         gone = set(tps)
+        if self._retaking is not None and self._retaking_tps & gone:
+            # A claim still retrying must not land on them after their next owner's: it
+            # would fence that owner's batches. Abandoned whole (one that lands anyway
+            # raises epochs, which the owner's next claim raises again); the partitions
+            # still suspended here are due, and the next turn claims them alone.
+            self._retaking.cancel()
+            self._retaking, self._retaking_tps = None, set()
         if self._decode_at:
             self._decode_at = {c for c in self._decode_at if (c[0], c[1]) not in gone}
         self.ledger.release(gone)

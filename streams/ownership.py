@@ -241,15 +241,25 @@ class Ledger:
         owned.backoff = min(max(owned.backoff * 2, 1.0), RETAKE_MAX_S)
         self._kafka.pop(tp, None)
 
-    def suspend_all(self, now: float) -> list[TP]:
-        """Suspend every partition consumed now (this worker may have been cut off from its
-        group); each is taken back (:meth:`retake`) once due and the group is up again."""
-        away = [tp for tp, o in self._owned.items() if o.consumed()]
+    def suspend(self, tps: Iterable[TP], now: float, fenced: bool = False) -> list[TP]:
+        """Suspend those of ``tps`` consumed now, to be taken back (:meth:`retake`): returns
+        them. ``fenced`` (someone else claimed them): after the growing backoff of a fence,
+        so two workers that both believe they own a partition cannot spin; otherwise as
+        soon as the caller may claim."""
+        away = [tp for tp in map(_tp, tps) if tp in self._owned and self._owned[tp].consumed()]
         for tp in away:
+            if fenced:
+                self._suspend(tp, now)
+                continue
             self._owned[tp].suspended = True
             self._owned[tp].retake_at = now
             self._kafka.pop(tp, None)
         return away
+
+    def suspend_all(self, now: float) -> list[TP]:
+        """Suspend every partition consumed now (this worker may have been cut off from its
+        group); each is taken back (:meth:`retake`) once due and the group is up again."""
+        return self.suspend(list(self._owned), now)
 
     def retakes_due(self, now: float) -> list[TP]:
         """Suspended partitions whose retake wait is over."""

@@ -604,16 +604,21 @@ def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
         _intrude(dsn, group, topic, 0)  # batch 2 is fenced: taken back, re-read from its row
         a.release_stall("after_fetch")
         wait_until(lambda: fired(a, "before_reread"), 60, "batch 2's re-read")
-        sc.send([Item.event(step(1000 + i), partition=0) for i in range(100)])
         # 0..199 are the first transaction's records, 200 its commit marker: the log
         # starts at a marker, so the re-read's first record is 201
         admin = AdminClient({"bootstrap.servers": services.bootstrap})
         for future in admin.delete_records([TopicPartition(topic, 0, 200)]).values():
             future.result(30)
         rows = db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"]
+        seen = len(a.log())
+        a.release_stall("before_reread")
+        # The records past the cut come once the partition is taken back (its claim runs
+        # while the thread polls on): fetched before that, they would raise the mark
+        # past the log start, and the re-read would pass it without retention's help.
+        wait_until(lambda: "claimed [" in a.log()[seen:], 60, "the partition to be taken back")
+        sc.send([Item.event(step(1000 + i), partition=0) for i in range(100)])
         low, high = watermarks(services.bootstrap, topic, 1)[0]
         assert (low, high) == (200, 302), (low, high)
-        a.release_stall("before_reread")
         wait_until(
             lambda: offset_rows(dsn, group)[0].next_offset == 301,
             60,

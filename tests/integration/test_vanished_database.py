@@ -44,7 +44,7 @@ from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from tests.integration.harness import Services, Worker, db, wait_until
 from tests.integration.test_writer import GROUP, TOPIC, batch, row
-from tests.integration.windows import produce_worker_mix, verify_ok, wait_drained
+from tests.integration.windows import batches, produce_worker_mix, verify_ok, wait_drained
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
 BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
@@ -218,6 +218,49 @@ def test_worker_recovers_from_a_vanished_database_mid_batch_and_at_commit(
         log = w.log()
         assert "reconciled by reading" in log, log[-4000:]  # the lost COMMIT had committed
         assert w.stop() == 0, log[-4000:]
+    finally:
+        gates.close()
+
+
+def test_a_revoke_while_the_database_is_away_hands_the_partitions_over(
+    net: Net, netdb: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's batches are in flight when its link to PostgreSQL vanishes; b, whose
+    database is there, joins. a's revoke callback lets the batches run out its revoke
+    wait, cancels them and gives the revoked partitions up without asking PostgreSQL, so
+    b drains them while a's link is still down; the partitions a keeps are claimed again
+    once its link is back: every event exactly once. Before, the callback re-read the
+    batches' offset rows first, waiting for the vanished database, and the whole
+    rebalance waited with it (b got nothing) until the link came back."""
+    observer = net.pg.socket_dsn(netdb)
+    manifest = produce_worker_mix(net.services, topic, tmp_path, events=3_000, seed=1313)
+    group = f"g-{topic}"
+    gates = Gates(observer)
+    try:
+        gates.close_gate(COPY_GATE)
+        a = Worker(
+            net.services,
+            net.pg.dsn(netdb),
+            topic,
+            tmp_path,
+            name="a",
+            prefix=net.link.exec_prefix(net.link.client_ns),
+            revoke_wait_s=2,
+            **BOUNDS,
+        )
+        wait_until(lambda: waiting_at(observer, COPY_GATE, "a"), 90, "a's COPY at the gate")
+        net.link.vanish()
+        try:
+            gates.open_gate(COPY_GATE)  # a's COPY finishes on the server; its reply is lost
+            b = Worker(net.services, observer, topic, tmp_path, name="b", **BOUNDS)
+            wait_until(lambda: "revoked [" in a.log(), 60, "a to give up its revoked partitions")
+            wait_until(lambda: batches(observer, "b") > 0, 60, "b to commit while a's link is down")
+            assert "did not commit during a rebalance" in a.log(), a.log()[-4000:]
+        finally:
+            net.link.restore()
+        wait_drained(observer, manifest, group, [a, b], timeout=120)
+        verify_ok(observer, manifest, group)
+        assert a.stop() == 0 and b.stop() == 0, a.log()[-4000:]
     finally:
         gates.close()
 

@@ -330,8 +330,9 @@ def test_draft_of_nothing_admitted_is_empty() -> None:
 
 
 def test_chunks_bound_the_bytes_of_a_transaction() -> None:
-    records = [_rec(0, i, b"x" * 400) for i in range(10)]  # 402 bytes each with the key
-    got = list(chunks(records, 1000))
+    records = [_rec(0, i, b"x" * 400) for i in range(10)]  # with the key and the header:
+    size = records[0].size()  # 403 bytes and the header's overhead
+    got = list(chunks(records, 2 * size + size // 2))
     assert [len(c) for c in got] == [2, 2, 2, 2, 2]
     assert [r.offset for c in got for r in c] == list(range(10))
     assert [len(c) for c in chunks([_rec(0, 0, b"y" * 5000)], 1000)] == [1]
@@ -350,6 +351,25 @@ def test_a_worker_cut_off_from_its_group_suspends_everything() -> None:
     assert sorted(ledger.retakes_due(5.0)) == [(T, 0), (T, 1)]
     ledger.retake(Claim(T, 0, 10, epoch=4))
     assert ledger.owned() == {(T, 0): 4}
+
+
+def test_a_partition_kept_through_a_rebalance_is_suspended_without_a_backoff() -> None:
+    """A batch that did not commit inside a rebalance callback: its kept partitions wait
+    for a claim after the callback, due at once, and a second time too (nobody else
+    claimed them, unlike a fence); one no longer consumed is not suspended again."""
+    ledger = _ledger(p0=10, p1=20)
+    assert ledger.suspend([(T, 0)], now=5.0) == [(T, 0)]
+    assert ledger.owned() == {(T, 1): ledger.epoch((T, 1))}
+    assert ledger.retakes_due(5.0) == [(T, 0)]
+    assert ledger.suspend([(T, 0), (T, 9)], now=6.0) == []  # suspended already; not owned
+    ledger.retake(Claim(T, 0, 10, epoch=4))
+    assert ledger.suspend([(T, 0)], now=7.0) == [(T, 0)]
+    assert ledger.retakes_due(7.0) == [(T, 0)]
+    ledger.retake(Claim(T, 0, 10, epoch=5))
+    ledger.suspend([(T, 0)], now=8.0, fenced=True)  # a fence inside the callback: backoff
+    ledger.retake(Claim(T, 0, 10, epoch=6))
+    ledger.suspend([(T, 0)], now=9.0, fenced=True)
+    assert ledger.retakes_due(9.5) == [] and ledger.retakes_due(10.0) == [(T, 0)]
 
 
 def test_group_watch_suspects_a_group_handler_away_past_its_grace() -> None:
