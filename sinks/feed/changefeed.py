@@ -164,7 +164,8 @@ WHERE reader = $1 AND version = $2
 
 
 class Changefeed:
-    """Reads the feed from any cursor; holds no state and no connection."""
+    """Reads the feed from any cursor; holds no connection, and no state but a count of
+    its reads the server cancelled (``cancelled``: :func:`follow` reads less after one)."""
 
     def __init__(
         self, filter: Filter = ALL, *, max_transactions: int = 64, max_events: int = 5_000
@@ -176,6 +177,7 @@ class Changefeed:
         self.filter = filter
         self.max_transactions = max_transactions
         self.max_events = max_events
+        self.cancelled = 0
 
     async def read(
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
@@ -196,18 +198,22 @@ class Changefeed:
         types, agents = self.filter.sql_args()
         if limit is None:
             limit = self.max_events
-        rows = await conn.fetch(
-            _READ,
-            cursor.xid,
-            None if w is None else w.batch_id,
-            self.max_transactions,
-            None if w is None else w.partition,
-            None if w is None else w.offset,
-            None if w is None else w.topic,
-            types,
-            agents,
-            limit + 1,  # one more says whether the window was cut
-        )
+        try:
+            rows = await conn.fetch(
+                _READ,
+                cursor.xid,
+                None if w is None else w.batch_id,
+                self.max_transactions,
+                None if w is None else w.partition,
+                None if w is None else w.offset,
+                None if w is None else w.topic,
+                types,
+                agents,
+                limit + 1,  # one more says whether the window was cut
+            )
+        except asyncpg.exceptions.QueryCanceledError:
+            self.cancelled += 1  # statement_timeout, or a cancel: this read's, not a lock's
+            raise
         head = rows[0]
         if head["foreign"]:
             raise FeedError(

@@ -1,7 +1,9 @@
 """The follow loop of a changefeed reader: LISTEN, read, handle, commit, wait.
 
-A reader is anything with ``position(conn)`` and ``next_batch(conn, limit)`` (an async
-context manager yielding a :class:`~ackline.sinks.feed.types.FeedBatch`): the stored
+A reader is anything with ``position(conn)``, ``next_batch(conn, limit)`` (an async
+context manager yielding a :class:`~ackline.sinks.feed.types.FeedBatch`) and ``feed``
+(its :class:`~ackline.sinks.feed.changefeed.Changefeed`: the size of a read, and the
+count of reads the server cancelled): the stored
 :class:`ackline.sinks.feed.changefeed.Reader` or the in-memory
 :class:`ackline.sinks.feed.changefeed.LocalReader`.
 The loop owns one connection, LISTENs on :data:`CHANNEL` (writers notify inside each
@@ -31,6 +33,28 @@ T = TypeVar("T")
 CHANNEL = "ackline_batches"
 """The writer's ``pg_notify`` channel (ackline.sinks.ingest.writer); the payload is the batch id."""
 
+HELD_WARN_AFTER_S = 5.0
+"""How long committed batches may wait behind an open transaction before the reader says
+which transaction it is (and again every :data:`HELD_WARN_EVERY_S`)."""
+HELD_WARN_EVERY_S = 30.0
+
+_HOLDER = """
+SELECT kind, id, database, name, state,
+       extract(epoch FROM now() - since)::float8 AS open_s
+FROM (
+    SELECT 'session' AS kind, pid::text AS id, datname::text AS database,
+           application_name AS name, state, xact_start AS since, age(backend_xid) AS age
+    FROM pg_stat_activity
+    WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+    UNION ALL
+    SELECT 'prepared transaction', gid, database::text, owner::text, 'prepared', prepared,
+           age(transaction)
+    FROM pg_prepared_xacts
+) AS h
+ORDER BY age DESC
+LIMIT 1
+"""
+
 
 Handler = Callable[[asyncpg.Connection, FeedBatch], Awaitable[T]]
 
@@ -43,8 +67,19 @@ class Committed(Generic[T]):
     result: T
 
 
+class _Sized(Protocol):
+    @property
+    def max_events(self) -> int: ...
+
+    @property
+    def cancelled(self) -> int: ...
+
+
 class AnyReader(Protocol):
     name: str
+
+    @property
+    def feed(self) -> _Sized: ...
 
     async def position(self, conn: asyncpg.Connection) -> Cursor: ...
 
@@ -93,17 +128,21 @@ async def follow(
     follower = _Follower(connect, wake, reader.name)
     remaining = limit
     cursor: Cursor | None = None
+    full = _least(batch_events, reader.feed.max_events)
+    cap = ReadCap(full if full is not None else reader.feed.max_events)
+    held = _Held(reader.name)
     try:
         while not stop.is_set():
             handler_failed = False
             began: float | None = None
+            asked, cancels = _least(remaining, cap.size), reader.feed.cancelled
             try:
                 conn = await follower.connection()
                 if cursor is None or follower.fresh:
                     cursor = await reader.position(conn)
                     follower.fresh = False
                 wake.clear()
-                async with reader.next_batch(conn, _least(remaining, batch_events)) as batch:
+                async with reader.next_batch(conn, asked) as batch:
                     began = time.monotonic()
                     try:
                         result = await handle(conn, batch)
@@ -113,24 +152,15 @@ async def follow(
             except Exception as exc:
                 if handler_failed or not is_transient(exc, follower.current):
                     raise
-                held = None if began is None else time.monotonic() - began
-                if (
-                    held is not None
-                    and idle_in_transaction_s is not None
-                    and held >= idle_in_transaction_s
-                ):
-                    raise FeedError(
-                        f"reader {reader.name}: the handler held the batch's transaction "
-                        f"{held:.1f} s, past the server's idle_in_transaction_session_timeout "
-                        f"({idle_in_transaction_s:g} s), and the connection was lost ({exc}): "
-                        "the same batch would be handled again for ever. Read smaller batches "
-                        "or raise ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"
-                    ) from exc
+                _retry_or_stop(reader.name, exc, began, idle_in_transaction_s)
+                if reader.feed.cancelled > cancels:
+                    _read_cancelled(reader.name, cap, asked, exc)
                 if on_transient is not None:
                     on_transient(exc)
                 await follower.backoff(exc, stop)
                 continue
             follower.reset_backoff()
+            cap.read(len(batch.events))
             cursor = batch.end
             if on_commit is not None:
                 on_commit(Committed(batch, result))
@@ -138,6 +168,7 @@ async def follow(
                 remaining -= len(batch.events)
                 if remaining <= 0:
                     break
+            await held.seen(conn, batch.caught_up and batch.pending)
             if batch.caught_up:
                 if not wait and not batch.pending:
                     break
@@ -146,6 +177,134 @@ async def follow(
     finally:
         await follower.close()
     return cursor if cursor is not None else START
+
+
+class _Held:
+    """Says, at WARNING, which transaction holds committed batches back from a reader
+    that has waited on it :data:`HELD_WARN_AFTER_S` (the feed is read up to the oldest
+    transaction still open in the cluster: a session idle in its transaction in another
+    database holds every reader). A one-shot read (``ackline tail``, ``dispatch --once``)
+    waited for it in silence."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._since: float | None = None
+        self._said = 0.0
+
+    async def seen(self, conn: asyncpg.Connection, held: bool) -> None:
+        now = time.monotonic()
+        if not held:
+            self._since = None
+            return
+        if self._since is None:
+            self._since = now
+        if now - self._since < HELD_WARN_AFTER_S or now - self._said < HELD_WARN_EVERY_S:
+            return
+        self._said = now
+        try:
+            row = await conn.fetchrow(_HOLDER)
+        except Exception as exc:  # only a look: a lost connection is the next read's to see
+            row, why = None, f" (could not look: {exc})"
+        else:
+            why = " (not visible to this role: pg_read_all_stats shows it)"
+        if row is None:
+            log.warning(
+                "reader %s: committed batches have waited %.0f s behind a transaction "
+                "still open in this PostgreSQL cluster%s; they are read once it ends",
+                self._name,
+                now - self._since,
+                why,
+            )
+            return
+        log.warning(
+            "reader %s: committed batches have waited %.0f s behind %s %s (database %s, "
+            "%s, %s, open %.0f s), the oldest open transaction this role can see in the cluster; "
+            "they are read once it ends",
+            self._name,
+            now - self._since,
+            row["kind"],
+            row["id"],
+            row["database"],
+            row["name"] or "no application name",
+            row["state"] or "state hidden",
+            row["open_s"] or 0.0,
+        )
+
+
+class ReadCap:
+    """How many events a read may ask for, after the server cancelled reads.
+
+    A read cancelled by the server (a ``statement_timeout`` shorter than one read, or a
+    cancel) was retried at the same size for ever. Each cancelled read halves what it
+    asked for; after :data:`GROW_AFTER` reads in a row that answered with events the size
+    doubles again, up to ``full``, so a slow moment does not shrink the reads for good.
+    Pure: :func:`follow` feeds it what happened."""
+
+    GROW_AFTER = 16
+
+    def __init__(self, full: int) -> None:
+        self.full = full
+        self.size = full
+        self._answered = 0
+
+    def cancelled(self, asked: int | None) -> bool:
+        """Halve what was ``asked`` (None: the full size); False when it was one event
+        (nothing smaller to try)."""
+        self._answered = 0
+        asked = self.size if asked is None else min(asked, self.size)
+        if asked <= 1:
+            self.size = 1
+            return False
+        self.size = max(1, asked // 2)
+        return True
+
+    def read(self, events: int) -> None:
+        """A read answered with ``events`` events (an empty one proves nothing)."""
+        if self.size >= self.full or events == 0:
+            return
+        self._answered += 1
+        if self._answered >= self.GROW_AFTER:
+            self._answered = 0
+            self.size = min(self.full, self.size * 2)
+
+
+def _retry_or_stop(
+    name: str, exc: BaseException, began: float | None, idle_in_transaction_s: float | None
+) -> None:
+    """A transient error (``began``: when the handler got the batch, None if it did not):
+    raise FeedError where retrying would repeat it for ever, else return (retry)."""
+    held = None if began is None else time.monotonic() - began
+    if held is not None and idle_in_transaction_s is not None and held >= idle_in_transaction_s:
+        raise FeedError(
+            f"reader {name}: the handler held the batch's transaction "
+            f"{held:.1f} s, past the server's idle_in_transaction_session_timeout "
+            f"({idle_in_transaction_s:g} s), and the connection was lost ({exc}): "
+            "the same batch would be handled again for ever. Read smaller batches "
+            "or raise ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"
+        ) from exc
+
+
+def _read_cancelled(name: str, cap: ReadCap, asked: int | None, exc: BaseException) -> None:
+    """The server cancelled the feed's read: read fewer events next time. A read of one
+    event cancelled too is retried as it is (a lock held on the feed's tables past the
+    timeout ends some day; stopping the reader for good would not help), each time with
+    an ERROR that names the setting."""
+    if cap.cancelled(asked):
+        log.warning(
+            "reader %s: the server cancelled a read (%s): reading at most %d event(s) a batch",
+            name,
+            exc,
+            cap.size,
+        )
+        return
+    log.error(
+        "reader %s: the server cancelled the read of one event (%s): a statement_timeout "
+        "this short (the role's or the database's), or a lock held on the feed's tables "
+        "past it, stops every read; raise statement_timeout for the reader's role, or end "
+        "what holds the lock. Retrying",
+        name,
+        exc,
+    )
 
 
 def _least(a: int | None, b: int | None) -> int | None:

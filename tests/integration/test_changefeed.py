@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -498,6 +499,131 @@ def test_a_read_without_a_limit_is_cut_at_max_events(dsn: str) -> None:
             assert first.end.within is not None and second.end.within is None
         finally:
             await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_read_the_server_cancels_shrinks_and_names_the_setting(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From a review: a read the server cancels (a statement_timeout shorter than one read)
+    was retried at the same size for ever. Each cancel of the feed's read now halves the
+    next one, down to one event, where an ERROR names statement_timeout; once the reads
+    fit (here: the lock that made them wait is gone) the reader goes on at the smaller
+    size, growing back after 16 answered reads, and delivers every event once. A cancel
+    of anything else (here the cursor's read, behind a lock on feed_cursors) is retried
+    at the same size."""
+    caplog.set_level(logging.WARNING, logger="ackline.sinks.feed.follow")
+
+    async def lock(table: str) -> tuple[asyncpg.Connection, Any]:
+        conn = await asyncpg.connect(dsn)
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        return conn, tx
+
+    async def go() -> None:
+        await write_steps(dsn, "r6", "a6", 40)
+        plain = connector(dsn, "t")
+
+        async def connect() -> asyncpg.Connection:
+            conn = await plain()
+            await conn.execute("SET statement_timeout = 100")
+            return conn
+
+        delivered: list[Any] = []
+        sizes: list[int] = []
+        cancels: list[BaseException] = []
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            delivered.extend(e.event_id for e in batch.events)
+
+        async def count(n: int) -> bool:
+            return len(cancels) >= n
+
+        cursors, cursors_tx = await lock("feed_cursors")
+        reading = asyncio.create_task(
+            follow(
+                Reader("shrunk", Changefeed(max_events=8)),
+                connect,
+                handle,
+                asyncio.Event(),
+                wait=False,
+                on_commit=lambda c: sizes.append(len(c.batch.events)),
+                on_transient=cancels.append,
+            )
+        )
+        try:
+            await eventually(lambda: count(2), 30, "two cancels of the cursor's read")
+            assert "reading at most" not in caplog.text  # not the feed's read: same size
+            feed, feed_tx = await lock("activity")
+            await cursors_tx.rollback()
+
+            async def one_event() -> bool:
+                return "the read of one event" in caplog.text
+
+            try:
+                await eventually(one_event, 60, "reads cancelled down to one event")
+            finally:
+                await feed_tx.rollback()
+                await feed.close()
+        finally:
+            await cursors.close()
+        await asyncio.wait_for(reading, 60)
+        assert all(isinstance(e, asyncpg.exceptions.QueryCanceledError) for e in cancels)
+        said = [r.getMessage() for r in caplog.records if "reading at most" in r.getMessage()]
+        assert [m.rsplit("at most ", 1)[1] for m in said] == [
+            "4 event(s) a batch",
+            "2 event(s) a batch",
+            "1 event(s) a batch",
+        ], said
+        assert len(delivered) == len(set(delivered)) == 40
+        assert sizes[:16] == [1] * 16 and max(sizes) == 2, sizes  # doubled after 16 reads
+
+    asyncio.run(go())
+
+
+def test_a_one_shot_read_held_behind_an_open_transaction_names_it(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """From a review: `tail` without --follow and `dispatch --once` waited in silence while
+    a transaction left open anywhere in the cluster held committed batches back. After
+    5 s the reader names the oldest open transaction (here a session of the test's, idle
+    in it), then reads the batches once it ends."""
+    caplog.set_level(logging.WARNING, logger="ackline.sinks.feed.follow")
+
+    async def go() -> None:
+        holder = await asyncpg.connect(dsn, server_settings={"application_name": "the-holder"})
+        open_tx = holder.transaction()
+        await open_tx.start()
+        await holder.fetchval("SELECT pg_current_xact_id()")  # an xid older than the batch
+        await write_steps(dsn, "r7", "a7", 3)
+        got: list[Any] = []
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            got.extend(e.event_id for e in batch.events)
+
+        reading = asyncio.create_task(
+            follow(
+                Reader("held", Changefeed()),
+                connector(dsn, "t"),
+                handle,
+                asyncio.Event(),
+                wait=False,
+            )
+        )
+
+        async def named() -> bool:
+            return "session" in caplog.text and "the-holder" in caplog.text
+
+        try:
+            await eventually(named, 30, "the reader to name the open transaction")
+            assert not reading.done() and got == []
+        finally:
+            await open_tx.rollback()
+            await holder.close()
+        await asyncio.wait_for(reading, 30)
+        assert len(got) == 3
 
     asyncio.run(go())
 

@@ -169,6 +169,7 @@ class ProcessorRunner:
         feed = Changefeed(feed_filter, max_transactions=max_transactions)
         # feed_before_commit fires too (at the same place), for `ackline dispatch`'s arms.
         self.reader = Reader(self.name, feed, start=start, faults=faults)
+        self.feed = feed  # what follow() reads, through self.reader
         self.applied = 0
         self.batches = 0
         self.paused = False
