@@ -79,6 +79,9 @@ from ackline.streams.producer import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+AFTER_CANCEL_S = 5.0
+"""How long a cancelled ``close()`` may still take to say what it drops, purge it and close
+AIOProducer before the cancel is raised again."""
 _CALL_SLICE_S = 10.0
 """The longest single flush/commit call; the loop around it honours the overall timeout."""
 
@@ -378,49 +381,83 @@ class AsyncActivityProducer:
 
         Order of effects, as the synchronous ``close()``: the instance lets go of its
         client (later calls raise :class:`ProduceError`); flush; what is still queued, or
-        all of it when the flush raises (fenced, librdkafka's fatal state), is purged and
-        logged at WARNING with its count (the records not delivered when it began that it
-        did not deliver, not librdkafka's out-queue length, which also counts each report
-        waiting to be served); AIOProducer closes; the threads are released.
+        all of it when the flush raises (fenced, librdkafka's fatal state), is logged at
+        WARNING with its count (the records not delivered when it began that it did not
+        deliver, not librdkafka's out-queue length, which also counts each report waiting
+        to be served) and purged; AIOProducer closes; the threads are released.
         Never raises for a fenced or broken instance: there is nothing left to save, and
-        a ``finally: await close()`` must not replace the error the caller acts on. No
-        commit is asked for: a transaction left open stays invisible and the broker
-        aborts it (its timeout, or the next instance's ``init_transactions``), so a crash
-        at any step leaves nothing of it visible.
+        a ``finally: await close()`` must not replace the error the caller acts on. A
+        cancel (Ctrl-C under ``asyncio.run``) during the flush is not lost either: the
+        same steps run, within :data:`AFTER_CANCEL_S` (the cancelled flush may still hold
+        a thread), then the cancel is raised again. No commit is asked for: a transaction
+        left open stays invisible and the broker aborts it (its timeout, or the next
+        instance's ``init_transactions``), so a crash at any step leaves nothing of it
+        visible.
         """
         aio, executor = self._aio, self._executor
         self._aio = self._executor = None
         self._closed = True
         try:
-            if aio is not None:
-                pending = [future for future in self._sent if not future.done()]
-                failed: BaseException | None = None
-                try:
-                    queued: int | None = await aio.flush(timeout)
-                except (KafkaException, SystemError) as exc:
-                    unheld(exc)
-                    queued, failed = None, exc
-                await _serve(aio)  # reports that came as the flush gave up, or behind its error
-                if queued is None:
-                    queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
-                dropped = _undelivered(pending)
-                unreported = sum(not future.done() for future in pending)
-                warn_dropped(log, failed, dropped, timeout, queued, unreported)
-                if queued or dropped:
-                    _errors_seen(self._sent)  # counted above: no ERROR line for each
-                    try:
-                        await aio.purge()
-                    except (KafkaException, SystemError) as exc:
-                        unheld(exc)
-                        log.warning("closing the producer: purge failed: %s", str(exc))
-                try:
-                    await aio.close()  # stops its timer task; flushes again, now empty
-                except (KafkaException, SystemError) as exc:
-                    unheld(exc)
-                    log.info("closing a producer that cannot deliver: %s", str(exc))
+            if aio is None:
+                return
+            pending = [future for future in self._sent if not future.done()]
+            failed: BaseException | None = None
+            interrupted: BaseException | None = None
+            try:
+                queued: int | None = await aio.flush(timeout)
+            except (KafkaException, SystemError) as exc:
+                unheld(exc)
+                queued, failed = None, exc
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+                queued, interrupted = None, exc
+            if interrupted is None:
+                await self._drop_rest(aio, pending, queued, failed, timeout, None)
+                return
+            try:
+                async with asyncio.timeout(AFTER_CANCEL_S):
+                    await self._drop_rest(aio, pending, queued, failed, timeout, interrupted)
+            except TimeoutError:
+                log.warning(
+                    "closing the producer was interrupted (%s) and its threads did not "
+                    "answer in %g s: %d record(s) not confirmed delivered, dropped",
+                    type(interrupted).__name__,
+                    AFTER_CANCEL_S,
+                    _undelivered(pending),
+                )
+            raise interrupted
         finally:
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _drop_rest(
+        self,
+        aio: AIOProducer,
+        pending: list[asyncio.Future[Message]],
+        queued: int | None,
+        failed: BaseException | None,
+        timeout: float,
+        interrupted: BaseException | None,
+    ) -> None:
+        """:meth:`close` after its flush: serve the reports, say what is dropped, purge it,
+        close AIOProducer."""
+        await _serve(aio)  # reports that came as the flush gave up, or behind its error
+        if queued is None:
+            queued = len(aio)  # librdkafka's out-queue and AIOProducer's buffer
+        dropped = _undelivered(pending)
+        unreported = sum(not future.done() for future in pending)
+        warn_dropped(log, failed, dropped, timeout, queued, unreported, interrupted)
+        if queued or dropped:
+            _errors_seen(self._sent)  # counted above: no ERROR line for each
+            try:
+                await aio.purge()
+            except (KafkaException, SystemError) as exc:
+                unheld(exc)
+                log.warning("closing the producer: purge failed: %s", str(exc))
+        try:
+            await aio.close()  # stops its timer task; flushes again, now empty
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            log.info("closing a producer that cannot deliver: %s", str(exc))
 
     # --- internals ----------------------------------------------------------------------
 

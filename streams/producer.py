@@ -511,15 +511,24 @@ def warn_dropped(
     timeout: float,
     queued: int,
     unreported: int,
+    interrupted: BaseException | None = None,
 ) -> None:
-    """close()'s WARNING (both SDKs): the ``dropped`` records, and why: ``failed``, the
+    """close()'s WARNING (both SDKs): the ``dropped`` records, and why: ``interrupted``,
+    what ended the flush early (Ctrl-C, a cancel); ``failed``, the
     flush's error (the client can no longer deliver); else, with records still ``queued``
     (librdkafka's out-queue), the ``timeout`` ran out; else the flush ended with nothing
     queued and the records were failed, ``unreported`` of them with no report at all (a
     fenced client, or one in librdkafka's fatal state, delivers no more). The error goes
     in as text: a record that kept the exception would keep its traceback, whose frames
     hold the client."""
-    if failed is not None:
+    if interrupted is not None:
+        if dropped:
+            logger.warning(
+                "closing the producer was interrupted (%s): %d record(s) not delivered, dropped",
+                type(interrupted).__name__,
+                dropped,
+            )
+    elif failed is not None:
         logger.warning(
             "closing a producer that cannot deliver (%s): %d record(s) dropped",
             str(kafka_error(failed) or failed),
@@ -983,12 +992,14 @@ class ActivityProducer:
 
         Order of effects: the instance lets go of its client first (later calls raise
         :class:`ProduceError`); flush; what is still queued, or all of it when the flush
-        raises (fenced, librdkafka's fatal state), is purged and logged at WARNING with
-        its count (the records sent through this instance that were not delivered when it
-        began and that it did not deliver: not librdkafka's out-queue length, which also
-        counts each report and log line waiting to be served); the client is freed. Never
+        raises (fenced, librdkafka's fatal state), is logged at WARNING with its count
+        (the records sent through this instance that were not delivered when it began and
+        that it did not deliver: not librdkafka's out-queue length, which also counts each
+        report and log line waiting to be served) and purged; the client is freed. Never
         raises for a fenced or broken instance, as the asyncio ``close()``: nothing is left
         to save, and a ``finally: close()`` must not replace the error the caller acts on.
+        A KeyboardInterrupt during the flush (Ctrl-C) is not lost either: the same steps
+        run, then it is raised again.
         No commit is asked for: a transaction left open stays invisible and the broker
         aborts it (its timeout, or the next instance's ``init_transactions``), so a crash
         at any step leaves nothing of it visible.
@@ -999,6 +1010,7 @@ class ActivityProducer:
             return
         pending, delivered = self._unreported, self._delivered
         failed: BaseException | None = None
+        interrupted: BaseException | None = None
         try:
             queued: int | None = producer.flush(timeout)
         except (KafkaException, SystemError) as exc:
@@ -1007,19 +1019,22 @@ class ActivityProducer:
             # the fatal error was pending), as its asyncio producer's calls can
             unheld(exc)
             queued, failed = None, exc
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C: the flush is interruptible
+            queued, interrupted = None, exc  # say what is dropped, purge, then let it out
         _serve(producer)  # reports that came as the flush gave up, or behind its error
         if queued is None:
             queued = len(producer)
         dropped = pending - (self._delivered - delivered)
-        warn_dropped(log, failed, dropped, timeout, queued, self._unreported)
-        if not (queued or dropped):
-            return
-        try:
-            producer.purge()
-            producer.poll(0)  # serves the purged records' delivery reports
-        except (KafkaException, SystemError) as exc:  # SystemError: as the flush's, above
-            unheld(exc)
-            log.warning("closing the producer: purge failed: %s", str(exc))
+        warn_dropped(log, failed, dropped, timeout, queued, self._unreported, interrupted)
+        if queued or dropped:
+            try:
+                producer.purge()
+                producer.poll(0)  # serves the purged records' delivery reports
+            except (KafkaException, SystemError) as exc:  # SystemError: as the flush's
+                unheld(exc)
+                log.warning("closing the producer: purge failed: %s", str(exc))
+        if interrupted is not None:
+            raise interrupted
 
 
 def _serve(producer: Producer) -> None:

@@ -15,9 +15,10 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -556,13 +557,14 @@ def test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_man
     assert committed_values(services.bootstrap, topic) == []
 
 
-def test_an_asyncio_close_drops_what_the_broker_did_not_take_and_says_how_many(
-    services: Services, topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """:func:`test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_many`
-    through the asyncio producer, which dropped them without a word (or at INFO, without a
-    count, when its flush raised)."""
-    sent = records()
+def _aio_close_on_a_frozen_broker(
+    services: Services,
+    topic: str,
+    sent: list[Outgoing],
+    close: Callable[[AsyncActivityProducer], Awaitable[None]],
+) -> float:
+    """``sent`` queued by an asyncio producer in an open transaction while the broker is
+    frozen, then ``close(producer)``: how long that took, in seconds."""
 
     async def produce() -> float:
         producer = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
@@ -573,14 +575,85 @@ def test_an_asyncio_close_drops_what_the_broker_did_not_take_and_says_how_many(
             for record in sent:
                 await producer.send(record)
             began = loop.time()
-            with caplog.at_level(logging.WARNING, logger=producer_log.name):
-                await producer.close(timeout=1)
+            await close(producer)
             return loop.time() - began
 
-    took = asyncio.run(produce())
+    return asyncio.run(produce())
+
+
+def test_an_asyncio_close_drops_what_the_broker_did_not_take_and_says_how_many(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """:func:`test_a_synchronous_close_drops_what_the_broker_did_not_take_and_says_how_many`
+    through the asyncio producer, which dropped them without a word (or at INFO, without a
+    count, when its flush raised)."""
+    sent = records()
+
+    async def close(producer: AsyncActivityProducer) -> None:
+        with caplog.at_level(logging.WARNING, logger=producer_log.name):
+            await producer.close(timeout=1)
+
+    took = _aio_close_on_a_frozen_broker(services, topic, sent, close)
     assert took < 5, f"close(timeout=1) took {took:.1f} s"
     assert f"{len(sent)} record(s) not delivered in 1 s, dropped" in caplog.text
     assert "never retrieved" not in caplog.text  # counted once, not an ERROR a record
+    assert committed_values(services.bootstrap, topic) == []
+
+
+def test_a_synchronous_close_interrupted_by_ctrl_c_still_says_what_it_drops(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C while close() waits on a frozen broker (its flush is interruptible): the
+    KeyboardInterrupt skipped the WARNING and the purge, so the records queued were lost
+    without a word. It now says how many, purges, then lets the interrupt out."""
+    sent = records()
+    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with frozen_broker(services):
+            producer.client.begin_transaction()
+            for record in sent:
+                producer.send_record(record)
+            began = time.monotonic()
+            ctrl_c.start()
+            with (
+                caplog.at_level(logging.WARNING, logger=sync_log.name),
+                pytest.raises(KeyboardInterrupt),
+            ):
+                producer.close(timeout=30)
+            took = time.monotonic() - began
+    finally:
+        ctrl_c.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert took < 5, f"close() interrupted after 1 s took {took:.1f} s"
+    said = f"interrupted (KeyboardInterrupt): {len(sent)} record(s) not delivered, dropped"
+    assert said in caplog.text
+    assert committed_values(services.bootstrap, topic) == []
+
+
+def test_an_asyncio_close_cancelled_still_says_what_it_drops_and_closes(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The asyncio close() cancelled while its flush waits on a frozen broker (Ctrl-C
+    under asyncio.run cancels the main task): the WARNING, the purge and AIOProducer's
+    own close were skipped. It now does all three, then lets the cancel out."""
+    sent = records()
+
+    async def close(producer: AsyncActivityProducer) -> None:
+        with caplog.at_level(logging.WARNING, logger=producer_log.name):
+            closing = asyncio.create_task(producer.close(timeout=30))
+            await asyncio.sleep(1)
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+
+    took = _aio_close_on_a_frozen_broker(services, topic, sent, close)
+    assert took < 10, f"close() cancelled after 1 s took {took:.1f} s"
+    said = f"interrupted (CancelledError): {len(sent)} record(s) not delivered, dropped"
+    assert said in caplog.text
+    assert "never retrieved" not in caplog.text
     assert committed_values(services.bootstrap, topic) == []
 
 
