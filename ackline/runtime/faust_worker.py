@@ -8,6 +8,10 @@ PostgreSQL and seeks them to the DB offsets before faust lets any record through
 Stop: SIGTERM/SIGINT run faust's graceful stop: the flow stops, the batch in flight and
 the records already taken are written and acked (``stream_wait_empty``), the DB offsets
 are committed to Kafka, the agent stops, ackline's connections close; the status is 0.
+faust's waits have no bound of their own (a broker gone keeps its commit and its
+LeaveGroup waiting), so a stop that has not ended ``ACKLINE_SHUTDOWN_WAIT_S`` +
+:data:`STOP_EXTRA_S` after the signal exits with status 1, as the default runtime's
+does; a second SIGINT exits at once (130).
 A batch that fails exits the process at once instead (crash-only, status 70), and so does
 one whose dead letters a stop gave up on (the dead-letter topic cannot be written).
 """
@@ -15,9 +19,11 @@ one whose dead letters a stop gave up on (the dead-letter topic cannot be writte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 import faust
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
 LAG_INTERVAL_S = 5.0
 SENTINEL_S = 0.1
+STOP_EXTRA_S = 20.0
+"""How long past ``ACKLINE_SHUTDOWN_WAIT_S`` a stop may take before the worker exits
+anyway: the default runtime's bound (its close and its connections' close, 10 s each)."""
 
 
 class _Worker(faust.Worker):
@@ -49,8 +58,41 @@ class _Worker(faust.Worker):
     ackline configured logging already (text or JSON lines, ``ackline.core.logs``).
     """
 
+    stop_bound_s = 3600.0  # set by run()
+    _overdue: threading.Timer | None = None
+
     def _setup_logging(self) -> None:
         return None
+
+    def _schedule_shutdown(self, sig: signal.Signals) -> None:
+        """The first signal starts faust's graceful stop and the clock on it; a SIGINT
+        during the stop (Ctrl-C twice) exits at once: PostgreSQL decides what committed."""
+        if self._overdue is None:
+            self._arm()
+        elif sig == signal.SIGINT:
+            _exit_logged(
+                "SIGINT again while stopping: exiting now; what committed in PostgreSQL "
+                "stands, the batches in flight are re-read by the next owner",
+                128 + signal.SIGINT,
+            )
+        super()._schedule_shutdown(sig)
+
+    def on_worker_shutdown(self) -> None:
+        """Every stop passes here (a signal's, or faust's own after a crash of its fetcher
+        or a rebalance callback): the clock starts, if no signal started it."""
+        if self._overdue is None:
+            self._arm()
+        super().on_worker_shutdown()
+
+    def _arm(self) -> None:
+        self._overdue = threading.Timer(self.stop_bound_s, _stop_overdue, (self.stop_bound_s,))
+        self._overdue.daemon = True
+        self._overdue.start()
+
+    def stopped(self) -> None:
+        """The stop ended in time: the clock on it stops."""
+        if self._overdue is not None:
+            self._overdue.cancel()
 
     async def _sentinel_task(self) -> None:
         """The loop's last run before mode closes it. mode sleeps one second here, after
@@ -89,6 +131,7 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     if until_drained:
         app.timer(DRAIN_CHECK_S)(_drain_watch(app, settings.topic, partitions))
     worker = _Worker(app, quiet=True, loglevel=logging.getLogger().level or logging.INFO)
+    worker.stop_bound_s = settings.shutdown_wait_s + STOP_EXTRA_S
     try:
         worker.execute_from_commandline()
     except Terminated:
@@ -99,8 +142,30 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
         code = 0
     finally:
         ingest.server.close()
+        worker.stopped()
     log.info("stopped after %d committed batches", app.parts.sink.committed_batches)
     return code
+
+
+def _stop_overdue(bound_s: float) -> None:
+    """The stop has not ended ``bound_s`` after the signal (faust's commit or LeaveGroup
+    waiting for a broker gone, a close waiting for a database gone): exit 1 without the
+    rest. Safe at any point: PostgreSQL decides what committed, Kafka's offsets are only
+    advisory, and the group moves the partitions after the session timeout."""
+    _exit_logged(
+        f"the faust worker did not stop within {bound_s:g} s of the stop request "
+        "(ACKLINE_SHUTDOWN_WAIT_S + 20 s): exiting 1 without leaving its group; what "
+        "committed in PostgreSQL stands",
+        1,
+    )
+
+
+def _exit_logged(message: str, status: int) -> None:
+    log.error("%s", message)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # exiting anyway
+            handler.flush()
+    os._exit(status)
 
 
 def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
