@@ -13,6 +13,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.assemble import Record
 from ackline.streams.faust_runtime.sink import chunks
+from ackline.streams.headers import HEADER_OVERHEAD
 from ackline.streams.slots import Slot, SlotMap
 
 
@@ -164,7 +165,8 @@ def test_header_bytes_count_in_a_record_s_size_and_cut_batches() -> None:
     900 kB of headers each were one batch under a 1 MiB bound (a hostile review)."""
     big: list[tuple[str | None, str | bytes | None]] = [("blob", b"a" * 900_000)]
     recs = [Record("t", 0, i, b"k", b"not json", big) for i in range(2000)]
-    assert recs[0].size() == len(b"k") + len(b"not json") + len("blob") + 900_000 + 64
+    overhead = HEADER_OVERHEAD
+    assert recs[0].size() == len(b"k") + len(b"not json") + len("blob") + 900_000 + overhead
     slot = _slot()
     for rec in recs:
         slot.add(rec, rec.size())
