@@ -410,6 +410,10 @@ class AsyncActivityProducer:
                 queued, failed = None, exc
             except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
                 queued, interrupted = None, exc
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and task is not None:
+                    task.uncancel()  # taken: so that the bound below can time out (3.11.0-2
+                    # turn a timeout into TimeoutError only with no cancel pending)
             if interrupted is None:
                 await self._drop_rest(aio, pending, queued, failed, timeout, None)
                 return

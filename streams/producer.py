@@ -1034,6 +1034,7 @@ class ActivityProducer:
                 unheld(exc)
                 log.warning("closing the producer: purge failed: %s", str(exc))
         if interrupted is not None:
+            del producer  # the traceback keeps this frame: not the client with it
             raise interrupted
 
 

@@ -60,6 +60,7 @@ class _Worker(faust.Worker):
 
     stop_bound_s = 3600.0  # set by run()
     _overdue: threading.Timer | None = None
+    _signalled = False
 
     def _setup_logging(self) -> None:
         return None
@@ -67,8 +68,10 @@ class _Worker(faust.Worker):
     def _schedule_shutdown(self, sig: signal.Signals) -> None:
         """The first signal starts faust's graceful stop and the clock on it; a SIGINT
         during the stop (Ctrl-C twice) exits at once: PostgreSQL decides what committed."""
-        if self._overdue is None:
-            self._arm()
+        if not self._signalled:
+            self._signalled = True
+            if self._overdue is None:
+                self._arm()
         elif sig == signal.SIGINT:
             _exit_logged(
                 "SIGINT again while stopping: exiting now; what committed in PostgreSQL "
@@ -88,6 +91,12 @@ class _Worker(faust.Worker):
         self._overdue = threading.Timer(self.stop_bound_s, _stop_overdue, (self.stop_bound_s,))
         self._overdue.daemon = True
         self._overdue.start()
+
+    async def stop(self) -> None:
+        """faust's stop, and the clock on it stopped once it is over (what is left, the
+        loop's close, waits for nothing of Kafka's or PostgreSQL's)."""
+        await super().stop()
+        self.stopped()
 
     def stopped(self) -> None:
         """The stop ended in time: the clock on it stops."""
@@ -141,8 +150,8 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     else:  # pragma: no cover - execute_from_commandline always raises SystemExit
         code = 0
     finally:
-        ingest.server.close()
         worker.stopped()
+        ingest.server.close()
     log.info("stopped after %d committed batches", app.parts.sink.committed_batches)
     return code
 

@@ -165,7 +165,8 @@ WHERE reader = $1 AND version = $2
 
 class Changefeed:
     """Reads the feed from any cursor; holds no connection, and no state but a count of
-    its reads the server cancelled (``cancelled``: :func:`follow` reads less after one)."""
+    its reads the server cancelled (``cancelled``: :func:`follow` reads less after one,
+    so give each follow() loop a Changefeed of its own)."""
 
     def __init__(
         self, filter: Filter = ALL, *, max_transactions: int = 64, max_events: int = 5_000

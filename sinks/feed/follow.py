@@ -128,8 +128,7 @@ async def follow(
     follower = _Follower(connect, wake, reader.name)
     remaining = limit
     cursor: Cursor | None = None
-    full = _least(batch_events, reader.feed.max_events)
-    cap = ReadCap(full if full is not None else reader.feed.max_events)
+    cap = ReadCap(batch_events if batch_events is not None else reader.feed.max_events)
     held = _Held(reader.name)
     try:
         while not stop.is_set():
@@ -218,7 +217,7 @@ class _Held:
             return
         log.warning(
             "reader %s: committed batches have waited %.0f s behind %s %s (database %s, "
-            "%s, %s, open %.0f s), the oldest open transaction this role can see in the cluster; "
+            "%s, %s, open %s), the oldest open transaction this role can see in the cluster; "
             "they are read once it ends",
             self._name,
             now - self._since,
@@ -226,8 +225,8 @@ class _Held:
             row["id"],
             row["database"],
             row["name"] or "no application name",
-            row["state"] or "state hidden",
-            row["open_s"] or 0.0,
+            row["state"] or "state not visible to this role",
+            "an unknown time" if row["open_s"] is None else f"{row['open_s']:.0f} s",
         )
 
 
