@@ -18,8 +18,10 @@ line that matters.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -27,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, NoReturn, TextIO
 
 BATCH_LOGGER = "ackline.batches"
 _batches = logging.getLogger(BATCH_LOGGER)  # its lines: ackline.streams.committed
@@ -145,3 +147,14 @@ _BRIDGE = KafkaLogBridge()
 def kafka_logger() -> KafkaLogBridge:
     """The process's one bridge, to pass as ``"logger"`` in a confluent-kafka config."""
     return _BRIDGE
+
+
+def exit_flushed(status: int) -> NoReturn:
+    """Exit at once with ``status`` (``os._exit``: no ``finally``, no atexit, whatever
+    thread calls it), after flushing the log handlers and stderr, so the line that said
+    why is not lost with the process."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # exiting anyway
+            handler.flush()
+    sys.stderr.flush()
+    os._exit(status)

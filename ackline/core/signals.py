@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 import threading
@@ -12,8 +13,10 @@ from types import FrameType
 from typing import TypeVar
 
 from ackline.core.errors import Terminated
+from ackline.core.logs import exit_flushed
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _raised: list[int] = []
 """The SIGTERMs :func:`terminate_as_exit`'s handler raised as :class:`Terminated` in the
@@ -210,3 +213,20 @@ def stop_signals(
             previous = before[sig]
             if previous is not None:  # None: not set from Python; nothing to restore
                 signal.signal(sig, previous)
+
+
+def exit_now(sig: int) -> None:
+    """A signal during a worker's stop (either runtime). SIGINT again (Ctrl-C twice:
+    someone at a terminal) exits at once, status 130. Safe at any point: PostgreSQL
+    decides what committed (a transaction cut before its COMMIT rolls back, and its
+    records are re-read from the DB offsets); Kafka's offsets are only advisory. A
+    SIGTERM, which supervisors and scripts may send more than once, keeps the bounded
+    stop going."""
+    if sig != signal.SIGINT:
+        log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
+        return
+    log.warning(
+        "SIGINT again while stopping: exiting now; what committed in PostgreSQL stands, "
+        "the batches in flight are re-read by the next owner"
+    )
+    exit_flushed(128 + sig)

@@ -10,14 +10,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import signal
 import sys
 import threading
 from collections.abc import Callable
 
 from ackline.clients import kafka_client_config
-from ackline.core.signals import stop_signals
+from ackline.core.signals import exit_now, stop_signals
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, decode_limits, load_payload_plugins, tune_malloc
 from ackline.settings import Settings
@@ -166,23 +164,6 @@ async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: 
             return False
     done.result()
     return True
-
-
-def exit_now(sig: int) -> None:
-    """A signal during the stop. SIGINT again (Ctrl-C twice: someone at a terminal)
-    exits at once, status 130. Safe at any point: PostgreSQL decides what committed (a
-    transaction cut before its COMMIT rolls back, and its records are re-read from the
-    DB offsets); Kafka's offsets are only advisory. A SIGTERM, which supervisors and
-    scripts may send more than once, keeps the bounded stop going."""
-    if sig != signal.SIGINT:
-        log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
-        return
-    log.warning(
-        "SIGINT again while stopping: exiting now; what committed in PostgreSQL stands, "
-        "the batches in flight are re-read by the next owner"
-    )
-    logging.shutdown()
-    os._exit(128 + sig)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

@@ -19,7 +19,6 @@ one whose dead letters a stop gave up on (the dead-letter topic cannot be writte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -31,7 +30,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from ackline.core.errors import Terminated
+from ackline.core.logs import exit_flushed
 from ackline.core.metrics import Metrics
+from ackline.core.signals import exit_now
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
@@ -72,12 +73,8 @@ class _Worker(faust.Worker):
             self._signalled = True
             if self._overdue is None:
                 self._arm()
-        elif sig == signal.SIGINT:
-            _exit_logged(
-                "SIGINT again while stopping: exiting now; what committed in PostgreSQL "
-                "stands, the batches in flight are re-read by the next owner",
-                128 + signal.SIGINT,
-            )
+        else:
+            exit_now(sig)  # SIGINT again: at once; SIGTERM again: the stop goes on
         super()._schedule_shutdown(sig)
 
     def on_worker_shutdown(self) -> None:
@@ -161,20 +158,13 @@ def _stop_overdue(bound_s: float) -> None:
     waiting for a broker gone, a close waiting for a database gone): exit 1 without the
     rest. Safe at any point: PostgreSQL decides what committed, Kafka's offsets are only
     advisory, and the group moves the partitions after the session timeout."""
-    _exit_logged(
-        f"the faust worker did not stop within {bound_s:g} s of the stop request "
+    log.error(
+        "the faust worker did not stop within %g s of the stop request "
         "(ACKLINE_SHUTDOWN_WAIT_S + 20 s): exiting 1 without leaving its group; what "
         "committed in PostgreSQL stands",
-        1,
+        bound_s,
     )
-
-
-def _exit_logged(message: str, status: int) -> None:
-    log.error("%s", message)
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):  # exiting anyway
-            handler.flush()
-    os._exit(status)
+    exit_flushed(1)
 
 
 def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:

@@ -17,11 +17,8 @@ after the dropped batch can commit past it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -29,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.core.logs import exit_flushed
 from ackline.core.metrics import Metrics
 from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
@@ -345,8 +343,4 @@ def _record(event: Any) -> Record:
 def die(what: str, exc: BaseException) -> NoReturn:
     """Crash-only exit: log, flush the log handlers, ``os._exit`` (no ack, no commit)."""
     log.critical("%s: %r; exiting without acking (crash-only)", what, exc, exc_info=exc)
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):  # exiting anyway
-            handler.flush()
-    sys.stderr.flush()
-    os._exit(FATAL_EXIT)
+    exit_flushed(FATAL_EXIT)
