@@ -143,7 +143,7 @@ class ConsumerRuntime:
         # flight (None outside one): :meth:`_not_committed` leaves them to the release.
         self._releasing: frozenset[TP] | None = None
         self._retaking: concurrent.futures.Future[list[Claim]] | None = None  # see _retake
-        self._retaking_tps: set[TP] = set()  # what it may still take back
+        self._retaking_tps: set[TP] = set()  # its partitions (_forget abandons it whole)
         self._admin_client: AdminClient | None = None
         self._claims = Claims(
             loop, control_db, config.group_id, config.worker_id, self._stop.is_set
@@ -677,14 +677,12 @@ class ConsumerRuntime:
         if self._retaking is not None:
             if not self._retaking.done():
                 return
-            future, self._retaking = self._retaking, None
-            still, self._retaking_tps = self._retaking_tps, set()
+            future, self._retaking, self._retaking_tps = self._retaking, None, set()
             if future.cancelled():
                 return
             claims = future.result()  # retried through outages: what is left is fatal
             if self._away:  # cut off meanwhile: they stay suspended until the group is up
                 return
-            claims = [c for c in claims if (c.topic, c.partition) in still]
             rewinds = [r for r in map(self.ledger.retake, claims) if r is not None]
             self._seek(rewinds)
             self._metrics.assigned.set(len(self.ledger.owned()))
