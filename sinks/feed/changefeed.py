@@ -136,10 +136,27 @@ WITH horizon AS (
     ) AS u
     ORDER BY u.commit_xid, u.batch_id, u.src_partition, u.src_offset, u.src_topic COLLATE "C"
     LIMIT $9::bigint
+), sized AS (
+    -- payload bytes of the events before each one (before), and before the one before
+    -- it (shown): rows go out while what came before the previous row is under $10, so
+    -- the read holds at most $10 bytes of payloads and one event more, which says the
+    -- window was cut; the first event always goes, however large
+    SELECT ev.*,
+           coalesce(sum(octet_length(ev.payload)) OVER (
+               ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset,
+                        ev.src_topic COLLATE "C"
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
+           coalesce(sum(octet_length(ev.payload)) OVER (
+               ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset,
+                        ev.src_topic COLLATE "C"
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) AS shown
+    FROM ev
 )
-SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, bound.foreign, bound.xmax, ev.*
-FROM bound LEFT JOIN ev ON true
-ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset, ev.src_topic COLLATE "C"
+SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, bound.foreign, bound.xmax,
+       sized.*
+FROM bound LEFT JOIN sized ON sized.shown < $10::bigint
+ORDER BY sized.commit_xid, sized.batch_id, sized.src_partition, sized.src_offset,
+         sized.src_topic COLLATE "C"
 """
 
 _ENSURE = """
@@ -163,21 +180,34 @@ WHERE reader = $1 AND version = $2
 """
 
 
+MAX_BYTES = 8 * 1024 * 1024
+"""A read's payloads, in PostgreSQL's JSON text, before it is cut (as the ingest's
+ACKLINE_BATCH_MAX_BYTES bounds a batch): decoded, they take several times that."""
+
+
 class Changefeed:
     """Reads the feed from any cursor; holds no connection, and no state but a count of
     its reads the server cancelled (``cancelled``: :func:`follow` reads less after one,
     so give each follow() loop a Changefeed of its own)."""
 
     def __init__(
-        self, filter: Filter = ALL, *, max_transactions: int = 64, max_events: int = 5_000
+        self,
+        filter: Filter = ALL,
+        *,
+        max_transactions: int = 64,
+        max_events: int = 5_000,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         if max_transactions < 1:
             raise FeedError(f"max_transactions must be at least 1, not {max_transactions}")
         if max_events < 1:
             raise FeedError(f"max_events must be at least 1, not {max_events}")
+        if max_bytes < 1:
+            raise FeedError(f"max_bytes must be at least 1, not {max_bytes}")
         self.filter = filter
         self.max_transactions = max_transactions
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.cancelled = 0
 
     async def read(
@@ -185,9 +215,11 @@ class Changefeed:
     ) -> FeedBatch:
         """The events after ``cursor``, at most ``max_transactions`` whole transactions
         (cut after ``limit`` events, else after ``max_events``, in the statement: a cut
-        read fetches ``limit + 1`` rows, not the whole window), in feed order. One
-        statement, one snapshot. Without a cut, one read of a large transaction (an
-        erasure of a busy agent: millions of notices) held it all in memory.
+        read fetches ``limit + 1`` rows, not the whole window), in feed order; cut too
+        once the events' payloads pass ``max_bytes`` (the first event is read whatever its
+        size). One statement, one snapshot. Without a cut, one read of a large
+        transaction (an erasure of a busy agent: millions of notices) held it all in
+        memory, and 5,000 payloads of 1 MB each held gigabytes.
 
         Raises :class:`FeedError` if ``conn``'s transaction already holds an xid (that
         xid would hold this snapshot's horizon at itself), or if the cursor or a batch
@@ -211,6 +243,7 @@ class Changefeed:
                 types,
                 agents,
                 limit + 1,  # one more says whether the window was cut
+                self.max_bytes,
             )
         except asyncpg.exceptions.QueryCanceledError:
             self.cancelled += 1  # statement_timeout, or a cancel: this read's, not a lock's
@@ -234,7 +267,8 @@ class Changefeed:
             )
         events = [_event(r) for r in rows if r["event_id"] is not None]
         upper = None if head["upper"] is None else int(head["upper"])
-        kept, end = window_end(cursor, upper, events, limit)
+        within = sum(1 for r in rows if r["event_id"] is not None and r["before"] < self.max_bytes)
+        kept, end = window_end(cursor, upper, events, min(limit, within) if within else limit)
         return FeedBatch(
             start=cursor,
             end=end,

@@ -503,6 +503,51 @@ def test_a_read_without_a_limit_is_cut_at_max_events(dsn: str) -> None:
     asyncio.run(go())
 
 
+def test_a_read_is_cut_at_max_bytes_of_payloads(dsn: str) -> None:
+    """From a review: a read was bounded in events only, so 5,000 payloads of 1 MB held
+    gigabytes. A read is now cut once its payloads pass max_bytes, inside the
+    transaction, and resumes there; an event larger than max_bytes is still read, alone,
+    so a reader always moves on. Every event once, in order."""
+    big = "x" * 100_000
+
+    async def go() -> None:
+        epochs = await take(dsn, [0])
+        envs = [
+            new_envelope(
+                "agent.step",
+                txn_id=f"run-r7:{i}",
+                agent_id="a7",
+                request_id="r7",
+                payload={"run_id": "run-r7", "step": i, "thought": big * (4 if i == 6 else 1)},
+                occurred_at=T0,
+            )
+            for i in range(12)
+        ]
+        database = Database(dsn)
+        await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, 0))
+        await database.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            feed = Changefeed(max_bytes=250_000)
+            cursor, sizes, got = START, [], []
+            while True:
+                batch = await feed.read(conn, cursor)
+                if batch.caught_up and not batch.pending:
+                    break
+                sizes.append(len(batch.events))
+                got.extend(e.payload["step"] for e in batch.events)
+                cursor = batch.end
+            # payloads of ~100 kB: a read ends with the one that takes it past 250 kB;
+            # step 6's 400 kB, larger than the bound, is read alone
+            assert got == list(range(12)), got
+            assert sizes == [3, 3, 1, 3, 2], sizes
+            assert cursor.within is None
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
 def test_a_read_the_server_cancels_shrinks_and_names_the_setting(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
