@@ -508,7 +508,11 @@ async def watch(
             try:
                 if conn is None or conn.is_closed():
                     conn = await connect()
-                for lag in await control.lags(conn, list(names)):
+                lags = await control.lags(conn, list(names))
+                # up before the lags show: a scrape (the server's own thread) that sees
+                # this sample's lag must not read /readyz as "not reached"
+                metrics.db_up.set(1)
+                for lag in lags:
                     metrics.lag_events.labels(lag.name).set(lag.events)
                     metrics.lag_seconds.labels(lag.name).set(lag.seconds)
                     metrics.paused.labels(lag.name).set(1 if lag.paused else 0)
