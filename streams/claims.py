@@ -1,4 +1,4 @@
-"""The consumer thread's calls to PostgreSQL: claims and re-reads of offset rows.
+"""The consumer thread's calls to PostgreSQL: claims of partitions.
 
 They run on the worker's event loop (which owns PostgreSQL), retried through outages by
 the control connection, one at a time (the control connection is one asyncpg connection),
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.batch import TP
-from ackline.sinks.ingest.offsets import Claim, claim_over, locked_offsets
+from ackline.sinks.ingest.offsets import Claim, claim_over
 from ackline.streams.errors import StoppingError
 from ackline.streams.inflight import call_on_loop
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class Claims:
-    """Claim partitions and read their offset rows for one worker, from another thread."""
+    """Claim partitions for one worker, from another thread."""
 
     def __init__(
         self,
@@ -40,7 +40,7 @@ class Claims:
         self._worker = worker_id
         self._stopping = stopping
         # One control connection (a Database holds one, unlocked): a claim started by
-        # claim_later may still be retrying when a callback claims or re-reads.
+        # claim_later may still be retrying when a callback claims.
         self._lock = asyncio.Lock()
 
     async def _claim(self, tps: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
@@ -64,19 +64,3 @@ class Claims:
         outages) while the calling thread goes on polling Kafka, which a rebalance may
         need it to do. Cancel the future to abandon it (as :meth:`claim` does at a stop)."""
         return asyncio.run_coroutine_threadsafe(self._claim(tps, None), self._loop)
-
-    def rows(self, tps: list[TP], what: str) -> dict[TP, Claim] | None:
-        """The offset rows of ``tps`` read FOR SHARE (so a transaction still holding them
-        has ended first); None when stopping. Reads only."""
-
-        async def read() -> list[Claim]:
-            async with self._lock:
-                return await self._db.retrying(
-                    what, lambda conn: locked_offsets(conn, self._group, tps)
-                )
-
-        try:
-            found = call_on_loop(self._loop, read(), self._stopping)
-        except StoppingError:
-            return None
-        return {(c.topic, c.partition): c for c in found}

@@ -533,7 +533,7 @@ class ConsumerRuntime:
         except FencedError as exc:
             self._metrics.fenced.inc()
             log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
-            self._not_committed(batch, fenced=True)
+            self._not_committed(batch, fenced={(t, p) for t, p in exc.partitions})
             return
         except RepeatRejectedError as exc:
             # Rolled back: read again, those records decoded this time (their dead letters
@@ -564,26 +564,26 @@ class ConsumerRuntime:
             except KafkaException as exc:  # advisory; the DB offset is the truth
                 log.info("could not store Kafka offsets (advisory): %s", exc)
 
-    def _not_committed(self, batch: Batch, fenced: bool = False) -> None:
+    def _not_committed(self, batch: Batch, fenced: Collection[TP] = ()) -> None:
         """Re-position the partitions of a batch that did not commit (or may not have).
 
-        Order of effects: the before_reread point; read the batch's offset rows FOR SHARE
-        (which waits for the batch's transaction to end, so a cancelled COMMIT is seen as
-        it ended); in the ledger, a partition whose epoch moved is suspended (fenced:
-        :meth:`_retake` takes it back while Kafka assigns it to this worker) and every
-        other one is rewound to its DB next offset; their buffered records are dropped and
-        they are sought there. Stopping (before or during that read), the partitions are
-        given up instead: no record of them is written any more by this worker.
+        Nothing here waits for PostgreSQL, which may be what failed the batch. Order of
+        effects: the before_reread point; stopping, the batch's partitions are given up (no
+        record of them is written any more by this worker; the next owner starts from the
+        DB offsets); otherwise, inside a rebalance callback (:meth:`_release`), the
+        partitions being given up are left to the release, and the ones kept (all of them
+        outside a rebalance) are suspended, after a fence with the retake's backoff, and
+        their buffered records dropped, so that :meth:`_retake` claims them again on the
+        loop while this thread polls on, and seeks them to the DB next offset the claim
+        reads. A claim waits for the batch's transaction to end (a cancelled COMMIT is seen
+        as it ended), and its new epoch fences whatever of that transaction comes late.
+        Only the ``fenced`` partitions (another worker claimed them) wait for the retake's
+        growing backoff, so two workers that both believe they own one cannot spin.
 
-        Inside a rebalance callback (:meth:`_release`) nothing waits for PostgreSQL, which
-        may be what failed the batch: the before_reread point; the partitions being given
-        up are left to the release (their next owner claims them and starts from the DB
-        offsets); the ones kept are suspended (after a fence, with the retake's backoff)
-        and their buffered records dropped, so that :meth:`_retake` claims them again
-        after the callback and seeks them to the DB next offset the claim reads (a claim
-        waits for the batch's transaction to end as the read does, and its new epoch
-        fences whatever of that transaction comes late). Waiting here held the whole
-        rebalance, the other worker's share included, for as long as PostgreSQL was away.
+        Waiting here (a re-read of the offset rows) held the consumer thread for as long
+        as PostgreSQL was away: inside a callback the whole rebalance, the other worker's
+        share included; outside one (a fenced batch) the thread stopped polling, so the
+        next rebalance stalled the same way.
 
         Without this, the next batch of a kept partition would start after the dropped
         one, and the fence (next_offset <= first_offset: offsets are not contiguous, so
@@ -598,36 +598,26 @@ class ConsumerRuntime:
         tps = [tp for tp in tps if tp not in releasing]
         if not tps:
             return
-        if self._releasing is not None:  # one claimed again since reads from the DB offset
-            mine = {_tp_of(r) for r in batch.ranges if self.ledger.owns(_tp_of(r), r.epoch)}
-            now = time.monotonic()
-            kept = self.ledger.suspend([tp for tp in tps if tp in mine], now, fenced=fenced)
-            self._drop_buffered(set(kept))
-            self._metrics.assigned.set(len(self.ledger.owned()))
-            if kept:
-                log.warning(
-                    "batch %s %s during a rebalance: partitions %s kept, claimed again after it",
-                    batch.describe(),
-                    "fenced" if fenced else "did not commit",
-                    [p for _, p in kept],
-                )
-            return
-        rows = None if self._stop.is_set() else self._claims.rows(tps, "re-read")
-        if rows is None:  # stopping: where PostgreSQL has them is not known; the next owner
+        if self._stop.is_set():  # where PostgreSQL has them is not known; the next owner
             self._forget(tps)  # starts from the DB offsets
             log.info("stopping: gave up %s after batch %s", [p for _, p in tps], batch.describe())
             return
-        taken, rewinds = self.ledger.not_committed(batch.ranges, rows, time.monotonic())
-        self._drop_buffered({*taken, *(r.tp for r in rewinds)})
-        self._seek(rewinds)
+        # one claimed again since reads from the DB offset already
+        mine = {_tp_of(r) for r in batch.ranges if self.ledger.owns(_tp_of(r), r.epoch)}
+        now = time.monotonic()
+        kept = [
+            *self.ledger.suspend([tp for tp in tps if tp in mine and tp not in fenced], now),
+            *self.ledger.suspend([tp for tp in tps if tp in mine and tp in fenced], now, True),
+        ]
+        self._drop_buffered(set(kept))
         self._metrics.assigned.set(len(self.ledger.owned()))
-        if taken:
-            log.warning("fenced on %s: taking them back while Kafka assigns them here", taken)
-        if rewinds:
+        if kept:
             log.warning(
-                "re-reading %s from their DB offsets after batch %s was dropped",
-                [(r.tp[1], r.offset) for r in rewinds],
+                "batch %s %s%s: partitions %s claimed again from their DB offsets",
                 batch.describe(),
+                f"fenced on {sorted(p for _, p in fenced)}" if fenced else "did not commit",
+                "" if self._releasing is None else " during a rebalance",
+                sorted(p for _, p in kept),
             )
 
     def _on_stats(self, raw: str) -> None:

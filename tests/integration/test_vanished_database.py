@@ -44,7 +44,13 @@ from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from tests.integration.harness import Services, Worker, db, wait_until
 from tests.integration.test_writer import GROUP, TOPIC, batch, row
-from tests.integration.windows import batches, produce_worker_mix, verify_ok, wait_drained
+from tests.integration.windows import (
+    batches,
+    fired,
+    produce_worker_mix,
+    verify_ok,
+    wait_drained,
+)
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
 BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
@@ -240,16 +246,7 @@ def test_a_revoke_while_the_database_is_away_hands_the_partitions_over(
     gates = Gates(observer)
     try:
         gates.close_gate(COPY_GATE)
-        a = Worker(
-            net.services,
-            net.pg.dsn(netdb),
-            topic,
-            tmp_path,
-            name="a",
-            prefix=net.link.exec_prefix(net.link.client_ns),
-            revoke_wait_s=2,
-            **BOUNDS,
-        )
+        a = _beyond_the_link(net, netdb, topic, tmp_path, revoke_wait_s=2)
         wait_until(lambda: waiting_at(observer, COPY_GATE, "a"), 90, "a's COPY at the gate")
         net.link.vanish()
         try:
@@ -265,6 +262,71 @@ def test_a_revoke_while_the_database_is_away_hands_the_partitions_over(
         assert a.stop() == 0 and b.stop() == 0, a.log()[-4000:]
     finally:
         gates.close()
+
+
+def test_a_fenced_batch_while_the_database_goes_away_keeps_the_worker_polling(
+    net: Net, netdb: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's batch is fenced (an intruder bumped the epochs), and a's link to
+    PostgreSQL vanishes before a re-positions the partitions. Before, a re-read their
+    offset rows on the consumer thread, retrying for as long as the link was down: the
+    thread stopped polling, so when b joined the rebalance waited for a (b got nothing
+    until a's link came back or max.poll.interval.ms ran out). Now a suspends them and
+    claims them again on its event loop while its thread polls on: b drains its share
+    while a's link is still down; then every event exactly once."""
+    observer = net.pg.socket_dsn(netdb)
+    manifest = produce_worker_mix(net.services, topic, tmp_path, events=3_000, seed=1414)
+    group = f"g-{topic}"
+    a = _beyond_the_link(
+        net,
+        netdb,
+        topic,
+        tmp_path,
+        faults="after_fetch=stall@1,before_reread=stall@1",
+        fault_stall_seconds=120,
+    )
+    wait_until(lambda: fired(a, "after_fetch"), 90, "a's first batch to stall after fetch")
+    _intrude(observer, group, topic, [0, 1, 2])
+    a.release_stall("after_fetch")
+    wait_until(lambda: fired(a, "before_reread"), 60, "a's fenced batch to be re-positioned")
+    assert "fenced and rolled back" in a.log(), a.log()[-4000:]
+    net.link.vanish()
+    try:
+        a.release_stall("before_reread")
+        b = Worker(net.services, observer, topic, tmp_path, name="b", **BOUNDS)
+        wait_until(lambda: batches(observer, "b") > 0, 60, "b to commit while a's link is down")
+    finally:
+        net.link.restore()
+    wait_drained(observer, manifest, group, [a, b], timeout=120)
+    verify_ok(observer, manifest, group)
+    assert a.stop() == 0 and b.stop() == 0, a.log()[-4000:]
+
+
+def _beyond_the_link(net: Net, netdb: str, topic: str, tmp_path: Path, **settings: Any) -> Worker:
+    """Worker a, in the client namespace: it reaches PostgreSQL over the link only."""
+    return Worker(
+        net.services,
+        net.pg.dsn(netdb),
+        topic,
+        tmp_path,
+        name="a",
+        prefix=net.link.exec_prefix(net.link.client_ns),
+        **BOUNDS,
+        **settings,
+    )
+
+
+def _intrude(dsn: str, group: str, topic: str, partitions: list[int]) -> None:
+    """Bump the epochs as a late claimer would; no row is written."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await claim(conn, group, "intruder", [(topic, p) for p in partitions])
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
 
 
 def _ingest_dsn(net: Net, name: str) -> str:
