@@ -185,8 +185,7 @@ class ConsumerRuntime:
             for slot in self._slots:
                 slot.clear()
         finally:
-            if self._retaking is not None:
-                self._retaking.cancel()  # a claim that lands anyway only raises the epochs
+            self._abandon_retake()
             consumer.close()
             self._consumer = None
             self._metrics.assigned.set(0)
@@ -707,8 +706,9 @@ class ConsumerRuntime:
         reader reaching the end stands) and the log ends; claim: one
         autocommitted statement bumps the epochs and stores that start where no offset is
         stored, so "latest" is resolved once, for good (retried while PostgreSQL is
-        unreachable, until a stop request; after a retake claim still running on the
-        control connection, if there is one: :meth:`_retake`); the after_claim point;
+        unreachable, until a stop request; a retake claim still running on the control
+        connection is abandoned first, and started again after the callback:
+        :meth:`_retake`); the after_claim point;
         incremental_assign at the DB next offsets. A partition whose DB offset is past
         the log end is assigned but paused and reported (it is not consumed: its records
         would be taken for committed ones). A crash after the claim and before the assign
@@ -729,6 +729,13 @@ class ConsumerRuntime:
                 )
         else:
             starts = {tp: low for tp, (low, _) in marks.items()}
+        if self._retaking is not None and not self._retaking.done():
+            # One claim at a time on the control connection: this one waited for a retake
+            # still retrying (behind a row lock it may not end, or an outage), and the
+            # rebalance with it. The retake is claimed again after the callback.
+            again = sorted(p for _, p in self._retaking_tps)
+            log.info("a retake claim of %s waits: claiming them again after the assign", again)
+            self._abandon_retake()
         claims = self._claims.claim(tps, starts)
         if claims is None:
             return
@@ -824,13 +831,10 @@ class ConsumerRuntime:
         first; :meth:`_not_committed` after their batch ended), so once their buffered
         records are dropped they may change slots."""
         gone = set(tps)
-        if self._retaking is not None and self._retaking_tps & gone:
+        if self._retaking_tps & gone:
             # A claim still retrying must not land on them after their next owner's: it
-            # would fence that owner's batches. Abandoned whole (one that lands anyway
-            # raises epochs, which the owner's next claim raises again); the partitions
-            # still suspended here are due, and the next turn claims them alone.
-            self._retaking.cancel()
-            self._retaking, self._retaking_tps = None, set()
+            # would fence that owner's batches.
+            self._abandon_retake()
         if self._decode_at:
             self._decode_at = {c for c in self._decode_at if (c[0], c[1]) not in gone}
         self.ledger.release(gone)
@@ -838,6 +842,14 @@ class ConsumerRuntime:
         self._drop_buffered(gone)
         self._slot_map.release(gone)
         self._metrics.assigned.set(len(self.ledger.owned()))
+
+    def _abandon_retake(self) -> None:
+        """Cancel the retake claim under way, whole: one that lands anyway only raises
+        epochs, which the next claim raises again; the partitions still suspended here
+        are due, and the next turn claims them again."""
+        if self._retaking is not None:
+            self._retaking.cancel()
+        self._retaking, self._retaking_tps = None, set()
 
     def _drop_buffered(self, gone: set[TP]) -> None:
         """Drop the buffered, decoded and held records of ``gone`` (they are read again)."""

@@ -217,6 +217,94 @@ def test_item_3_fenced_on_a_partition_kafka_still_assigns_is_taken_back(
     verify_ok(dsn, manifest, group)
 
 
+def test_an_assign_does_not_wait_behind_a_blocked_retake(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a is fenced on a partition it keeps, and its claim to take it back waits on
+    a row lock it may not end (another role's open transaction). b stops, so Kafka
+    assigns b's partition to a. The control connection serves one claim at a time: the
+    assign's claim waited for the retake, and the new partition was not consumed, nor
+    the rebalance ended, for as long as the lock was held. Now the assign abandons the
+    retake and claims it again after the callback: a consumes b's partition while the
+    lock is held; once it is let go, every event exactly once."""
+    group = f"g-{topic}"
+    first = produce_mix(services, topic, tmp_path, 300, seed=517)
+    a = Worker(services, dsn, topic, tmp_path, name="a", faults="before_reread=stall", **FAST)
+    wait_drained(dsn, first, group, [a])
+    b = Worker(services, dsn, topic, tmp_path, name="b", **FAST)
+    wait_until(lambda: "b" in {r.owner for r in offset_rows(dsn, group).values()}, 60, "b's claim")
+    wait_until(lambda: "revoked [" in a.log(), 60, "a to give b its share")
+    owners = {p: r.owner for p, r in offset_rows(dsn, group).items()}
+    x = min(p for p, o in owners.items() if o == "a")
+    z = next(p for p, o in owners.items() if o == "b")
+    _intrude(dsn, group, topic, x)
+    sc = Scenario(services.bootstrap, topic, tmp_path / "more.jsonl.gz", base=first)
+    lock = _RowLock(dsn, group, topic, x)
+    try:
+        sc.send([Item.event(step(2000 + i), partition=x) for i in range(20)])
+        wait_until(lambda: fired(a, "before_reread"), 60, "a's batch on the fenced partition")
+        lock.take()
+        a.release_stall()
+        wait_until(lambda: _claim_waits(dsn, "a"), 60, "a's retake to wait on the lock")
+        assert b.stop() == 0, b.log()[-3000:]
+        sent = sc.send([Item.event(step(3000 + i), partition=z) for i in range(20)])
+        manifest = sc.write()
+        end = max(r.offset for r in sent) + 1  # the DB offset once they are all in
+
+        def consumed() -> bool:
+            row = offset_rows(dsn, group)[z]
+            return row.owner == "a" and (row.next_offset or 0) >= end
+
+        wait_until(consumed, 60, "a to consume b's partition while its retake waits")
+        assert _claim_waits(dsn, "a"), "the retake no longer waits: the test proves nothing"
+    finally:
+        lock.release()
+        sc.close()
+    wait_drained(dsn, manifest, group, [a])
+    assert a.stop() == 0, a.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+def _claim_waits(dsn: str, worker: str) -> bool:
+    """The worker's control connection (its claims) waits on a lock."""
+    rows = db(
+        dsn,
+        "SELECT count(*) AS n FROM pg_stat_activity "
+        "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        f"ackline-control:{worker}",
+    )
+    return int(rows[0]["n"]) > 0
+
+
+class _RowLock:
+    """A partition's offset row locked by the test's own open transaction (a session of
+    another role, which the worker's claim may not end: it waits)."""
+
+    def __init__(self, dsn: str, group: str, topic: str, partition: int) -> None:
+        self._args = (group, topic, partition)
+        self._loop = asyncio.new_event_loop()
+        self._conn: asyncpg.Connection = self._loop.run_until_complete(asyncpg.connect(dsn))
+        self._tx: Any = None
+
+    def take(self) -> None:
+        async def go() -> None:
+            self._tx = self._conn.transaction()
+            await self._tx.start()
+            await self._conn.execute(
+                "SELECT 1 FROM consumer_offsets WHERE group_id = $1 AND topic = $2 "
+                "AND partition = $3 FOR UPDATE",
+                *self._args,
+            )
+
+        self._loop.run_until_complete(go())
+
+    def release(self) -> None:
+        if self._tx is not None:
+            self._loop.run_until_complete(self._tx.rollback())
+        self._loop.run_until_complete(self._conn.close())
+        self._loop.close()
+
+
 def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
