@@ -109,9 +109,11 @@ WITH horizon AS (
            h.xmax
     FROM horizon AS h
 ), ev AS (
+    -- keys only: the window sorted here may span 64 transactions, and a read cut by bytes
+    -- returns a small part of it (the payloads are fetched below for the rows kept)
     SELECT u.* FROM (
         SELECT b.commit_xid, a.event_id, a.txn_id, a.type, a.agent_id, a.request_id,
-               a.occurred_at, a.schema_version, a.payload::text AS payload, a.batch_id,
+               a.occurred_at, a.schema_version, a.ingested_on, a.batch_id,
                a.src_topic, a.src_partition, a.src_offset, NULL::bigint AS erasure_id
         FROM txs
         JOIN ingest_batches AS b ON b.commit_xid = txs.commit_xid
@@ -137,24 +139,41 @@ WITH horizon AS (
     ORDER BY u.commit_xid, u.batch_id, u.src_partition, u.src_offset, u.src_topic COLLATE "C"
     LIMIT $9::bigint
 ), sized AS (
-    -- payload bytes of the events before each one (before), and before the one before
-    -- it (shown): rows go out while what came before the previous row is under $10, so
-    -- the read holds at most $10 bytes of payloads and one event more, which says the
-    -- window was cut; the first event always goes, however large
+    -- payload bytes (JSON text) of the events before each one (before), and before the
+    -- one before it (shown): rows go out while what came before the previous row is under
+    -- $10, each with its payload while what came before it is: the read holds at most
+    -- $10 bytes of payloads and the one that passes them, and one row more without a
+    -- payload, which says the window was cut; the first event always goes, however large
     SELECT ev.*,
-           coalesce(sum(octet_length(ev.payload)) OVER (
+           coalesce(sum(s.bytes) OVER (
                ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset,
                         ev.src_topic COLLATE "C"
                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
-           coalesce(sum(octet_length(ev.payload)) OVER (
+           coalesce(sum(s.bytes) OVER (
                ORDER BY ev.commit_xid, ev.batch_id, ev.src_partition, ev.src_offset,
                         ev.src_topic COLLATE "C"
                ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) AS shown
     FROM ev
+    LEFT JOIN LATERAL (
+        SELECT octet_length(a.payload::text) AS bytes
+        FROM activity AS a
+        WHERE ev.erasure_id IS NULL AND a.ingested_on = ev.ingested_on
+          AND a.batch_id = ev.batch_id AND a.src_partition = ev.src_partition
+          AND a.src_offset = ev.src_offset AND a.src_topic = ev.src_topic
+    ) AS s ON true
 )
 SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, bound.foreign, bound.xmax,
-       sized.*
-FROM bound LEFT JOIN sized ON sized.shown < $10::bigint
+       sized.*, p.payload
+FROM bound
+LEFT JOIN sized ON sized.shown < $10::bigint
+LEFT JOIN LATERAL (
+    SELECT a.payload::text AS payload
+    FROM activity AS a
+    WHERE sized.erasure_id IS NULL AND sized.before < $10::bigint
+      AND a.ingested_on = sized.ingested_on AND a.batch_id = sized.batch_id
+      AND a.src_partition = sized.src_partition AND a.src_offset = sized.src_offset
+      AND a.src_topic = sized.src_topic
+) AS p ON true
 ORDER BY sized.commit_xid, sized.batch_id, sized.src_partition, sized.src_offset,
          sized.src_topic COLLATE "C"
 """
@@ -180,6 +199,9 @@ WHERE reader = $1 AND version = $2
 """
 
 
+ANY_COUNT = 2**62
+"""No bound from :func:`fits_next` (the caller's and max_events still apply)."""
+
 MAX_BYTES = 8 * 1024 * 1024
 """A read's payloads, in PostgreSQL's JSON text, before it is cut (as the ingest's
 ACKLINE_BATCH_MAX_BYTES bounds a batch): decoded, they take several times that."""
@@ -187,8 +209,9 @@ ACKLINE_BATCH_MAX_BYTES bounds a batch): decoded, they take several times that."
 
 class Changefeed:
     """Reads the feed from any cursor; holds no connection, and no state but a count of
-    its reads the server cancelled (``cancelled``: :func:`follow` reads less after one,
-    so give each follow() loop a Changefeed of its own)."""
+    its reads the server cancelled (``cancelled``: :func:`follow` reads less after one)
+    and how many events fitted in ``max_bytes`` lately (:func:`fits_next`): give each
+    follow() loop a Changefeed of its own."""
 
     def __init__(
         self,
@@ -209,6 +232,7 @@ class Changefeed:
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.cancelled = 0
+        self._fits = ANY_COUNT  # see fits_next
 
     async def read(
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
@@ -231,6 +255,7 @@ class Changefeed:
         types, agents = self.filter.sql_args()
         if limit is None:
             limit = self.max_events
+        asked, limit = limit, min(limit, self._fits)
         try:
             rows = await conn.fetch(
                 _READ,
@@ -268,7 +293,9 @@ class Changefeed:
         events = [_event(r) for r in rows if r["event_id"] is not None]
         upper = None if head["upper"] is None else int(head["upper"])
         within = sum(1 for r in rows if r["event_id"] is not None and r["before"] < self.max_bytes)
-        kept, end = window_end(cursor, upper, events, min(limit, within) if within else limit)
+        bytes_cut = 0 < within < len(events)
+        kept, end = window_end(cursor, upper, events, within if bytes_cut else limit)
+        self._fits = fits_next(self._fits, len(kept), bytes_cut, limit < asked, asked)
         return FeedBatch(
             start=cursor,
             end=end,
@@ -276,6 +303,22 @@ class Changefeed:
             transactions=int(head["txs"]),
             pending=bool(head["pending"]),
         )
+
+
+def fits_next(fits: int, kept: int, bytes_cut: bool, shortened: bool, most: int) -> int:
+    """How many events the next read asks for, at most (pure).
+
+    The statement sizes every row it may return before it cuts at the byte bound, and
+    sizing one is reading its payload's JSON text: a read of 5,000 payloads of 100 kB cut
+    at 8 MiB read 500 MB to return 80 of them, again at every read. So after a cut by
+    bytes the next read asks for twice what fitted; a read that the smaller ask cut
+    (``shortened``: every event it asked for came) doubles it back, and past ``most``
+    (what the caller asked for) lifts it."""
+    if bytes_cut:
+        return max(1, 2 * kept)
+    if shortened and kept >= fits:
+        return ANY_COUNT if 2 * fits >= most else 2 * fits
+    return fits
 
 
 def _event(r: asyncpg.Record) -> FeedEvent:
