@@ -71,7 +71,11 @@ class Settings(BaseSettings):
     """Every knob of ackline, read once at start and never mutated."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        case_sensitive=False,
+        allow_inf_nan=False,  # no bound or interval of ours means anything at inf or nan
     )
 
     # Where the services are. Unset: the local stack started by `ackline dev up`.
@@ -116,6 +120,7 @@ class Settings(BaseSettings):
     )
     worker_id: str = Field(
         default_factory=_default_worker_id,
+        min_length=1,
         description="this worker's name: the owner of its partitions, its Kafka client.id and "
         "its PostgreSQL application_name",
     )
@@ -275,6 +280,7 @@ class Settings(BaseSettings):
     db_idle_in_transaction_timeout_ms: int = Field(
         default=15_000,
         ge=100,
+        le=2_147_483_647,  # PostgreSQL's largest
         description="idle_in_transaction_session_timeout of the worker's connections",
     )
     db_connect_timeout_s: float = Field(
@@ -363,7 +369,8 @@ class Settings(BaseSettings):
     )
     db_check_interval_s: float = Field(
         default=5.0,
-        gt=0,
+        ge=0.1,  # a check every nanosecond took a core
+        le=3_600,
         description="PostgreSQL health check interval; /readyz needs one within 3 intervals",
     )
     log_format: Literal["auto", "json", "text"] = Field(
@@ -412,6 +419,16 @@ class Settings(BaseSettings):
         allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
         if not value or len(value) > 249 or not set(value) <= allowed:
             raise ValueError("must be 1-249 characters of [a-zA-Z0-9._-]")
+        if value in (".", ".."):
+            raise ValueError("must not be '.' or '..' (Kafka refuses those names)")
+        return value
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: str | None) -> str | None:
+        problem = None if value is None else bootstrap_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("retention")
@@ -428,10 +445,9 @@ class Settings(BaseSettings):
     @field_validator("database_url", "database_ingest_url", "database_processor_url")
     @classmethod
     def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().startswith(
-            ("postgres://", "postgresql://")
-        ):
-            raise ValueError("must be a postgresql:// URL")
+        problem = None if value is None else dsn_problem(value.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     def redacted(self) -> dict[str, Any]:
@@ -453,6 +469,62 @@ class Settings(BaseSettings):
 
 
 _DSN_FIELDS = frozenset({"database_url", "database_ingest_url"})
+
+
+def bootstrap_problem(servers: str) -> str | None:
+    """What is wrong with a ``host:port,...`` list (pure), or None. librdkafka took a bad
+    one and failed 10 s later with a "Broker transport failure" naming nothing."""
+    for item in (i.strip() for i in servers.split(",")):
+        spec = item.rpartition("://")[2]  # a listener name may lead (PLAINTEXT://)
+        if not spec:
+            return "must be host[:port][,host[:port]...] with no empty entry"
+        if spec.count(":") > 1 and not spec.startswith("["):
+            continue  # a bare IPv6 address: librdkafka's own default port
+        host, colon, port = spec.rpartition(":")
+        if colon and not host:
+            return f"{item!r} has no host"
+        if colon and not (port.isdecimal() and 1 <= int(port) <= 65_535):
+            return f"{item!r} has a port that is not a number from 1 to 65535"
+    return None
+
+
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_ENCODE = "; percent-encode / ? # @ : in a user or password (%2F %3F %23 %40 %3A)"
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """What the driver would fail on in ``dsn``, read as asyncpg reads it (pure), or None.
+
+    A malformed URL failed in every command with a traceback that could show part of
+    the password; the problem is told here without a byte of the URL."""
+    if not dsn.startswith(("postgres://", "postgresql://")):
+        return "must be a postgresql:// URL"
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "is not a URL (a '[' without its ']')" + _ENCODE
+    if "#" in dsn:
+        return "holds a '#'" + _ENCODE
+    if parts.netloc.count("@") > 1:
+        return "holds more than one '@' before the host" + _ENCODE
+    for spec in parts.netloc.rpartition("@")[2].split(","):
+        if spec.startswith("["):
+            _, _, port = spec.partition("]")
+            if port and not port.startswith(":"):
+                return "has something after an IPv6 host's ']' that is not ':port'" + _ENCODE
+            port = port[1:]
+        else:
+            port = spec.partition(":")[2]
+        if port and not (port.isdecimal() and 1 <= int(port) <= 65_535):
+            return "has a port that is not a number from 1 to 65535" + _ENCODE
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        return "has a query that is not name=value pairs joined by '&'" + _ENCODE
+    for name, given in query:
+        if name == "sslmode" and given not in SSL_MODES:
+            return f"has sslmode={given!r}: it must be one of {', '.join(SSL_MODES)}"
+    return None
 
 
 def redact_dsn(dsn: str) -> str:
@@ -496,26 +568,10 @@ def _topic_problems(s: Settings) -> list[tuple[str, str]]:
     ]
 
 
-def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
-    """Settings that are valid alone but not together: (setting, problem), first to fix first."""
-    sasl = s.kafka_security_protocol.startswith("SASL_")
-    tls = s.kafka_security_protocol in ("SSL", "SASL_SSL")
-    problems = _topic_problems(s)
-    if sasl and s.kafka_sasl_mechanism is None:
-        problems.append(("KAFKA_SASL_MECHANISM", f"required with {s.kafka_security_protocol}"))
-    if sasl and s.kafka_sasl_username is None:
-        problems.append(("KAFKA_SASL_USERNAME", f"required with {s.kafka_security_protocol}"))
-    if sasl and s.kafka_sasl_password is None:
-        problems.append(("KAFKA_SASL_PASSWORD", f"required with {s.kafka_security_protocol}"))
-    if not sasl:
-        for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
-            if getattr(s, name) is not None:
-                problems.append(
-                    (
-                        name.upper(),
-                        "needs ACKLINE_KAFKA_SECURITY_PROTOCOL SASL_PLAINTEXT or SASL_SSL",
-                    )
-                )
+def _tls_problems(s: Settings, tls: bool) -> list[tuple[str, str]]:
+    """TLS files without TLS, and a certificate without its key or a key without its
+    certificate."""
+    problems: list[tuple[str, str]] = []
     if not tls:
         for name in (
             "kafka_ssl_ca_location",
@@ -536,6 +592,32 @@ def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
         problems.append(
             ("KAFKA_SSL_CERTIFICATE_LOCATION", "required with ACKLINE_KAFKA_SSL_KEY_LOCATION")
         )
+    return problems
+
+
+def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:
+    """Settings that are valid alone but not together: (setting, problem), first to fix first."""
+    sasl = s.kafka_security_protocol.startswith("SASL_")
+    tls = s.kafka_security_protocol in ("SSL", "SASL_SSL")
+    problems = _topic_problems(s)
+    if sasl and s.kafka_sasl_mechanism is None:
+        problems.append(("KAFKA_SASL_MECHANISM", f"required with {s.kafka_security_protocol}"))
+    if sasl and s.kafka_sasl_username is None:
+        problems.append(("KAFKA_SASL_USERNAME", f"required with {s.kafka_security_protocol}"))
+    if sasl and s.kafka_sasl_password is None:
+        problems.append(("KAFKA_SASL_PASSWORD", f"required with {s.kafka_security_protocol}"))
+    if not sasl:
+        for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
+            if getattr(s, name) is not None:
+                problems.append(
+                    (
+                        name.upper(),
+                        "needs ACKLINE_KAFKA_SECURITY_PROTOCOL SASL_PLAINTEXT or SASL_SSL",
+                    )
+                )
+    problems += _tls_problems(s, tls)
+    if s.max_poll_interval_ms < s.session_timeout_ms:  # librdkafka refuses the pair
+        problems.append(("MAX_POLL_INTERVAL_MS", "must be at least ACKLINE_SESSION_TIMEOUT_MS"))
     if s.database_sslrootcert is not None and s.database_sslmode in (None, "disable", "prefer"):
         problems.append(
             ("DATABASE_SSLMODE", "must be require, verify-ca or verify-full with a root cert")

@@ -10,6 +10,7 @@ worker's own registry.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -50,10 +51,11 @@ class HttpServer:
         """Bind ``host:port`` (0 picks a free port) and serve in a daemon thread."""
         try:
             self._server = ThreadingHTTPServer((host, port), _handler(self._respond))
-        except OSError as exc:  # in use, or not an address of this host
-            raise SettingsError(
-                "ACKLINE_METRICS_PORT", f"cannot listen on {host}:{port}: {exc}"
-            ) from exc
+        except OSError as exc:  # the port in use, or the host not an address of this one
+            setting = (
+                "ACKLINE_METRICS_PORT" if exc.errno == errno.EADDRINUSE else "ACKLINE_METRICS_HOST"
+            )
+            raise SettingsError(setting, f"cannot listen on {host}:{port}: {exc}") from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="ackline-http", daemon=True
@@ -67,14 +69,18 @@ class HttpServer:
 
         The default port taken by another process (a second worker or processor on one
         host) falls back to a free port, with a warning; an explicitly set port that
-        cannot be bound is a SettingsError naming ACKLINE_METRICS_PORT.
+        cannot be bound is a SettingsError naming ACKLINE_METRICS_PORT, and a host that is
+        not an address of this one names ACKLINE_METRICS_HOST (it named the port).
         """
         if not settings.metrics_port:
             return "off (ACKLINE_METRICS_PORT=0)"
         try:
             self.start(settings.metrics_host, settings.metrics_port)
-        except SettingsError:
-            if settings.sources().get("metrics_port") != "default":
+        except SettingsError as exc:
+            if (
+                exc.setting != "ACKLINE_METRICS_PORT"
+                or settings.sources().get("metrics_port") != "default"
+            ):
                 raise
             log.warning(
                 "the default metrics port %d is in use; serving on a free port instead "

@@ -4,14 +4,14 @@
 #   examples/java-producer/run.sh BOOTSTRAP TOPIC TRANSACTIONAL_ID TAG
 #
 # The jars are the ones the local stack fetched from Maven Central for its broker
-# (kafka-clients, jackson, log4j): $ACKLINE_KAFKA_LIBS, or the directory that
+# (kafka-clients, jackson, log4j): $KAFKA_LIBS, or the directory that
 # ackline.dev.kafka.ensure_jars() returns (it fetches them on first use). The classes are
 # compiled into ${XDG_CACHE_HOME:-~/.cache}/ackline/examples/, keyed by the hash of the
 # sources and of the classpath; nothing is written inside the repository.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-libs=${ACKLINE_KAFKA_LIBS:-}
+libs=${KAFKA_LIBS:-}
 if [ -z "$libs" ]; then
     python=${PYTHON:-$here/../../.venv/bin/python}
     libs=$("$python" -c 'from ackline.dev.kafka import ensure_jars; print(ensure_jars())')

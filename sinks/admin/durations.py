@@ -9,6 +9,9 @@ from typing import Final
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "": 86_400}
+MAX_DURATION: Final = timedelta(days=36_500)
+"""The longest duration taken: a date that far back is still a date (a million days back
+is not: the settings failed with an OverflowError traceback)."""
 MIN_RETENTION: Final = timedelta(days=1)
 """The least retention a worker or an operator may ask for: partitions are days or weeks,
 and a shorter one drops yesterday's partition while a batch that began before midnight
@@ -23,7 +26,10 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not a duration like 90d, 12w or 36h")
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    seconds = int(match[1]) * _UNITS[match[2]]
+    if seconds > MAX_DURATION.total_seconds():  # past it, date arithmetic overflows
+        raise ValueError(f"{text!r} is over {MAX_DURATION.days}d (a century)")
+    return timedelta(seconds=seconds)
 
 
 def format_duration(value: timedelta) -> str:

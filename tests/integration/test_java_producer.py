@@ -37,7 +37,7 @@ RUN = ROOT / "examples" / "java-producer" / "run.sh"
 def test_java_producer_is_ingested_exactly_once(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "ACKLINE_KAFKA_LIBS": str(ensure_jars())}
+    env = {**os.environ, "KAFKA_LIBS": str(ensure_jars())}
     tag = uuid.uuid4().hex[:8]
     proc = subprocess.run(
         [str(RUN), services.bootstrap, topic, f"java-{tag}", tag],

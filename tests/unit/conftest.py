@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -20,3 +21,12 @@ def registry() -> Iterator[None]:
     ENVELOPES.clear()
     ENVELOPES.update(envelopes)
     exact._known = (-1, frozenset())  # its cache of known models is keyed on the count
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ACKLINE_ variable of the caller's shell reaches the settings under test (a
+    module uses it with ``pytestmark = pytest.mark.usefixtures("clean_env")``)."""
+    for key in list(os.environ):
+        if key.upper().startswith("ACKLINE_"):
+            monkeypatch.delenv(key)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
@@ -23,12 +21,7 @@ from ackline.sinks.errors import TransientDatabaseError, WaitStoppedError
 NOW = 1_000_000.0
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in list(os.environ):
-        if key.upper().startswith("ACKLINE_"):
-            monkeypatch.delenv(key)
-    yield
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,6 @@ and a SettingsError that names the setting for every way a setting can be wrong.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +14,7 @@ from ackline.core.errors import SettingsError
 from ackline.settings import Settings, load_settings, setting_sources
 from ackline.streams.consumer_config import RuntimeConfig
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in list(os.environ):
-        if key.upper().startswith("ACKLINE_"):
-            monkeypatch.delenv(key)
-    yield
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 @pytest.fixture
