@@ -263,8 +263,8 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="how long PostgreSQL may stay unreachable before it is an error: `tail` "
-        "without --follow and `dispatch --once` give up with one line, followers log one "
-        "ERROR and keep retrying",
+        "without --follow, `dispatch --once` and `process --until-caught-up` give up with one "
+        "line, followers log one ERROR and keep retrying",
     )
     revoke_wait_s: float = Field(
         default=20.0,

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers, positive_seconds
+from ackline.commands.guard import guarded_connect
 from ackline.core.signals import ignore_sigterm, run_stoppable
 from ackline.settings import Settings
 
@@ -94,35 +95,6 @@ def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
         ignore_sigterm()
 
 
-def _guarded(dsn: str, connect: Connect, settings: Settings, give_up: bool) -> Connect:
-    """``connect`` with the outage rules of the module docstring."""
-    from ackline.commands.guard import DatabaseUnavailableError, Outage, reason
-
-    outage = Outage(dsn, settings.retry_max_seconds, give_up, log)
-    later = outage.wrap(connect)
-    first = True
-
-    async def guarded() -> asyncpg.Connection:
-        nonlocal first
-        if not first:
-            return await later()
-        try:
-            conn = await connect()
-        except (OSError, TimeoutError) as exc:
-            raise DatabaseUnavailableError(dsn, exc) from exc
-        except Exception as exc:
-            import asyncpg
-
-            if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
-                raise DatabaseUnavailableError(dsn, exc) from exc
-            log.debug("first connect failed: %s", reason(exc))
-            raise
-        first = False
-        return conn
-
-    return guarded
-
-
 class _StdoutClosed(Exception):
     """stdout's reader went away: stop tailing, quietly."""
 
@@ -150,15 +122,16 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
     if args.commit and not args.reader:
         raise FeedError("--commit needs --reader NAME")
     feed = Changefeed(Filter.of(args.types, args.agents))
-    connect = _guarded(
+    connect = guarded_connect(
         dsn,
         connector(
             dsn,
             f"ackline-tail:{args.reader or '-'}",
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
         ),
-        settings,
+        settings.retry_max_seconds,
         give_up=not args.follow,
+        log=log,
     )
     reader: AnyReader
     if args.commit:
@@ -262,15 +235,16 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         poll_interval=args.poll_interval,
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
-    connect = _guarded(
+    connect = guarded_connect(
         dsn,
         connector(
             dsn,
             f"ackline-dispatch:{instance}",
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
         ),
-        settings,
+        settings.retry_max_seconds,
         give_up=args.once,
+        log=log,
     )
     dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()

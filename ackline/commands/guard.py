@@ -5,7 +5,8 @@ a database never migrated, a missing role or grant, a path that cannot be writte
 an unreadable manifest) to one line naming the problem and what to do; ``ackline.cli``
 prints it and exits non-zero. :func:`connect` is how the operator commands open a
 PostgreSQL connection: a failure to connect names the address (never the password).
-:class:`Outage` bounds how long a command keeps retrying a database that is down.
+:class:`Outage` bounds how long a command keeps retrying a database that is down, and
+:func:`guarded_connect` applies both to the commands that read the feed.
 """
 
 from __future__ import annotations
@@ -174,3 +175,38 @@ def _explain_database(exc: BaseException) -> str | None:
     if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
         return f"lost PostgreSQL ({reason(exc)}): {DSN_HINT}"
     return None
+
+
+def guarded_connect(
+    dsn: str,
+    connect: Callable[[], Awaitable[asyncpg.Connection]],
+    limit_s: float,
+    give_up: bool,
+    log: Any,
+) -> Callable[[], Awaitable[asyncpg.Connection]]:
+    """``connect`` for a command that reads the feed: PostgreSQL unreachable at the first
+    connect is :class:`DatabaseUnavailableError` at once (one line, a fix); lost later,
+    :class:`Outage` bounds the retries at ``limit_s`` (ACKLINE_RETRY_MAX_SECONDS) when
+    ``give_up``, else logs one ERROR then and goes on."""
+    later = Outage(dsn, limit_s, give_up, log).wrap(connect)
+    first = True
+
+    async def guarded() -> asyncpg.Connection:
+        nonlocal first
+        if not first:
+            return await later()
+        try:
+            conn = await connect()
+        except (OSError, TimeoutError) as exc:
+            raise DatabaseUnavailableError(dsn, exc) from exc
+        except Exception as exc:
+            import asyncpg
+
+            if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
+                raise DatabaseUnavailableError(dsn, exc) from exc
+            log.debug("first connect failed: %s", reason(exc))
+            raise
+        first = False
+        return conn
+
+    return guarded

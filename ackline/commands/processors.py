@@ -3,8 +3,11 @@
 ``process NAME...`` runs processors (each its own cursor and connection) as the processor
 role until SIGTERM/SIGINT, or with ``--until-caught-up`` until there is nothing left to
 read; ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
-``ackline run``. ``processors list|status|pause|resume|reset|setup`` are the operator's
-and connect with the operator's DSN.
+``ackline run``. PostgreSQL unreachable at the first connect is one error line and exit
+1 at once; lost later, it is retried for at most ACKLINE_RETRY_MAX_SECONDS with
+``--until-caught-up``, else with one ERROR line once that long has passed, and on (as
+`ackline tail` and `ackline dispatch` do). ``processors list|status|pause|resume|reset|
+setup`` are the operator's and connect with the operator's DSN.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers, positive_seconds
+from ackline.commands.guard import guarded_connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable, stop_signals
 from ackline.settings import Settings
@@ -140,11 +144,14 @@ async def _process(
             )
             reports = await run_all(
                 runners,
-                connect,
+                guarded_connect(
+                    dsn, connect, settings.retry_max_seconds, args.until_caught_up, log
+                ),
                 stop,
                 wait=not args.until_caught_up,
                 shutdown_wait_s=settings.shutdown_wait_s,
                 watch_interval=min(5.0, settings.db_check_interval_s),
+                watch_connect=connect,
             )
     finally:
         server.close()

@@ -552,10 +552,12 @@ async def run_all(
     wait: bool = True,
     shutdown_wait_s: float = 30.0,
     watch_interval: float = 5.0,
+    watch_connect: Connect | None = None,
 ) -> list[Report]:
     """Run every runner on its own connection until all return; once ``stop`` is set,
     give them ``shutdown_wait_s`` to commit the batch in hand, then cancel (a cancelled
-    batch rolls back: nothing of it is applied)."""
+    batch rolls back: nothing of it is applied). ``watch_connect`` (default ``connect``)
+    opens the lag watcher's connection, which retries every failure itself."""
     if not runners:
         return []
     metrics = runners[0].metrics
@@ -568,7 +570,7 @@ async def run_all(
     watcher_stop = asyncio.Event()
     watcher = asyncio.create_task(
         watch(
-            connect,
+            connect if watch_connect is None else watch_connect,
             live,
             metrics,
             runners[0].instance,
