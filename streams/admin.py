@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from ackline.core.logs import kafka_logger
-from ackline.streams.errors import KafkaUnavailableError, TopicError
+from ackline.core.signals import stops_between
+from ackline.streams.errors import KafkaUnavailableError, StoppingError, TopicError
 
 _VISIBLE_WITHIN_S = 30.0  # a created topic must show in metadata within this
 
@@ -56,6 +57,38 @@ def admin_client(bootstrap: str, conf: Mapping[str, Any] | None = None) -> Itera
         drain(client)
 
 
+METADATA_SLICE_S = 0.25
+"""The longest single metadata call: a stop signal is handled between two."""
+
+
+def metadata(
+    client: Any,
+    bootstrap: str,
+    timeout: float,
+    topic: str | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+) -> Any:
+    """``client.list_topics`` (an AdminClient's or a Consumer's) for up to ``timeout`` s,
+    in calls of at most :data:`METADATA_SLICE_S`, a stop request handled between them
+    (a signal in the main thread: :func:`ackline.core.signals.stops_between`; elsewhere
+    ``stopping()``, then :class:`StoppingError`): one 10 s call held SIGTERM and SIGINT
+    for its length, and lost them. :class:`KafkaUnavailableError` once none answered."""
+    deadline = time.monotonic() + timeout
+    with stops_between() as check:
+        while True:
+            if stopping():
+                raise StoppingError("stopping: gave up waiting for Kafka's metadata")
+            left = deadline - time.monotonic()
+            try:
+                return client.list_topics(
+                    topic=topic, timeout=max(0.001, min(left, METADATA_SLICE_S))
+                )
+            except KafkaException as exc:
+                check()
+                if time.monotonic() >= deadline:
+                    raise unreachable(bootstrap, exc) from exc
+
+
 def partition_count(
     bootstrap: str, topic: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
 ) -> int | None:
@@ -82,10 +115,7 @@ def _reaching(bootstrap: str, conf: Mapping[str, Any] | None) -> AdminClient:
 
 def _partitions(client: AdminClient, bootstrap: str, topic: str, timeout: float) -> int | None:
     """:func:`partition_count` through ``client``."""
-    try:
-        meta = client.list_topics(topic=topic, timeout=timeout)
-    except KafkaException as exc:
-        raise unreachable(bootstrap, exc) from exc
+    meta = metadata(client, bootstrap, timeout, topic)
     found = meta.topics.get(topic)
     if found is None or found.error is not None:
         return None
@@ -104,16 +134,18 @@ class TopicShape:
 
 
 def topic_shape(
-    bootstrap: str, topic: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
+    bootstrap: str,
+    topic: str,
+    timeout: float = 10.0,
+    *,
+    conf: Mapping[str, Any] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> TopicShape | None:
     """Partitions, replication, broker count and configuration of ``topic``; None when it
     does not exist. A configuration that cannot be read (not authorized) is None, with
     why: a worker may be allowed to use a topic without being allowed to describe it."""
     with admin_client(bootstrap, conf) as client:
-        try:
-            meta = client.list_topics(topic=topic, timeout=timeout)
-        except KafkaException as exc:
-            raise unreachable(bootstrap, exc) from exc
+        meta = metadata(client, bootstrap, timeout, topic, stopping)
         found = meta.topics.get(topic)
         if found is None or found.error is not None:
             return None

@@ -425,7 +425,11 @@ def _min_isr(shape: TopicShape) -> int:
 
 
 def prepare_topics(
-    bootstrap: str, topic: str, dlq_topic: str, conf: dict[str, Any] | None = None
+    bootstrap: str,
+    topic: str,
+    dlq_topic: str,
+    conf: dict[str, Any] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> int:
     """The source topic's partition count, once the dead-letter topic exists and is usable.
 
@@ -435,16 +439,17 @@ def prepare_topics(
     warning when it is less durable than the source (:func:`weaker_than_source`; `ackline
     doctor` says so too). Creates ``dlq_topic`` when it is missing, as durable as the
     source topic: its replication factor (capped by the broker count) and its
-    min.insync.replicas, up to 3 partitions, :data:`DLQ_TOPIC_CONFIG`.
+    min.insync.replicas, up to 3 partitions, :data:`DLQ_TOPIC_CONFIG`. A ``stopping()``
+    that turns true ends the metadata waits with :class:`StoppingError`.
     """
-    source = topic_shape(bootstrap, topic, conf=conf)
+    source = topic_shape(bootstrap, topic, conf=conf, stopping=stopping)
     if source is None:
         raise TopicError(
             f"topic {topic} does not exist on {bootstrap} (create it, or set ACKLINE_TOPIC)"
         )
     if source.config is None:
         log.warning("cannot read the configuration of %s: %s", topic, source.config_error)
-    dlq = topic_shape(bootstrap, dlq_topic, conf=conf)
+    dlq = topic_shape(bootstrap, dlq_topic, conf=conf, stopping=stopping)
     if dlq is None:
         rf = max(min(source.replication_factor, source.brokers), 1)
         config = {**DLQ_TOPIC_CONFIG, "min.insync.replicas": str(min(_min_isr(source), rf))}

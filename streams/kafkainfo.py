@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
-from ackline.streams.admin import admin, admin_client, drain, unreachable
+from ackline.streams.admin import admin, admin_client, drain, metadata
 from ackline.streams.errors import KafkaUnavailableError
 
 Conf = Mapping[str, Any]
@@ -68,7 +68,7 @@ def topic_offsets(
     """Watermarks and ``group_id``'s committed offsets per partition; None if no topic."""
     try:
         with _consumer(bootstrap, conf, group_id) as consumer:
-            meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            meta = metadata(consumer, bootstrap, timeout, topic).topics.get(topic)
             if meta is None or meta.error is not None:
                 return None
             tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
@@ -93,7 +93,7 @@ def describe_topic(
     """Partition count, replication factor, broker count and configuration; None if no topic."""
     client = admin(bootstrap, conf)
     try:
-        meta = client.list_topics(topic=topic, timeout=timeout)
+        meta = metadata(client, bootstrap, timeout, topic)
         found = meta.topics.get(topic)
         if found is None or found.error is not None:
             return None
@@ -116,11 +116,8 @@ def describe_topic(
 
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
     """The number of brokers in the cluster metadata; raises KafkaUnavailableError."""
-    try:
-        with admin_client(bootstrap, conf) as client:
-            return len(client.list_topics(timeout=timeout).brokers)
-    except KafkaException as exc:
-        raise unreachable(bootstrap, exc) from exc
+    with admin_client(bootstrap, conf) as client:
+        return len(metadata(client, bootstrap, timeout).brokers)
 
 
 @dataclass(frozen=True, slots=True)

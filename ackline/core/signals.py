@@ -141,6 +141,44 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
             raise KeyboardInterrupt() if came[0] == signal.SIGINT else Terminated()
 
 
+@contextlib.contextmanager
+def stops_between() -> Iterator[Callable[[], None]]:
+    """While the block makes short blocking library calls from the main thread, a SIGTERM
+    or SIGINT whose handler would raise is recorded instead; the block calls the yielded
+    ``check`` between them, which raises it (as its handler would), and so does the end
+    of the block. Raised inside such a call it was lost: librdkafka runs Python log
+    callbacks within its calls and drops what they raise, so a stop at start-up went
+    unseen and the command failed 10 s later as if Kafka were down (exit 2)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    stops = [sig for sig in (signal.SIGTERM, signal.SIGINT) if _raises(signal.getsignal(sig))]
+    before = {sig: signal.getsignal(sig) for sig in stops}
+    came: list[int] = []
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)
+
+    def restore() -> None:
+        for sig in stops:
+            if signal.getsignal(sig) is record:
+                signal.signal(sig, before[sig])
+
+    def check() -> None:
+        if came:
+            restore()
+            signal.raise_signal(came[0])  # its own handler, as if it came just now
+            raise KeyboardInterrupt() if came[0] == signal.SIGINT else Terminated()
+
+    for sig in stops:
+        signal.signal(sig, record)
+    try:
+        yield check
+    finally:
+        restore()
+    check()
+
+
 def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:
     """``loop.run_until_complete(aw)`` under :func:`stops_deferred`: a stop meanwhile
     cancels ``aw`` and is raised once the loop has returned."""

@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ackline.clients import kafka_client_config
 from ackline.core.signals import exit_now, stop_signals
@@ -22,6 +23,8 @@ from ackline.settings import Settings
 from ackline.streams.consumer import ConsumerRuntime
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import prepare_topics
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +89,26 @@ async def run(
     )
     runtime.drain_and_stop = until_drained
     stopping = asyncio.Event()
+    halted = threading.Event()  # the same request, for a thread
 
     def request_stop() -> None:
         runtime.request_stop()
         stopping.set()
+        halted.set()
 
-    # First, so a stop request during start-up ends the run cleanly (status 0) as soon as
-    # the loop runs again, instead of killing the process mid-start.
+    # First, so a stop request during start-up ends the run cleanly (status 0) at once,
+    # instead of killing the process mid-start.
     with stop_signals(loop, request_stop, on_signal, exit_now if exit_on_repeat else None):
-        partitions = prepare_topics(
-            bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf
+        partitions = await _unless_stopped(
+            lambda: prepare_topics(
+                bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf, halted.is_set
+            ),
+            stopping,
         )
+        if partitions is None:
+            await ingest.close(CLOSE_WAIT_S)
+            log.info("stopped before the worker started")
+            return 0
         ingest.metrics.topic_partitions.set(partitions)
         ingest.serve()
         done: asyncio.Future[None] = loop.create_future()
@@ -147,6 +159,26 @@ CLOSE_WAIT_S = 10.0
 connections' close may take after the batches in flight settled. librdkafka's close
 waits for the broker with no bound of its own: with the broker gone, a worker stayed
 deaf to SIGTERM until it came back."""
+
+
+async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T | None:
+    """``work()`` in a thread, the loop free meanwhile; None once ``stopping`` is set.
+
+    On the loop, the topic checks held it for as long as Kafka took to answer (10 s when
+    it was not there), and a SIGTERM or SIGINT meanwhile was handled only after them: the
+    worker then failed as if Kafka were down (status 2), its stop lost. ``work`` must
+    end soon after the stop (here: its metadata waits poll the same request)."""
+    task = asyncio.get_running_loop().run_in_executor(None, work)
+    task.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if abandoned
+    halt = asyncio.ensure_future(stopping.wait())
+    both: set[asyncio.Future[Any]] = {task, halt}
+    try:
+        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+    if stopping.is_set():
+        return None
+    return task.result()
 
 
 async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: float) -> bool:

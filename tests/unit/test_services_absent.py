@@ -1,0 +1,75 @@
+"""Commands whose services do not answer stop as they should. `ackline process` with
+PostgreSQL unreachable says so and stops, as `tail` and `dispatch` do: an operator's
+probe found `process runs --until-caught-up` retrying for ever, ACKLINE_RETRY_MAX_SECONDS
+or not, with WARNING lines naming neither a setting nor a fix. `ackline run` with no
+broker answering stops at a signal at once. Nothing listens on the ports (127.0.0.1
+only); no service is started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ackline.dev.ports import pick_free_port
+
+
+@pytest.mark.parametrize("mode", [["--until-caught-up"], []])
+def test_process_stops_with_one_line_when_postgresql_is_not_there(mode: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ACKLINE_")}
+    env.update(
+        ACKLINE_DATABASE_URL=f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline",
+        ACKLINE_METRICS_PORT="0",
+        ACKLINE_RETRY_MAX_SECONDS="5",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "ackline", "process", "runs", *mode],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "cannot connect to PostgreSQL at 127.0.0.1" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_stopped_while_kafka_does_not_answer_stops_at_once(sig: signal.Signals) -> None:
+    """`ackline run` checks its topics before it joins; with no broker there that took
+    10 s on the event loop, and a SIGTERM or SIGINT meanwhile was lost: the worker then
+    failed as if Kafka were down (status 2, 10 s after the stop). Now it stops at once,
+    status 0."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ACKLINE_")}
+    env.update(
+        ACKLINE_KAFKA_BOOTSTRAP=f"127.0.0.1:{pick_free_port()}",
+        ACKLINE_DATABASE_URL=f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline",
+        ACKLINE_METRICS_PORT="0",
+        ACKLINE_LOG_FORMAT="text",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ackline", "run"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # in the topic checks: they wait 10 s for a broker
+        assert proc.poll() is None, proc.communicate()[0][-2000:]
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-2000:]
+    assert took < 5, f"{took:.1f} s"
+    assert "stopped before the worker started" in out, out[-2000:]
