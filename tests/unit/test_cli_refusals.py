@@ -3,9 +3,14 @@ in one line naming the argument and the fix, before any service is contacted."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import NoReturn
+
 import pytest
 
 from ackline import cli
+from ackline.load import produce
 
 
 @pytest.mark.parametrize("option", ["--timeout", "--idle-timeout"])
@@ -26,3 +31,39 @@ def test_capture_refuses_a_timeout_out_of_range(
 def test_capture_takes_a_timeout_in_range(option: str) -> None:
     args = cli.parser().parse_args(["capture", "t", "out.ackcap", option, "0.5"])
     assert getattr(args, option[2:].replace("-", "_")) == 0.5
+
+
+@pytest.fixture
+def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Services at addresses where nothing listens, the settings only from here."""
+    for key in list(os.environ):
+        if key.startswith("ACKLINE_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("ACKLINE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", "postgresql://127.0.0.1:1/none")
+
+
+def _kafka_must_not_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def asked(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("Kafka was contacted before the arguments were checked")
+
+    monkeypatch.setattr(produce, "ensure_topic", asked)
+
+
+@pytest.mark.usefixtures("unreachable")
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--events", "-1"], "events must be >= 0"), (["--partitions", "0"], "partitions must be")],
+)
+def test_produce_checks_its_counts_before_kafka(
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both went to Kafka first (and failed there, or when the topic was created)."""
+    _kafka_must_not_be_asked(monkeypatch)
+    manifest = str(tmp_path / "m.json")
+    assert cli.main(["produce", *argv, "--manifest", manifest, "--quiet"]) == 2
+    assert named in capsys.readouterr().err
