@@ -169,7 +169,7 @@ def produce(
     chaos harness spreads production over its run that way). The manifest path is
     checked before anything is sent (TargetError): it must be writable, and an existing
     manifest is replaced only with ``overwrite``. The counts are checked before that
-    (LoadError).
+    (LoadError); the manifest's missing folders are made once Kafka has answered.
     """
     if partitions < 1:
         raise LoadError(f"partitions must be >= 1, not {partitions}")

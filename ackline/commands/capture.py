@@ -181,7 +181,11 @@ def register(sub: Subparsers) -> None:
         "capture", help="write a topic range (offsets or time window) to a capture file"
     )
     cap.add_argument("topic", help="the topic to read")
-    cap.add_argument("output", help="capture file to write (e.g. range.ackcap)")
+    cap.add_argument(
+        "output",
+        help="capture file to write (e.g. range.ackcap); its missing folders are made once "
+        "Kafka has answered",
+    )
     _range_options(cap)
     cap.add_argument(
         "--timeout",

@@ -11,6 +11,8 @@ import pytest
 
 from ackline import cli
 from ackline.load import produce
+from ackline.load.paths import TargetError, check_target
+from ackline.streams.errors import KafkaUnavailableError
 
 
 @pytest.mark.parametrize("option", ["--timeout", "--idle-timeout"])
@@ -67,3 +69,41 @@ def test_produce_checks_its_counts_before_kafka(
     manifest = str(tmp_path / "m.json")
     assert cli.main(["produce", *argv, "--manifest", manifest, "--quiet"]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_a_refused_produce_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manifest's missing folders were made before Kafka was asked, and stayed when it
+    did not answer."""
+
+    def no_answer(*args: object, **kwargs: object) -> NoReturn:
+        raise KafkaUnavailableError("cannot reach Kafka at 127.0.0.1:1")
+
+    monkeypatch.setattr(produce, "ensure_topic", no_answer)
+    manifest = tmp_path / "absent" / "dir" / "m.json"
+    assert cli.main(["produce", "--events", "10", "--manifest", str(manifest)]) == 2
+    assert "cannot reach Kafka" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_a_refused_capture_leaves_no_folder_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "absent" / "dir" / "out.ackcap"
+    assert cli.main(["capture", "t", str(output), "--timeout", "0.5", "--quiet"]) == 2
+    assert "cannot reach Kafka" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "place", ["file/m.json", "file/below/m.json", "dir"], ids=["file", "under-file", "dir"]
+)
+def test_an_output_path_that_cannot_be_made_is_refused_first(tmp_path: Path, place: str) -> None:
+    """Without making the folders, what would stop the writer is still found first."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(TargetError, match=r"not a directory|is a directory"):
+        check_target(tmp_path / place, what="manifest", overwrite=False)
