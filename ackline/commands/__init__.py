@@ -48,3 +48,19 @@ def _seconds(text: str, most: float) -> float:
             f"must be a finite number of seconds above 0{bound}, not {text}"
         )
     return value
+
+
+def whole_from(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low``, refused when parsed rather
+    than by Kafka, after a wait (a partition count of 0, a negative event count)."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, not {text}")
+        return value
+
+    return whole

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers, seconds_up_to
+from ackline.commands import Subparsers, seconds_up_to, whole_from
 from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
@@ -226,7 +226,7 @@ def register(sub: Subparsers) -> None:
     rep.add_argument(
         "--partitions",
         dest="target_partitions",
-        type=int,
+        type=whole_from(1),
         help="with --create-topic: the new topic's partition count",
     )
     rep.add_argument(

@@ -107,3 +107,15 @@ def test_an_output_path_that_cannot_be_made_is_refused_first(tmp_path: Path, pla
     (tmp_path / "dir").mkdir()
     with pytest.raises(TargetError, match=r"not a directory|is a directory"):
         check_target(tmp_path / place, what="manifest", overwrite=False)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_replay_refuses_a_partition_count_below_one(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0 was taken as 'not given' (the source's count used instead), -1 went to Kafka."""
+    argv = ["replay", "f.ackcap", "--to", "t", "--create-topic", f"--partitions={value}"]
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(argv)
+    assert stop.value.code == 2
+    assert "argument --partitions: must be a whole number >= 1" in capsys.readouterr().err
