@@ -3,6 +3,7 @@ in one line naming the argument and the fix, before any service is contacted."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import NoReturn
@@ -10,6 +11,7 @@ from typing import NoReturn
 import pytest
 
 from ackline import cli
+from ackline.commands.guard import path_problem
 from ackline.load import produce
 from ackline.load.paths import TargetError, check_target
 from ackline.streams.errors import KafkaUnavailableError
@@ -119,3 +121,28 @@ def test_replay_refuses_a_partition_count_below_one(
         cli.parser().parse_args(argv)
     assert stop.value.code == 2
     assert "argument --partitions: must be a whole number >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("code", "line"),
+    [
+        (errno.EACCES, "/x: permission denied: choose a writable place, or fix its permissions"),
+        (errno.EISDIR, "/x: is a directory: give a file path"),
+        (errno.ENOTDIR, "/x: not a directory: a part of the path is a file"),
+        (errno.ENOENT, "/x: no such file or directory: check the path"),
+        (errno.ENOSPC, "/x: no space left on device: free some space, or choose another place"),
+    ],
+)
+def test_a_path_problem_says_each_thing_once(code: int, line: str) -> None:
+    """The fixes repeated the reason: 'is a directory: it is a directory: give a file
+    path', 'no such file or directory: no such file or directory'."""
+    assert path_problem(OSError(code, os.strerror(code), "/x")) == line
+
+
+def test_schema_to_a_folder_or_a_missing_one_says_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["schema", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("directory") == 1
+    assert cli.main(["schema", str(tmp_path / "absent" / "x.json")]) == 2
+    assert capsys.readouterr().err.count("no such file or directory") == 1
