@@ -6,13 +6,20 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, NoReturn
 
 import pytest
 
 from ackline import cli
 from ackline.commands.guard import path_problem
 from ackline.load import produce
+from ackline.load.capture.file import (
+    CapturedRecord,
+    CaptureFormatError,
+    CaptureHeader,
+    CaptureReader,
+    CaptureWriter,
+)
 from ackline.load.paths import TargetError, check_target
 from ackline.streams.errors import KafkaUnavailableError
 
@@ -146,3 +153,40 @@ def test_schema_to_a_folder_or_a_missing_one_says_it_once(
     assert capsys.readouterr().err.count("directory") == 1
     assert cli.main(["schema", str(tmp_path / "absent" / "x.json")]) == 2
     assert capsys.readouterr().err.count("no such file or directory") == 1
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_replay_of_a_file_that_cannot_be_read_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading /proc/self/mem fails with EIO: an OSError traceback, no file named."""
+    assert cli.main(["replay", "/proc/self/mem", "--to", "x", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ackline: error: /proc/self/mem: cannot read it (input/output error)")
+    assert err.count("\n") == 1
+
+
+class _Failing:
+    """A capture file whose reads fail from now on (a disk gone, a network mount lost)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def test_a_read_failing_midway_names_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.ackcap"
+    with CaptureWriter(path, CaptureHeader("t", "2024-05-01T09:00:00Z", {0: (0, 1)})) as writer:
+        writer.write(CapturedRecord(0, 0, 1, 1_714_554_000_000, None, b"{}", ()))
+    with CaptureReader(path) as reader:
+        monkeypatch.setattr(reader, "_fh", _Failing(reader._fh))
+        with pytest.raises(CaptureFormatError, match=r": cannot read it \(input/output error\)"):
+            list(reader)
