@@ -4,7 +4,11 @@ in one line naming the argument and the fix, before any service is contacted."""
 from __future__ import annotations
 
 import errno
+import getpass
+import io
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -190,3 +194,30 @@ def test_a_read_failing_midway_names_the_capture(
         monkeypatch.setattr(reader, "_fh", _Failing(reader._fh))
         with pytest.raises(CaptureFormatError, match=r": cannot read it \(input/output error\)"):
             list(reader)
+
+
+@pytest.mark.usefixtures("unreachable")
+@pytest.mark.parametrize(
+    ("flag", "line"),
+    [
+        ([], "no password could be read from the terminal or standard input: type it"),
+        (["--password-stdin"], "--password-stdin: no password could be read from standard"),
+    ],
+    ids=["prompt", "stdin"],
+)
+def test_set_password_with_no_password_to_read_says_so(
+    flag: list[str],
+    line: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`ackline roles set-password ackline_ingest </dev/null` with no terminal: getpass
+    reads standard input instead, warned (GetPassWarning) and met its end: 'cannot read
+    the file: EOFError (truncated or not the expected format)', though no file was read."""
+    monkeypatch.setattr(getpass, "getpass", getpass.fallback_getpass)  # as with no terminal
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert cli.main(["roles", "set-password", "ackline_ingest", *flag]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"ackline: error: {line}")
+    assert [w for w in warned if issubclass(w.category, getpass.GetPassWarning)] == []
