@@ -168,12 +168,17 @@ def produce(
     called after each transaction with the originals sent so far (it may sleep: the
     chaos harness spreads production over its run that way). The manifest path is
     checked before anything is sent (TargetError): it must be writable, and an existing
-    manifest is replaced only with ``overwrite``.
+    manifest is replaced only with ``overwrite``. The counts are checked before that
+    (LoadError); the manifest's missing folders are made once Kafka has answered.
     """
-    check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
+    if partitions < 1:
+        raise LoadError(f"partitions must be >= 1, not {partitions}")
     knobs = knobs or Knobs()
     run_id = run_id or uuid.uuid4().hex[:12]
     namespace = run_id if namespace is None else namespace
+    # made now: it checks events and txn_size, which went to Kafka first
+    plan = generate(events, knobs, seed, txn_size=txn_size, namespace=namespace)
+    check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
     transactional_id = transactional_id or f"ackline-load-{run_id}"
     message_max = max(_KAFKA_DEFAULT_MAX_MESSAGE, knobs.oversize_bytes + _HEADROOM)
     topic_config = {"max.message.bytes": str(message_max)} if knobs.poison > 0 else None
@@ -204,7 +209,6 @@ def produce(
     except StreamError as exc:
         raise LoadError(f"cannot start the producer: {exc}") from exc
     started = time.monotonic()
-    plan = generate(events, knobs, seed, txn_size=txn_size, namespace=namespace)
     bar = _Bar(events, progress, sys.stderr)
     tally = _Tally()
     try:

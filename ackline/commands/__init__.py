@@ -27,10 +27,40 @@ MODULES = (
 def positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds above 0 (``0`` or less polled in a
     busy loop; ``nan`` turned polling off)."""
+    return _seconds(text, math.inf)
+
+
+def seconds_up_to(most: float) -> Callable[[str], float]:
+    """An argparse type: finite seconds above 0 and at most ``most``. A client timeout
+    beyond reason is a typo, and librdkafka took a negative one as 'wait forever' (deaf
+    to SIGTERM meanwhile) and one past its int milliseconds (~24 days) as none."""
+    return lambda text: _seconds(text, most)
+
+
+def _seconds(text: str, most: float) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
+    if not (math.isfinite(value) and 0 < value <= most):
+        bound = "" if math.isinf(most) else f" and at most {most:g}"
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0{bound}, not {text}"
+        )
     return value
+
+
+def whole_from(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low``, refused when parsed rather
+    than by Kafka, after a wait (a partition count of 0, a negative event count)."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, not {text}")
+        return value
+
+    return whole

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, seconds_up_to, whole_from
 from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
@@ -181,11 +181,23 @@ def register(sub: Subparsers) -> None:
         "capture", help="write a topic range (offsets or time window) to a capture file"
     )
     cap.add_argument("topic", help="the topic to read")
-    cap.add_argument("output", help="capture file to write (e.g. range.ackcap)")
-    _range_options(cap)
-    cap.add_argument("--timeout", type=float, default=10.0, help="broker answer timeout, s")
     cap.add_argument(
-        "--idle-timeout", type=float, default=30.0, help="give up after this long without data"
+        "output",
+        help="capture file to write (e.g. range.ackcap); its missing folders are made once "
+        "Kafka has answered",
+    )
+    _range_options(cap)
+    cap.add_argument(
+        "--timeout",
+        type=seconds_up_to(3600),
+        default=10.0,
+        help="broker answer timeout, s (above 0, at most 3600)",
+    )
+    cap.add_argument(
+        "--idle-timeout",
+        type=seconds_up_to(86_400),
+        default=30.0,
+        help="give up after this long without data, s (above 0, at most 86400)",
     )
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
     cap.add_argument("--force", action="store_true", help="replace an existing output file")
@@ -214,7 +226,7 @@ def register(sub: Subparsers) -> None:
     rep.add_argument(
         "--partitions",
         dest="target_partitions",
-        type=int,
+        type=whole_from(1),
         help="with --create-topic: the new topic's partition count",
     )
     rep.add_argument(

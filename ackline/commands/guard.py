@@ -131,20 +131,19 @@ def explain(exc: BaseException) -> str | None:
 
 
 def path_problem(exc: OSError, what: str = "") -> str:
-    """``exc`` (an OSError on a path) as one line with the fix."""
+    """``exc`` (an OSError on a path) as one line: the path, the reason (the errno's
+    text), then the fix, which must not say the reason again."""
     path = exc.filename
     subject = f"{what} {path}" if what else str(path)
     code = exc.errno
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "choose a writable place, or fix its permissions"
     elif code == errno.EISDIR:
-        fix = "it is a directory: give a file path"
+        fix = "give a file path"
     elif code == errno.ENOTDIR:
-        fix = "a part of the path is a file, not a directory"
-    elif code == errno.ENOENT:
-        fix = "no such file or directory"
+        fix = "a part of the path is a file"
     elif code == errno.ENOSPC:
-        fix = "the disk is full"
+        fix = "free some space, or choose another place"
     else:
         fix = "check the path"
     return f"{subject}: {reason(exc)}: {fix}"

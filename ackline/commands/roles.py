@@ -13,6 +13,7 @@ import argparse
 import getpass
 import json
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 
 from ackline.clients import ingest_dsn
@@ -77,7 +78,13 @@ def _password(args: argparse.Namespace, settings: Settings) -> str:
     from ackline.roles import dsn_password, dsn_user
 
     if args.password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
+        line = sys.stdin.readline()
+        if not line:
+            raise AcklineError(
+                "--password-stdin: no password could be read from standard input (it is "
+                "empty): give the password there as one line"
+            )
+        password = line.rstrip("\r\n")
     elif args.from_ingest_url:
         url = settings.database_ingest_url
         secret = None if url is None else url.get_secret_value()
@@ -88,13 +95,32 @@ def _password(args: argparse.Namespace, settings: Settings) -> str:
             )
         password = dsn_password(secret) or ""
     else:
-        password = getpass.getpass(f"new password for {args.role}: ")
-        if getpass.getpass("again: ") != password:
-            raise AcklineError("the passwords differ")
+        password = _prompted(args.role)
     if not password:
         raise AcklineError("an empty password is not allowed")
     if not (password.isascii() and password.isprintable()):
         raise AcklineError("only printable ASCII passwords; use ALTER ROLE ... PASSWORD for others")
+    return password
+
+
+def _prompted(role: str) -> str:
+    """The password typed twice. With no terminal getpass reads standard input instead,
+    and there an empty input ended in EOFError, reported as an unreadable file."""
+    try:
+        with warnings.catch_warnings():
+            # 'Can not control echo': getpass prints its own one-line warning as well
+            warnings.simplefilter("ignore", getpass.GetPassWarning)
+            password = getpass.getpass(f"new password for {role}: ")
+            again = getpass.getpass("again: ")
+    except EOFError:
+        print(file=sys.stderr, flush=True)  # end the prompt's line
+        raise AcklineError(
+            "no password could be read from the terminal or standard input: type it on a "
+            "terminal, or pass --password-stdin (the password as one line) or "
+            "--from-ingest-url"
+        ) from None
+    if again != password:
+        raise AcklineError("the passwords differ")
     return password
 
 

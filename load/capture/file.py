@@ -303,17 +303,26 @@ class CaptureReader:
         except FileNotFoundError as exc:
             raise CaptureFormatError(f"{self.path}: no such capture file") from exc
         except OSError as exc:
-            raise CaptureFormatError(f"{self.path}: cannot open: {exc}") from exc
+            raise self._unreadable(exc) from exc
         try:
             self.size = os.fstat(self._fh.fileno()).st_size
             self.trailer = self._read_trailer()
             self.header = self._read_header()
+        except OSError as exc:
+            self._fh.close()
+            raise self._unreadable(exc) from exc
         except BaseException:
             self._fh.close()
             raise
 
     def _fail(self, problem: str) -> CaptureFormatError:
         return CaptureFormatError(f"{self.path}: {problem}")
+
+    def _unreadable(self, exc: OSError) -> CaptureFormatError:
+        """A read the system refused (EIO from /proc/self/mem, a directory, a lost
+        mount) went up as an OSError without a file name: a traceback."""
+        why = os.strerror(exc.errno).lower() if exc.errno is not None else str(exc)
+        return self._fail(f"cannot read it ({why}): give a readable capture file")
 
     def _read_trailer(self) -> Trailer:
         magic = self._fh.read(len(MAGIC))
@@ -375,6 +384,8 @@ class CaptureReader:
             if str(exc).startswith(str(self.path)):
                 raise
             raise self._fail(str(exc)) from exc
+        except OSError as exc:
+            raise self._unreadable(exc) from exc
         if (records, blocks) != (self.trailer.records, self.trailer.blocks):
             raise self._fail(
                 f"{records} records in {blocks} blocks, the trailer says "

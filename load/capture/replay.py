@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,16 +49,16 @@ class Pace:
             return cls("original")
         if text in ("max", "fast", "asap"):
             return cls("max")
-        if m := _SPEED.match(text):
-            factor = float(m.group(1))
-            if factor <= 0:
-                raise LoadError("a speed factor must be > 0")
-            return cls("speed", factor)
-        if m := _RATE.match(text):
-            rate = float(m.group(1))
-            if rate <= 0:
-                raise LoadError("a rate must be > 0 records/s")
-            return cls("rate", rate)
+        paced: tuple[tuple[re.Pattern[str], PaceMode, str], ...] = (
+            (_SPEED, "speed", "a speed factor"),
+            (_RATE, "rate", "a rate (records/s)"),
+        )
+        for pattern, mode, what in paced:
+            if m := pattern.match(text):
+                value = float(m.group(1))  # inf when the digits overflow
+                if not 0 < value < math.inf:
+                    raise LoadError(f"pace {text!r}: {what} must be a finite number above 0")
+                return cls(mode, value)
         raise LoadError(
             f"pace {text!r} is not one of: original, <factor>x (2x, 0.5x), <n>/s (5000/s), max"
         )

@@ -183,8 +183,16 @@ def test_pace_parses(text: str, mode: str, value: float) -> None:
     assert (pace.mode, pace.value) == (mode, value)
 
 
-@pytest.mark.parametrize("text", ["fast-ish", "0x", "-3/s", "x2", ""])
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("fast-ish", "0x", "-3/s", "x2", ""),
+        pytest.param("9" * 400 + "x", id="overflowing-factor"),
+        pytest.param("9" * 400 + "/s", id="overflowing-rate"),
+    ],
+)
 def test_bad_paces_are_refused(text: str) -> None:
+    """The last two were taken as an infinite speed or rate (the digits overflow)."""
     with pytest.raises(cap.LoadError):
         Pace.parse(text)
 

@@ -1,0 +1,223 @@
+"""Arguments an operator probe found accepted, or refused badly: each is refused at once,
+in one line naming the argument and the fix, before any service is contacted."""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import io
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import IO, NoReturn
+
+import pytest
+
+from ackline import cli
+from ackline.commands.guard import path_problem
+from ackline.load import produce
+from ackline.load.capture.file import (
+    CapturedRecord,
+    CaptureFormatError,
+    CaptureHeader,
+    CaptureReader,
+    CaptureWriter,
+)
+from ackline.load.paths import TargetError, check_target
+from ackline.streams.errors import KafkaUnavailableError
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--idle-timeout"])
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "-inf", "1e12"])
+def test_capture_refuses_a_timeout_out_of_range(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative --timeout reached librdkafka as 'wait forever' (the capture hung, deaf
+    to SIGTERM); nan, inf and 1e12 were taken and failed later ('no answer within inf s')."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(["capture", "t", "out.ackcap", f"{option}={value}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be a finite number of seconds above 0" in err
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--idle-timeout"])
+def test_capture_takes_a_timeout_in_range(option: str) -> None:
+    args = cli.parser().parse_args(["capture", "t", "out.ackcap", option, "0.5"])
+    assert getattr(args, option[2:].replace("-", "_")) == 0.5
+
+
+@pytest.fixture
+def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Services at addresses where nothing listens, the settings only from here."""
+    for key in list(os.environ):
+        if key.startswith("ACKLINE_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("ACKLINE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", "postgresql://127.0.0.1:1/none")
+
+
+def _kafka_must_not_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def asked(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("Kafka was contacted before the arguments were checked")
+
+    monkeypatch.setattr(produce, "ensure_topic", asked)
+
+
+@pytest.mark.usefixtures("unreachable")
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--events", "-1"], "events must be >= 0"), (["--partitions", "0"], "partitions must be")],
+)
+def test_produce_checks_its_counts_before_kafka(
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both went to Kafka first (and failed there, or when the topic was created)."""
+    _kafka_must_not_be_asked(monkeypatch)
+    manifest = str(tmp_path / "m.json")
+    assert cli.main(["produce", *argv, "--manifest", manifest, "--quiet"]) == 2
+    assert named in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_a_refused_produce_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manifest's missing folders were made before Kafka was asked, and stayed when it
+    did not answer."""
+
+    def no_answer(*args: object, **kwargs: object) -> NoReturn:
+        raise KafkaUnavailableError("cannot reach Kafka at 127.0.0.1:1")
+
+    monkeypatch.setattr(produce, "ensure_topic", no_answer)
+    manifest = tmp_path / "absent" / "dir" / "m.json"
+    assert cli.main(["produce", "--events", "10", "--manifest", str(manifest)]) == 2
+    assert "cannot reach Kafka" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_a_refused_capture_leaves_no_folder_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "absent" / "dir" / "out.ackcap"
+    assert cli.main(["capture", "t", str(output), "--timeout", "0.5", "--quiet"]) == 2
+    assert "cannot reach Kafka" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "place", ["file/m.json", "file/below/m.json", "dir"], ids=["file", "under-file", "dir"]
+)
+def test_an_output_path_that_cannot_be_made_is_refused_first(tmp_path: Path, place: str) -> None:
+    """Without making the folders, what would stop the writer is still found first."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(TargetError, match=r"not a directory|is a directory"):
+        check_target(tmp_path / place, what="manifest", overwrite=False)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_replay_refuses_a_partition_count_below_one(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0 was taken as 'not given' (the source's count used instead), -1 went to Kafka."""
+    argv = ["replay", "f.ackcap", "--to", "t", "--create-topic", f"--partitions={value}"]
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(argv)
+    assert stop.value.code == 2
+    assert "argument --partitions: must be a whole number >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("code", "line"),
+    [
+        (errno.EACCES, "/x: permission denied: choose a writable place, or fix its permissions"),
+        (errno.EISDIR, "/x: is a directory: give a file path"),
+        (errno.ENOTDIR, "/x: not a directory: a part of the path is a file"),
+        (errno.ENOENT, "/x: no such file or directory: check the path"),
+        (errno.ENOSPC, "/x: no space left on device: free some space, or choose another place"),
+    ],
+)
+def test_a_path_problem_says_each_thing_once(code: int, line: str) -> None:
+    """The fixes repeated the reason: 'is a directory: it is a directory: give a file
+    path', 'no such file or directory: no such file or directory'."""
+    assert path_problem(OSError(code, os.strerror(code), "/x")) == line
+
+
+def test_schema_to_a_folder_or_a_missing_one_says_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["schema", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("directory") == 1
+    assert cli.main(["schema", str(tmp_path / "absent" / "x.json")]) == 2
+    assert capsys.readouterr().err.count("no such file or directory") == 1
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_replay_of_a_file_that_cannot_be_read_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading /proc/self/mem fails with EIO: an OSError traceback, no file named."""
+    assert cli.main(["replay", "/proc/self/mem", "--to", "x", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ackline: error: /proc/self/mem: cannot read it (input/output error)")
+    assert err.count("\n") == 1
+
+
+class _Failing:
+    """A capture file whose reads fail from now on (a disk gone, a network mount lost)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def test_a_read_failing_midway_names_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.ackcap"
+    with CaptureWriter(path, CaptureHeader("t", "2024-05-01T09:00:00Z", {0: (0, 1)})) as writer:
+        writer.write(CapturedRecord(0, 0, 1, 1_714_554_000_000, None, b"{}", ()))
+    with CaptureReader(path) as reader:
+        monkeypatch.setattr(reader, "_fh", _Failing(reader._fh))
+        with pytest.raises(CaptureFormatError, match=r": cannot read it \(input/output error\)"):
+            list(reader)
+
+
+@pytest.mark.usefixtures("unreachable")
+@pytest.mark.parametrize(
+    ("flag", "line"),
+    [
+        ([], "no password could be read from the terminal or standard input: type it"),
+        (["--password-stdin"], "--password-stdin: no password could be read from standard"),
+    ],
+    ids=["prompt", "stdin"],
+)
+def test_set_password_with_no_password_to_read_says_so(
+    flag: list[str],
+    line: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`ackline roles set-password ackline_ingest </dev/null` with no terminal: getpass
+    reads standard input instead, warned (GetPassWarning) and met its end: 'cannot read
+    the file: EOFError (truncated or not the expected format)', though no file was read."""
+    monkeypatch.setattr(getpass, "getpass", getpass.fallback_getpass)  # as with no terminal
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert cli.main(["roles", "set-password", "ackline_ingest", *flag]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"ackline: error: {line}")
+    assert [w for w in warned if issubclass(w.category, getpass.GetPassWarning)] == []
