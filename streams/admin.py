@@ -8,13 +8,14 @@ librdkafka's lines over only when polled, so every function here polls once when
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -26,6 +27,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from ackline.core.logs import kafka_logger
 from ackline.core.signals import stops_between
 from ackline.streams.errors import KafkaUnavailableError, StoppingError, TopicError
+
+T = TypeVar("T")
 
 _VISIBLE_WITHIN_S = 30.0  # a created topic must show in metadata within this
 
@@ -57,8 +60,39 @@ def admin_client(bootstrap: str, conf: Mapping[str, Any] | None = None) -> Itera
         drain(client)
 
 
-METADATA_SLICE_S = 0.25
-"""The longest single metadata call: a stop signal is handled between two."""
+TRY_S = 0.25
+"""The first try of a read that :func:`answered` repeats: a stop is handled between two."""
+_NO_BROKER = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+
+
+def answered(
+    read: Callable[..., T], timeout: float, stopping: Callable[[], bool] = lambda: False
+) -> T:
+    """``read(timeout=seconds)`` (librdkafka's metadata and offset reads) until it answers
+    or ``timeout`` has passed, in short tries, a stop request handled between them: a
+    signal in the main thread (:func:`ackline.core.signals.stops_between`), elsewhere
+    ``stopping()`` (then :class:`StoppingError`). These reads block in C, where Python's
+    signal handlers do not run: one read with the whole timeout held SIGTERM and Ctrl-C
+    for its length (a worker's stop at start-up was lost; a capture with a negative
+    timeout, which librdkafka takes as none, was deaf for good). A try that timed out
+    (a slow answer, which a try as short would cut again) gets twice as long the next
+    time. Errors other than no broker, and the last try's, are raised as they are."""
+    deadline = time.monotonic() + timeout
+    each = TRY_S
+    with stops_between() as check:
+        while True:
+            if stopping():
+                raise StoppingError("stopping: gave up waiting for Kafka")
+            left = deadline - time.monotonic()
+            try:
+                return read(timeout=max(min(each, left), 0.01))
+            except KafkaException as exc:
+                check()
+                code = exc.args[0].code() if exc.args else None
+                if left <= each or code not in _NO_BROKER:
+                    raise
+                if code == KafkaError._TIMED_OUT:
+                    each *= 2
 
 
 def metadata(
@@ -68,25 +102,12 @@ def metadata(
     topic: str | None = None,
     stopping: Callable[[], bool] = lambda: False,
 ) -> Any:
-    """``client.list_topics`` (an AdminClient's or a Consumer's) for up to ``timeout`` s,
-    in calls of at most :data:`METADATA_SLICE_S`, a stop request handled between them
-    (a signal in the main thread: :func:`ackline.core.signals.stops_between`; elsewhere
-    ``stopping()``, then :class:`StoppingError`): one 10 s call held SIGTERM and SIGINT
-    for its length, and lost them. :class:`KafkaUnavailableError` once none answered."""
-    deadline = time.monotonic() + timeout
-    with stops_between() as check:
-        while True:
-            if stopping():
-                raise StoppingError("stopping: gave up waiting for Kafka's metadata")
-            left = deadline - time.monotonic()
-            try:
-                return client.list_topics(
-                    topic=topic, timeout=max(0.001, min(left, METADATA_SLICE_S))
-                )
-            except KafkaException as exc:
-                check()
-                if time.monotonic() >= deadline:
-                    raise unreachable(bootstrap, exc) from exc
+    """``client.list_topics`` (an AdminClient's or a Consumer's) through :func:`answered`;
+    :class:`KafkaUnavailableError` when it did not answer."""
+    try:
+        return answered(functools.partial(client.list_topics, topic=topic), timeout, stopping)
+    except KafkaException as exc:
+        raise unreachable(bootstrap, exc) from exc
 
 
 def partition_count(

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ackline import endpoints
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
@@ -165,9 +165,11 @@ def register(sub: Subparsers) -> None:
         "the events) to the topic (--topic / ACKLINE_TOPIC) in Kafka transactions and "
         "writes the manifest `ackline verify` checks the database against.",
     )
-    prod.add_argument("--events", type=int, default=100_000, help="original events to send")
     prod.add_argument(
-        "--partitions", type=int, default=12, help="partitions when the topic is created"
+        "--events", type=whole_from(0), default=100_000, help="original events to send"
+    )
+    prod.add_argument(
+        "--partitions", type=whole_from(1), default=12, help="partitions when the topic is created"
     )
     prod.add_argument(
         "--seed", type=int, default=1, help="the generator's seed (same seed, same plan)"
@@ -230,6 +232,8 @@ def register(sub: Subparsers) -> None:
     sch.set_defaults(handler=cmd_schema)
 
     demo = sub.add_parser("demo", help="end to end: stack, migrate, produce, run, verify")
-    demo.add_argument("--events", type=int, default=100_000, help="original events to produce")
+    demo.add_argument(
+        "--events", type=whole_from(1), default=100_000, help="original events to produce"
+    )
     demo.add_argument("--keep", action="store_true", help="leave the stack running")
     demo.set_defaults(handler=cmd_demo)

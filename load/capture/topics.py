@@ -19,12 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from ackline.core.logs import kafka_logger
 from ackline.load.capture.file import CapturedRecord, CaptureHeader, CaptureWriter
 from ackline.load.errors import LoadError
 from ackline.load.paths import check_target
+from ackline.streams.admin import answered
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 Ranges = dict[int, tuple[int, int]]
@@ -94,33 +95,9 @@ def _consumer(bootstrap: str, conf: Mapping[str, Any] | None) -> Consumer:
     )
 
 
-_READ_S = 1.0
-_NO_BROKER = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
-
-
-def _answered(read: Callable[..., T], timeout: float) -> T:
-    """``read(timeout=seconds)`` until it answers or ``timeout`` has passed, each try at most
-    about a second. librdkafka's metadata and offset reads block in C, where Python's
-    signal handlers do not run: one read with the whole timeout left SIGTERM and Ctrl-C
-    unserved until it ended. A try that timed out with a broker connected (a slow
-    answer, which a shorter try would cut again) gets twice as long the next time."""
-    deadline = time.monotonic() + timeout
-    each = _READ_S
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            return read(timeout=max(min(each, left), 0.01))
-        except KafkaException as exc:
-            code = exc.args[0].code() if exc.args else None
-            if left <= each or code not in (*_NO_BROKER, KafkaError._TIMED_OUT):
-                raise
-            if code == KafkaError._TIMED_OUT:
-                each *= 2
-
-
 def _partitions(consumer: Consumer, bootstrap: str, topic: str, timeout: float) -> list[int]:
     try:
-        meta = _answered(functools.partial(consumer.list_topics, topic), timeout)
+        meta = answered(functools.partial(consumer.list_topics, topic), timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(
             f"cannot reach Kafka at {bootstrap} (no answer within {timeout:g} s): {exc}"
@@ -134,7 +111,7 @@ def _partitions(consumer: Consumer, bootstrap: str, topic: str, timeout: float) 
 def _offset_at(consumer: Consumer, topic: str, partition: int, ms: int, timeout: float) -> int:
     """First offset whose timestamp is >= ``ms``; -1 when there is none."""
     asked = [TopicPartition(topic, partition, ms)]
-    found = _answered(functools.partial(consumer.offsets_for_times, asked), timeout)
+    found = answered(functools.partial(consumer.offsets_for_times, asked), timeout)
     return int(found[0].offset)
 
 
@@ -151,7 +128,7 @@ def resolve(
     try:
         for p in chosen:
             read = functools.partial(consumer.get_watermark_offsets, TopicPartition(topic, p))
-            low, high = _answered(read, timeout)
+            low, high = answered(read, timeout)
             first, end = low, high
             if spec.start_offset is not None:
                 first = max(first, spec.start_offset)
