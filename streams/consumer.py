@@ -115,7 +115,7 @@ class ConsumerRuntime:
         # their partition is given up (so a decode thrown away, by a hold's release or a
         # re-read, is made again).
         self._decode_at: set[tuple[str, int, int]] = set()
-        self._control_db = control_db  # claims and re-reads; the writer has its own connection
+        self._control_db = control_db  # claims; each writer has its own connection
         if not writers:
             raise ValueError("a consumer runtime needs at least one writer")
         self._slots = [Slot(w) for w in writers]
@@ -576,7 +576,8 @@ class ConsumerRuntime:
         loop while this thread polls on, and seeks them to the DB next offset the claim
         reads. A claim waits for the batch's transaction to end (a cancelled COMMIT is seen
         as it ended), and its new epoch fences whatever of that transaction comes late.
-        Only the ``fenced`` partitions (another worker claimed them) wait for the retake's
+        Only the ``fenced`` partitions (the batch's fence failed on them: another worker
+        claimed them, or their offset row went back) wait for the retake's
         growing backoff, so two workers that both believe they own one cannot spin.
 
         Waiting here (a re-read of the offset rows) held the consumer thread for as long

@@ -3,9 +3,10 @@ consumed, offsets lost to retention; and the watermark reads behind them.
 
 Two gauges come from here: ``ackline_partition_lag`` per owned partition and
 ``ackline_partitions_not_consumed``, the partitions Kafka assigns to this worker that it
-does not consume (fenced and not taken back, or held back because their DB offset is past
-the log end). The second is what the "nobody consumes" alert and ``/readyz`` read: an
-assigned partition that silently stops is the stall this gauge exists for.
+does not consume (suspended after a batch that did not commit or a fence, and not
+claimed again yet, or held back because their DB offset is past the log end). The second
+is what the "nobody consumes" alert and ``/readyz`` read: an assigned partition that
+silently stops is the stall this gauge exists for.
 """
 
 from __future__ import annotations

@@ -243,7 +243,8 @@ class Ledger:
 
     def suspend(self, tps: Iterable[TP], now: float, fenced: bool = False) -> list[TP]:
         """Suspend those of ``tps`` consumed now, to be taken back (:meth:`retake`): returns
-        them. ``fenced`` (someone else claimed them): after the growing backoff of a fence,
+        them. ``fenced`` (the batch's fence failed on them: someone else claimed them, or their
+        offset row went back): after the growing backoff of a fence,
         so two workers that both believe they own a partition cannot spin; otherwise as
         soon as the caller may claim."""
         away = [tp for tp in map(_tp, tps) if tp in self._owned and self._owned[tp].consumed()]

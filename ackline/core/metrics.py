@@ -79,8 +79,9 @@ class Metrics:
         )
         self.not_consumed = Gauge(
             "ackline_partitions_not_consumed",
-            "Partitions Kafka assigns to this worker that it does not consume (fenced and "
-            "not taken back yet, or DB offset past the log end)",
+            "Partitions Kafka assigns to this worker that it does not consume (suspended "
+            "after a batch that did not commit or a fence, not claimed again yet; or DB "
+            "offset past the log end)",
             registry=r,
         )
         self.last_commit = Gauge(

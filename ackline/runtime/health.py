@@ -60,8 +60,9 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
         reasons.append("no partitions assigned")
     if snap.not_consumed > 0:
         reasons.append(
-            f"{snap.not_consumed} partition(s) assigned but not consumed (fenced and not "
-            f"taken back yet, or DB offset past the log end: see the ERROR lines)"
+            f"{snap.not_consumed} partition(s) assigned but not consumed (a batch that did "
+            f"not commit, or a fence, not claimed again yet; or DB offset past the log end: "
+            f"see the WARNING and ERROR lines)"
         )
     db_age = now - snap.db_checked
     if snap.db_checked <= 0:
