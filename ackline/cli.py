@@ -24,8 +24,9 @@ from ackline.core.logs import KAFKA_LOGGER, configure_logging
 from ackline.core.signals import terminate_as_exit
 from ackline.settings import load_settings
 
-SERVICES = frozenset({"run"})
-"""Commands that run until stopped: librdkafka's (de-duplicated) lines are part of their log."""
+SERVICES = frozenset({"run", "process", "dispatch"})
+"""Commands that run until stopped: librdkafka's (de-duplicated) lines are part of their
+log, and a stop request is a clean stop (status 0) even before they took the signals."""
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AcklineError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return 0 if args.command in SERVICES else EXIT_INTERRUPTED
     except Terminated:
         # a service stopped before its runtime took over the signal (start-up): a clean
         # stop, as the runtime's own handling gives
