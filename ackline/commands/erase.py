@@ -15,7 +15,7 @@ import argparse
 import json
 
 from ackline.commands import Subparsers
-from ackline.core.errors import AcklineError
+from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
@@ -31,7 +31,6 @@ def _dsn(settings: Settings) -> str:
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncpg
 
     from ackline.sinks.admin.erase import Erasure, Selector, check_value, erase
 
@@ -45,10 +44,7 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
     value = check_value(selector, value)
 
     async def go() -> Erasure:
-        try:
-            conn = await asyncpg.connect(_dsn(settings), timeout=10)
-        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-            raise AcklineError(f"cannot connect to PostgreSQL: {exc}") from exc
+        conn = await connect(_dsn(settings))  # unreachable: the address and a fix
         try:
             return await erase(conn, selector, value, reason=args.reason, dry_run=args.dry_run)
         finally:

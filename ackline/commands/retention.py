@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ackline.commands import Subparsers
+from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
@@ -43,13 +44,9 @@ def _dsn(settings: Settings) -> str:
 
 
 def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    import asyncpg
 
     async def go() -> T:
-        try:
-            conn = await asyncpg.connect(_dsn(settings), timeout=10)
-        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-            raise AcklineError(f"cannot connect to PostgreSQL: {exc}") from exc
+        conn = await connect(_dsn(settings))  # unreachable: the address and a fix
         try:
             return await work(conn)
         finally:

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from ackline import cli
 from ackline.dev.ports import pick_free_port
 
 
@@ -77,3 +78,26 @@ def test_a_worker_stopped_while_kafka_does_not_answer_stops_at_once(
     assert took < 5, f"{took:.1f} s"
     if runtime == "confluent":
         assert "stopped before the worker started" in out, out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["partitions", "list"],
+        ["retention", "show"],
+        ["erase", "--agent", "a", "--reason", "r", "--dry-run"],
+    ],
+)
+def test_the_partition_commands_name_the_address_and_the_fix(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They said 'cannot connect to PostgreSQL: [Errno 111] Connect call failed
+    ('127.0.0.1', 1)' with no setting and no fix, where every other command says both."""
+    for key in list(os.environ):
+        if key.upper().startswith("ACKLINE_"):
+            monkeypatch.delenv(key)
+    dsn = f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline"
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", dsn)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to PostgreSQL at 127.0.0.1:" in err and "ACKLINE_DATABASE_URL" in err
