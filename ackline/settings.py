@@ -478,7 +478,14 @@ def bootstrap_problem(servers: str) -> str | None:
         spec = item.rpartition("://")[2]  # a listener name may lead (PLAINTEXT://)
         if not spec:
             return "must be host[:port][,host[:port]...] with no empty entry"
-        if spec.count(":") > 1 and not spec.startswith("["):
+        if spec.startswith("["):  # [v6] or [v6]:port
+            rest = spec.partition("]")[2]
+            if not rest:
+                continue
+            if not rest.startswith(":"):
+                return f"{item!r} has something after ']' that is not :port"
+            spec = "v6" + rest
+        elif spec.count(":") > 1:
             continue  # a bare IPv6 address: librdkafka's own default port
         host, colon, port = spec.rpartition(":")
         if colon and not host:
@@ -507,7 +514,10 @@ def dsn_problem(dsn: str) -> str | None:
         return "holds a '#'" + _ENCODE
     if parts.netloc.count("@") > 1:
         return "holds more than one '@' before the host" + _ENCODE
-    for spec in parts.netloc.rpartition("@")[2].split(","):
+    specs = parts.netloc.rpartition("@")[2].split(",")
+    if len(specs) > 1 and not all(specs):
+        return "has an empty host in its list of hosts"
+    for spec in specs:
         if spec.startswith("["):
             _, _, port = spec.partition("]")
             if port and not port.startswith(":"):
@@ -522,7 +532,7 @@ def dsn_problem(dsn: str) -> str | None:
     except ValueError:
         return "has a query that is not name=value pairs joined by '&'" + _ENCODE
     for name, given in query:
-        if name == "sslmode" and given not in SSL_MODES:
+        if name == "sslmode" and given and given not in SSL_MODES:
             return f"has sslmode={given!r}: it must be one of {', '.join(SSL_MODES)}"
     return None
 

@@ -62,6 +62,8 @@ def admin_client(bootstrap: str, conf: Mapping[str, Any] | None = None) -> Itera
 
 TRY_S = 0.25
 """The first try of a read that :func:`answered` repeats: a stop is handled between two."""
+TRY_MAX_S = 2.0
+"""The longest try: a stop waits for the try under way."""
 _NO_BROKER = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
 
 
@@ -92,7 +94,7 @@ def answered(
                 if left <= each or code not in _NO_BROKER:
                     raise
                 if code == KafkaError._TIMED_OUT:
-                    each *= 2
+                    each = min(each * 2, TRY_MAX_S)
 
 
 def metadata(

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
-from ackline.streams.admin import admin, admin_client, drain, metadata
+from ackline.streams.admin import admin, admin_client, drain, metadata, unreachable
 from ackline.streams.errors import KafkaUnavailableError
 
 Conf = Mapping[str, Any]
@@ -116,8 +116,11 @@ def describe_topic(
 
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:
     """The number of brokers in the cluster metadata; raises KafkaUnavailableError."""
-    with admin_client(bootstrap, conf) as client:
-        return len(metadata(client, bootstrap, timeout).brokers)
+    try:
+        with admin_client(bootstrap, conf) as client:
+            return len(metadata(client, bootstrap, timeout).brokers)
+    except KafkaException as exc:  # the client could not be made (a bad ssl.ca.location)
+        raise unreachable(bootstrap, exc) from exc
 
 
 @dataclass(frozen=True, slots=True)

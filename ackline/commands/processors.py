@@ -3,8 +3,8 @@
 ``process NAME...`` runs processors (each its own cursor and connection) as the processor
 role until SIGTERM/SIGINT, or with ``--until-caught-up`` until there is nothing left to
 read; ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
-``ackline run``. PostgreSQL unreachable at the first connect is one error line and exit
-1 at once; lost later, it is retried for at most ACKLINE_RETRY_MAX_SECONDS with
+``ackline run``. PostgreSQL unreachable at start is one error line and exit 2 at once;
+lost later, it is retried for at most ACKLINE_RETRY_MAX_SECONDS with
 ``--until-caught-up``, else with one ERROR line once that long has passed, and on (as
 `ackline tail` and `ackline dispatch` do). ``processors list|status|pause|resume|reset|
 setup`` are the operator's and connect with the operator's DSN.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ackline.commands import Subparsers, positive_seconds
-from ackline.commands.guard import guarded_connect
+from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable, stop_signals
 from ackline.settings import Settings
@@ -64,9 +64,19 @@ def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
         raise AcklineError("--batch-events and --max-transactions must be at least 1")
     dsn = processor_dsn(settings, _operator_dsn(settings))
     # before the loop that takes the signals over: a stop here must not be raised into
-    # asyncpg (core.signals.run_stoppable)
+    # asyncpg (core.signals.run_stoppable); PostgreSQL unreachable now is one line
+    run_stoppable(_reachable(dsn))
     start = run_stoppable(_start_cursor(args, dsn, processors))
     return asyncio.run(_process(args, settings, dsn, processors, start))
+
+
+async def _reachable(dsn: str) -> None:
+    """:class:`DatabaseUnavailableError` (the address and a fix) when PostgreSQL does not
+    answer: checked once, before the runners, each of which retries what fails later."""
+    from ackline.commands.guard import connect
+
+    conn = await connect(dsn)
+    await conn.close()
 
 
 async def _start_cursor(
@@ -144,9 +154,7 @@ async def _process(
             )
             reports = await run_all(
                 runners,
-                guarded_connect(
-                    dsn, connect, settings.retry_max_seconds, args.until_caught_up, log
-                ),
+                Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap(connect),
                 stop,
                 wait=not args.until_caught_up,
                 shutdown_wait_s=settings.shutdown_wait_s,

@@ -170,13 +170,13 @@ def stops_between() -> Iterator[Callable[[], None]]:
             signal.raise_signal(came[0])  # its own handler, as if it came just now
             raise KeyboardInterrupt() if came[0] == signal.SIGINT else Terminated()
 
-    for sig in stops:
-        signal.signal(sig, record)
     try:
+        for sig in stops:
+            signal.signal(sig, record)
         yield check
     finally:
         restore()
-    check()
+        check()  # also when the block raised: the stop is the news
 
 
 def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:

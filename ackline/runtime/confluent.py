@@ -162,14 +162,30 @@ deaf to SIGTERM until it came back."""
 
 
 async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T | None:
-    """``work()`` in a thread, the loop free meanwhile; None once ``stopping`` is set.
+    """``work()`` in a daemon thread, the loop free meanwhile; None once ``stopping`` is
+    set (the thread is left to end by itself).
 
     On the loop, the topic checks held it for as long as Kafka took to answer (10 s when
     it was not there), and a SIGTERM or SIGINT meanwhile was handled only after them: the
-    worker then failed as if Kafka were down (status 2), its stop lost. ``work`` must
-    end soon after the stop (here: its metadata waits poll the same request)."""
-    task = asyncio.get_running_loop().run_in_executor(None, work)
+    worker then failed as if Kafka were down (status 2), its stop lost. ``work`` should
+    end soon after the stop (here its metadata waits poll the same request)."""
+    loop = asyncio.get_running_loop()
+    task: asyncio.Future[T] = loop.create_future()
+
+    def body() -> None:
+        try:
+            value = work()
+        except BaseException as exc:
+            outcome: tuple[T | None, BaseException | None] = (None, exc)
+        else:
+            outcome = (value, None)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_resolve, task, *outcome)
+
+    # A daemon thread: abandoned at a stop, it must not hold the exit (a topic creation
+    # waits up to a minute, and an executor's threads are joined at shutdown).
     task.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if abandoned
+    threading.Thread(target=body, name="ackline-topics", daemon=True).start()
     halt = asyncio.ensure_future(stopping.wait())
     both: set[asyncio.Future[Any]] = {task, halt}
     try:
@@ -179,6 +195,15 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
     if stopping.is_set():
         return None
     return task.result()
+
+
+def _resolve(future: asyncio.Future[T], value: T | None, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)  # type: ignore[arg-type]
 
 
 async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: float) -> bool:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_process_stops_with_one_line_when_postgresql_is_not_there(mode: list[str
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]
     assert "cannot connect to PostgreSQL at 127.0.0.1" in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
 
@@ -101,3 +102,23 @@ def test_the_partition_commands_name_the_address_and_the_fix(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "cannot connect to PostgreSQL at 127.0.0.1:" in err and "ACKLINE_DATABASE_URL" in err
+
+
+def test_doctor_reports_a_kafka_client_that_cannot_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CA file that is no certificate makes librdkafka refuse to build the client;
+    `ackline doctor`, the command for such mistakes, ended in a traceback (a review of
+    4351541: its Kafka check no longer wrapped the client's creation)."""
+    for key in list(os.environ):
+        if key.upper().startswith("ACKLINE_"):
+            monkeypatch.delenv(key)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n", encoding="utf-8")
+    monkeypatch.setenv("ACKLINE_KAFKA_BOOTSTRAP", f"127.0.0.1:{pick_free_port()}")
+    monkeypatch.setenv("ACKLINE_DATABASE_URL", f"postgresql://op@127.0.0.1:{pick_free_port()}/x")
+    monkeypatch.setenv("ACKLINE_KAFKA_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("ACKLINE_KAFKA_SSL_CA_LOCATION", str(ca))
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  kafka" in out and "ssl.ca.location" in out, out

@@ -48,6 +48,7 @@ GOOD = [
     "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
     "postgresql://u@[::1]:5432/db?sslmode=verify-full",
     "postgresql://u@[::1]/db",
+    "postgresql://h/db?sslmode=",  # empty: the driver's default
 ]
 
 
@@ -74,6 +75,8 @@ def test_a_command_says_so_in_one_line(
         ("ACKLINE_KAFKA_BOOTSTRAP", ",,,", "no empty entry"),
         ("ACKLINE_KAFKA_BOOTSTRAP", "127.0.0.1:abc", "port"),
         ("ACKLINE_KAFKA_BOOTSTRAP", "127.0.0.1:99999", "port"),
+        ("ACKLINE_KAFKA_BOOTSTRAP", "[::1]x", "after ']'"),
+        ("ACKLINE_DATABASE_URL", "postgresql://h1,,h2/db", "an empty host"),
         ("ACKLINE_TOPIC", ".", "'.' or '..'"),
         ("ACKLINE_TOPIC", "..", "'.' or '..'"),
         ("ACKLINE_WORKER_ID", "", "at least 1"),
@@ -107,7 +110,17 @@ def test_a_poll_interval_below_the_session_timeout_stops_at_start(
 
 
 @pytest.mark.parametrize(
-    "servers", ["b1:9092,b2:9093", "PLAINTEXT://b1:9092", "localhost", "[::1]:9092", "::1"]
+    "servers",
+    [
+        "b1:9092,b2:9093",
+        "PLAINTEXT://b1:9092",
+        "localhost",
+        "[::1]:9092",
+        "::1",
+        "[::1]",  # librdkafka's own port (a review: it was refused)
+        "PLAINTEXT://[::1]",
+        " b1:9092 , b2 ",
+    ],
 )
 def test_bootstrap_lists_librdkafka_takes_are_taken(servers: str) -> None:
     assert bootstrap_problem(servers) is None
