@@ -136,9 +136,15 @@ def _reaching(bootstrap: str, conf: Mapping[str, Any] | None) -> AdminClient:
         raise unreachable(bootstrap, exc) from exc
 
 
-def _partitions(client: AdminClient, bootstrap: str, topic: str, timeout: float) -> int | None:
+def _partitions(
+    client: AdminClient,
+    bootstrap: str,
+    topic: str,
+    timeout: float,
+    stopping: Callable[[], bool] = lambda: False,
+) -> int | None:
     """:func:`partition_count` through ``client``."""
-    meta = metadata(client, bootstrap, timeout, topic)
+    meta = metadata(client, bootstrap, timeout, topic, stopping)
     found = meta.topics.get(topic)
     if found is None or found.error is not None:
         return None
@@ -199,15 +205,17 @@ def ensure_topic(
     *,
     replication_factor: int = 1,
     conf: Mapping[str, Any] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> int:
     """Create ``topic`` when missing; return its partition count.
 
     One admin client does it all (a client per metadata read connected anew each time),
     and a created topic that does not show in metadata within ``_VISIBLE_WITHIN_S``
-    raises :class:`TopicError` then, not up to a read's timeout later."""
+    raises :class:`TopicError` then, not up to a read's timeout later. Every wait ends
+    with :class:`StoppingError` soon after ``stopping()`` turns true."""
     client = _reaching(bootstrap, conf)  # it outlives the create's futures (they die with it)
     try:
-        existing = _partitions(client, bootstrap, topic, 10.0)
+        existing = _partitions(client, bootstrap, topic, 10.0, stopping)
         if existing is not None:
             return existing
         new = NewTopic(
@@ -218,16 +226,36 @@ def ensure_topic(
         )
         futures = client.create_topics([new], operation_timeout=30)
         try:
-            futures[topic].result(timeout=60)
+            _outcome(futures[topic], 60, stopping)
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
                 raise TopicError(f"cannot create topic {topic}: {exc}") from exc
-        return wait_visible(client, bootstrap, topic, _VISIBLE_WITHIN_S)
+        return wait_visible(client, bootstrap, topic, _VISIBLE_WITHIN_S, stopping)
     finally:
         drain(client)
 
 
-def wait_visible(client: AdminClient, bootstrap: str, topic: str, within: float) -> int:
+def _outcome(future: Any, timeout: float, stopping: Callable[[], bool]) -> Any:
+    """An admin request's result within ``timeout`` s, waited for in short turns so that
+    ``stopping()`` ends the wait (:class:`StoppingError`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if stopping():
+            raise StoppingError("stopping: gave up waiting for Kafka")
+        try:
+            return future.result(timeout=max(0.0, min(TRY_S, deadline - time.monotonic())))
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+
+
+def wait_visible(
+    client: AdminClient,
+    bootstrap: str,
+    topic: str,
+    within: float,
+    stopping: Callable[[], bool] = lambda: False,
+) -> int:
     """The partition count of ``topic`` once metadata shows it, read through ``client``
     until ``within`` seconds have passed (each read bounded by the time left): then
     :class:`TopicError`, or :class:`KafkaUnavailableError` for a read not answered.
@@ -239,7 +267,7 @@ def wait_visible(client: AdminClient, bootstrap: str, topic: str, within: float)
         left = deadline - time.monotonic()
         if left <= 0:
             raise TopicError(f"topic {topic} was created but is not visible after {within:g} s")
-        count = _partitions(client, bootstrap, topic, min(left, 10.0))
+        count = _partitions(client, bootstrap, topic, min(left, 10.0), stopping)
         if count is not None:
             return count
         time.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))

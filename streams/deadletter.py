@@ -460,6 +460,7 @@ def prepare_topics(
             config=config,
             replication_factor=rf,
             conf=conf,
+            stopping=stopping,
         )
         return source.partitions
     if dlq.config is None:

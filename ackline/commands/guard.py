@@ -45,8 +45,8 @@ def reason(exc: BaseException) -> str:
     """A short cause: the errno's text for socket errors, else the exception's text."""
     if isinstance(exc, TimeoutError):
         return "no answer in time"
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return os.strerror(exc.errno).lower()
+    if isinstance(exc, OSError) and exc.errno and exc.errno > 0 and type(exc).__module__ != "ssl":
+        return os.strerror(exc.errno).lower()  # a name lookup's or TLS's own text says more
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -173,6 +173,11 @@ def _explain_database(exc: BaseException) -> str | None:
         )
     if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
         return f"lost PostgreSQL ({reason(exc)}): {DSN_HINT}"
+    if isinstance(exc, asyncpg.TooManyConnectionsError):
+        return (
+            f"PostgreSQL refused the connection ({exc}): end idle sessions, or raise "
+            "max_connections (or the role's connection limit)"
+        )
     return None
 
 

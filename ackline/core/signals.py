@@ -166,9 +166,11 @@ def stops_between() -> Iterator[Callable[[], None]]:
 
     def check() -> None:
         if came:
+            sig = came[0]
+            came.clear()  # raised once: the finally's check must not raise it again
             restore()
-            signal.raise_signal(came[0])  # its own handler, as if it came just now
-            raise KeyboardInterrupt() if came[0] == signal.SIGINT else Terminated()
+            signal.raise_signal(sig)  # its own handler, as if it came just now
+            raise KeyboardInterrupt() if sig == signal.SIGINT else Terminated()
 
     try:
         for sig in stops:

@@ -185,7 +185,8 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
     # A daemon thread: abandoned at a stop, it must not hold the exit (a topic creation
     # waits up to a minute, and an executor's threads are joined at shutdown).
     task.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if abandoned
-    threading.Thread(target=body, name="ackline-topics", daemon=True).start()
+    thread = threading.Thread(target=body, name="ackline-topics", daemon=True)
+    thread.start()
     halt = asyncio.ensure_future(stopping.wait())
     both: set[asyncio.Future[Any]] = {task, halt}
     try:
@@ -193,6 +194,10 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
     finally:
         halt.cancel()
     if stopping.is_set():
+        for _ in range(60):  # its waits poll the same request: let it end (3 s at most)
+            if not thread.is_alive():
+                break
+            await asyncio.sleep(0.05)
         return None
     return task.result()
 
