@@ -22,10 +22,11 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from ackline.commands import Subparsers, positive_seconds
+from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import guarded_connect
 from ackline.core.signals import ignore_sigterm, run_stoppable
 from ackline.settings import Settings
+from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
 if TYPE_CHECKING:
     import asyncpg
@@ -121,7 +122,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
         raise FeedError("--batch-events must be at least 1")
     if args.commit and not args.reader:
         raise FeedError("--commit needs --reader NAME")
-    feed = Changefeed(Filter.of(args.types, args.agents))
+    feed = Changefeed(Filter.of(args.types, args.agents), max_bytes=args.batch_bytes)
     connect = guarded_connect(
         dsn,
         connector(
@@ -296,6 +297,13 @@ def register(sub: Subparsers) -> None:
         default=5_000,
         help="events per read (bounds memory: one feed transaction, such as a large "
         "erasure, can hold millions; a read cut inside it resumes there)",
+    )
+    tail.add_argument(
+        "--batch-bytes",
+        type=whole_from(1),
+        default=FEED_MAX_BYTES,
+        help="payload bytes per read (JSON text; a read also ends after the event that "
+        "passes them, and the first event is read however large)",
     )
     tail.add_argument(
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers, positive_seconds
+from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable, stop_signals
 from ackline.settings import Settings
+from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
 if TYPE_CHECKING:
     import asyncpg
@@ -131,6 +132,7 @@ async def _process(
             faults=faults,
             max_transactions=args.max_transactions,
             batch_events=args.batch_events,
+            batch_bytes=args.batch_bytes,
             poll_interval=args.poll_interval,
             start=start,
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
@@ -366,6 +368,13 @@ def register(sub: Subparsers) -> None:
         "--from-now", action="store_true", help="a NEW processor skips what is in the feed now"
     )
     proc.add_argument("--batch-events", type=int, default=5_000, help="events per transaction")
+    proc.add_argument(
+        "--batch-bytes",
+        type=whole_from(1),
+        default=FEED_MAX_BYTES,
+        help="payload bytes per transaction (JSON text; a batch also ends after the event "
+        "that passes them, and its first event is read however large)",
+    )
     proc.add_argument(
         "--max-transactions", type=int, default=16, help="ingest transactions per feed read"
     )

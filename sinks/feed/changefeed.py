@@ -49,6 +49,7 @@ from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.follow import CHANNEL, AnyReader, Committed, Handler, connector, follow
 from ackline.sinks.feed.types import (
     ALL,
+    MAX_BYTES,
     START,
     Cursor,
     FeedBatch,
@@ -201,10 +202,6 @@ WHERE reader = $1 AND version = $2
 
 ANY_COUNT = 2**62
 """No bound from :func:`fits_next` (the caller's and max_events still apply)."""
-
-MAX_BYTES = 8 * 1024 * 1024
-"""A read's payloads, in PostgreSQL's JSON text, before it is cut (as the ingest's
-ACKLINE_BATCH_MAX_BYTES bounds a batch): decoded, they take several times that."""
 
 
 class Changefeed:

@@ -28,6 +28,10 @@ from typing import Any, Final
 from ackline.schemas.envelope import EVENT_TYPES, format_timestamp
 from ackline.sinks.errors import FeedError
 
+MAX_BYTES: Final = 8 * 1024 * 1024
+"""A read's payloads, in PostgreSQL's JSON text, before it is cut (as the ingest's
+ACKLINE_BATCH_MAX_BYTES bounds a batch): decoded, they take several times that."""
+
 XID8_MAX: Final = 2**64 - 1
 INT64_MAX: Final = 2**63 - 1
 INT32_MAX: Final = 2**31 - 1

@@ -921,6 +921,8 @@ def test_tail_prints_filters_cuts_resumes_and_commits(dsn: str) -> None:
     # reads of one event each (cut inside every transaction): the same lines, once each
     small, _ = _tail(dsn, "--from-start", "--batch-events", "1")
     assert small == everything
+    # reads of one payload's bytes each: each ends after its first event, as above
+    assert _tail(dsn, "--from-start", "--batch-bytes", "1")[0] == everything
 
     # cut inside the first transaction, resume from the last line's cursor
     head, _ = _tail(dsn, "--from-start", "--limit", "2")

@@ -19,3 +19,16 @@ def test_a_read_that_ended_with_its_window_keeps_the_ask() -> None:
     # fewer than asked came: the feed had no more, which says nothing of the sizes
     assert fits_next(160, 40, bytes_cut=False, shortened=True, most=5_000) == 160
     assert fits_next(ANY_COUNT, 40, bytes_cut=False, shortened=False, most=5_000) == ANY_COUNT
+
+
+def test_a_processor_reads_at_most_its_batch_bytes() -> None:
+    """`ackline process --batch-bytes` reaches the processor's feed (it could not be set)."""
+    from ackline import cli
+    from ackline.sinks.feed.processors.registry import load
+    from ackline.sinks.feed.processors.runner import ProcessorRunner
+    from ackline.sinks.feed.types import MAX_BYTES
+
+    assert ProcessorRunner(load("runs"), instance="i").feed.max_bytes == MAX_BYTES
+    assert ProcessorRunner(load("runs"), instance="i", batch_bytes=4_096).feed.max_bytes == 4_096
+    args = cli.parser().parse_args(["process", "runs", "--batch-bytes", "4096"])
+    assert args.batch_bytes == 4_096

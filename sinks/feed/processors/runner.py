@@ -72,7 +72,7 @@ from ackline.sinks.feed.processors.contract import (
 )
 from ackline.sinks.feed.processors.control import Superseded
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
-from ackline.sinks.feed.types import START, Cursor, FeedBatch
+from ackline.sinks.feed.types import MAX_BYTES, START, Cursor, FeedBatch
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class ProcessorRunner:
         faults: Faults = DISARMED,
         max_transactions: int = 16,
         batch_events: int = 5_000,
+        batch_bytes: int = MAX_BYTES,
         poll_interval: float = 2.0,
         start: Cursor = START,
         idle_in_transaction_timeout_ms: int | None = None,
@@ -166,7 +167,7 @@ class ProcessorRunner:
         feed_filter = filter_of(processor)
         self.filter = fingerprint(feed_filter)
         self._took_over = False
-        feed = Changefeed(feed_filter, max_transactions=max_transactions)
+        feed = Changefeed(feed_filter, max_transactions=max_transactions, max_bytes=batch_bytes)
         # feed_before_commit fires too (at the same place), for `ackline dispatch`'s arms.
         self.reader = Reader(self.name, feed, start=start, faults=faults)
         self.feed = feed  # what follow() reads, through self.reader
