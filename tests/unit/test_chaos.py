@@ -188,3 +188,28 @@ def test_a_failed_production_says_why_in_the_runs_own_output(tmp_path: Path) -> 
     assert str(log) in text and text.endswith("LoadError: produce failed")
     assert "line 26" in text and "line 25" not in text  # the last 15 lines
     assert "cannot read it" in production_failed(tmp_path / "missing.log")
+
+
+def test_an_erasure_is_planned_before_a_drop_of_todays_partition() -> None:
+    """Run late (its faults lagging the ingest), an erasure after the drop of today's
+    partition found nothing stored to erase, and the run failed its coverage (a faust
+    chaos run, seed 1199904273). Whatever the seed, the erasure comes first; the other
+    faults of a seed stay as they were."""
+    for seed in [1199904273, *range(200)]:
+        faults = plan(
+            seed,
+            workers=3,
+            kills=10,
+            stops=1,
+            broker_restarts=1,
+            pg_restarts=1,
+            commit_faults=3,
+            retention_drops=1,
+            erasures=1,
+        )
+        kinds = [f.kind for f in faults]
+        assert kinds.index("erase") < kinds.index("retention"), (seed, kinds)
+        alone = plan(
+            seed, workers=3, kills=10, stops=1, broker_restarts=1, pg_restarts=1, commit_faults=3
+        )
+        assert [f for f in faults if f.kind not in ("erase", "retention")] == alone
