@@ -471,6 +471,11 @@ class Settings(BaseSettings):
 _DSN_FIELDS = frozenset({"database_url", "database_ingest_url"})
 
 
+def _port_ok(port: str) -> bool:
+    """A TCP port as both clients take it: decimal digits, 1 to 65535."""
+    return port.isdecimal() and 1 <= int(port) <= 65_535
+
+
 def bootstrap_problem(servers: str) -> str | None:
     """What is wrong with a ``host:port,...`` list (pure), or None. librdkafka took a bad
     one and failed 10 s later with a "Broker transport failure" naming nothing."""
@@ -490,7 +495,7 @@ def bootstrap_problem(servers: str) -> str | None:
         host, colon, port = spec.rpartition(":")
         if colon and not host:
             return f"{item!r} has no host"
-        if colon and not (port.isdecimal() and 1 <= int(port) <= 65_535):
+        if colon and not _port_ok(port):
             return f"{item!r} has a port that is not a number from 1 to 65535"
     return None
 
@@ -525,7 +530,7 @@ def dsn_problem(dsn: str) -> str | None:
             port = port[1:]
         else:
             port = spec.partition(":")[2]
-        if port and not (port.isdecimal() and 1 <= int(port) <= 65_535):
+        if port and not _port_ok(port):
             return "has a port that is not a number from 1 to 65535" + _ENCODE
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))

@@ -532,7 +532,7 @@ class ConsumerRuntime:
         except FencedError as exc:
             self._metrics.fenced.inc()
             log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
-            self._not_committed(batch, fenced={(t, p) for t, p in exc.partitions})
+            self._not_committed(batch, fenced=set(exc.partitions))
             return
         except RepeatRejectedError as exc:
             # Rolled back: read again, those records decoded this time (their dead letters

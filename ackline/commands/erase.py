@@ -31,7 +31,6 @@ def _dsn(settings: Settings) -> str:
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
-
     from ackline.sinks.admin.erase import Erasure, Selector, check_value, erase
 
     selector: Selector

@@ -59,8 +59,21 @@ async def connect(dsn: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.
 
     try:
         return await asyncpg.connect(dsn, timeout=timeout, **kwargs)
-    except (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError) as exc:
-        raise DatabaseUnavailableError(dsn, exc) from exc
+    except Exception as exc:
+        if _unreached(exc):
+            raise DatabaseUnavailableError(dsn, exc) from exc
+        raise
+
+
+def _unreached(exc: BaseException) -> bool:
+    """A connect that failed because the server was not reached (or would not take the
+    session yet), not because it refused this login or database: those have their own
+    explanations."""
+    import asyncpg
+
+    return isinstance(
+        exc, (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)
+    )
 
 
 class Outage:
@@ -201,12 +214,8 @@ def guarded_connect(
             return await later()
         try:
             conn = await connect()
-        except (OSError, TimeoutError) as exc:
-            raise DatabaseUnavailableError(dsn, exc) from exc
         except Exception as exc:
-            import asyncpg
-
-            if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
+            if _unreached(exc):
                 raise DatabaseUnavailableError(dsn, exc) from exc
             log.debug("first connect failed: %s", reason(exc))
             raise

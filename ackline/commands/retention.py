@@ -44,7 +44,6 @@ def _dsn(settings: Settings) -> str:
 
 
 def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-
     async def go() -> T:
         conn = await connect(_dsn(settings))  # unreachable: the address and a fix
         try:

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from ackline.core.errors import Terminated
 from ackline.core.logs import exit_flushed
@@ -135,10 +135,7 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
             if signal.getsignal(sig) is not _ignored:  # a teardown begun inside keeps it
                 signal.signal(sig, before[sig])
         if came:  # the stop, now that the loop is not running: as if it came just now
-            signal.raise_signal(came[0])
-            # the block's own code took the signals over and set SIGTERM to be ignored
-            # after the stop had come (a command winding down): the stop still ends it
-            raise KeyboardInterrupt() if came[0] == signal.SIGINT else Terminated()
+            _raise_again(came[0])
 
 
 @contextlib.contextmanager
@@ -169,8 +166,7 @@ def stops_between() -> Iterator[Callable[[], None]]:
             sig = came[0]
             came.clear()  # raised once: the finally's check must not raise it again
             restore()
-            signal.raise_signal(sig)  # its own handler, as if it came just now
-            raise KeyboardInterrupt() if sig == signal.SIGINT else Terminated()
+            _raise_again(sig)
 
     try:
         for sig in stops:
@@ -179,6 +175,15 @@ def stops_between() -> Iterator[Callable[[], None]]:
     finally:
         restore()
         check()  # also when the block raised: the stop is the news
+
+
+def _raise_again(sig: int) -> NoReturn:
+    """A stop that was recorded, raised by its own handler (now back) as if it came just
+    now; and raised here if that handler did not raise (the block's own code took the
+    signals over and set SIGTERM to be ignored after the stop had come, a command
+    winding down): the stop still ends it."""
+    signal.raise_signal(sig)
+    raise KeyboardInterrupt() if sig == signal.SIGINT else Terminated()
 
 
 def run_deferring_stops(loop: asyncio.AbstractEventLoop, aw: Awaitable[T]) -> T:

@@ -117,9 +117,9 @@ async def run(
             try:
                 runtime.run()
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, done, exc)
+                loop.call_soon_threadsafe(_resolve, done, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, done, None)
+                loop.call_soon_threadsafe(_resolve, done, None, None)
 
         probe = asyncio.create_task(
             probe_database(
@@ -203,6 +203,7 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
 
 
 def _resolve(future: asyncio.Future[T], value: T | None, exc: BaseException | None) -> None:
+    """Settle ``future`` from a thread's outcome (on the loop), unless it already is."""
     if future.done():
         return
     if exc is not None:
@@ -226,15 +227,6 @@ async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: 
             return False
     done.result()
     return True
-
-
-def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is None:
-        future.set_result(None)
-    else:
-        future.set_exception(exc)
 
 
 GIL_SWITCH_S = 0.0005

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -29,7 +29,6 @@ from ackline.streams.admin import answered
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 
 Ranges = dict[int, tuple[int, int]]
-T = TypeVar("T")
 
 KAFKA_LOG = kafka_logger()
 """librdkafka's own log lines (one per failed connect attempt, 20 a second while a broker
