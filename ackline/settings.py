@@ -311,6 +311,14 @@ class Settings(BaseSettings):
         description="PostgreSQL failing for the worker longer than this is logged as ERROR "
         "and fails /readyz (WARNING before)",
     )
+    db_leave_after_s: float = Field(
+        default=90.0,
+        ge=0,
+        le=86_400,
+        description="a worker (the default runtime) whose writes or claims PostgreSQL has "
+        "failed for longer than this leaves the consumer group, so that workers that can "
+        "write take its partitions, and joins again once PostgreSQL answers it (0: never)",
+    )
     faults: str = Field(
         default="",
         description="fault points to arm, for tests and chaos (point=action[@n],...)",

@@ -47,16 +47,25 @@ class Claims:
         async with self._lock:
             return await claim_over(self._db, self._group, self._worker, tps, starts)
 
-    def claim(self, tps: list[TP], starts: Mapping[TP, int] | None = None) -> list[Claim] | None:
+    def claim(
+        self,
+        tps: list[TP],
+        starts: Mapping[TP, int] | None = None,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> list[Claim] | None:
         """Claim ``tps`` (:func:`ackline.sinks.ingest.offsets.claim_over`: one autocommitted
         statement bumping the epochs, storing ``starts`` where no offset is stored; a previous
         owner stuck on its client with their rows locked is ended);
-        None when stopping, and then nothing was claimed or the claim is abandoned (a
-        claim that lands anyway leaves only higher epochs: the next claim bumps them)."""
+        None when stopping or once ``give_up()`` (polled while the claim retries), and then
+        nothing was claimed or the claim is abandoned (a claim that lands anyway leaves only
+        higher epochs: the next claim bumps them)."""
         try:
-            return call_on_loop(self._loop, self._claim(tps, starts), self._stopping)
+            return call_on_loop(
+                self._loop, self._claim(tps, starts), lambda: self._stopping() or give_up()
+            )
         except StoppingError:
-            log.warning("stopping while claiming %s: not assigning them", [p for _, p in tps])
+            why = "stopping" if self._stopping() else "PostgreSQL away"
+            log.warning("%s while claiming %s: not assigning them", why, [p for _, p in tps])
             return None
 
     def claim_later(self, tps: list[TP]) -> concurrent.futures.Future[list[Claim]]:
@@ -64,3 +73,13 @@ class Claims:
         outages) while the calling thread goes on polling Kafka, which a rebalance may
         need it to do. Cancel the future to abandon it (as :meth:`claim` does at a stop)."""
         return asyncio.run_coroutine_threadsafe(self._claim(tps, None), self._loop)
+
+    def probe_later(self) -> concurrent.futures.Future[None]:
+        """One ``SELECT 1`` on the control connection, retried through outages, started
+        without waiting: done once PostgreSQL answers this worker again. Cancel the future
+        to abandon it."""
+        return asyncio.run_coroutine_threadsafe(self._probe(), self._loop)
+
+    async def _probe(self) -> None:
+        async with self._lock:
+            await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))

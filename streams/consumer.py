@@ -139,11 +139,17 @@ class ConsumerRuntime:
         # hands its partitions to another (KIP-848 brokers default to 45 s).
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
         self._away = False
+        # Out of the group because PostgreSQL does not answer this worker (_check_database),
+        # with the probe whose answer brings it back; or to leave at the next turn.
+        self._left = False
+        self._leave_due = False
+        self._probe: concurrent.futures.Future[None] | None = None
         # The partitions a rebalance callback is giving up, while it settles the writes in
         # flight (None outside one): :meth:`_not_committed` leaves them to the release.
         self._releasing: frozenset[TP] | None = None
         self._retaking: concurrent.futures.Future[list[Claim]] | None = None  # see _retake
         self._retaking_tps: set[TP] = set()  # its partitions (_forget abandons it whole)
+        self._retaking_started = 0.0
         self._admin_client: AdminClient | None = None
         self._claims = Claims(
             loop, control_db, config.group_id, config.worker_id, self._stop.is_set
@@ -171,12 +177,7 @@ class ConsumerRuntime:
         conf["stats_cb"] = self._on_stats
         consumer = Consumer(conf, logger=kafka_logger())  # de-duplicated, through logging
         self._consumer = consumer
-        consumer.subscribe(
-            [self.cfg.topic],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe(consumer)
         try:
             while not self._stop.is_set():
                 self._step(consumer)
@@ -186,9 +187,19 @@ class ConsumerRuntime:
                 slot.clear()
         finally:
             self._abandon_retake()
+            if self._probe is not None:
+                self._probe.cancel()
             consumer.close()
             self._consumer = None
             self._metrics.assigned.set(0)
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        consumer.subscribe(
+            [self.cfg.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
 
     def _step(self, consumer: Consumer) -> None:
         if self._holds.held:
@@ -196,7 +207,9 @@ class ConsumerRuntime:
         for slot in self._slots:
             if slot.inflight is not None and slot.inflight.done():
                 self._complete(slot)
-        self._check_group()
+        self._check_database(consumer)
+        if not self._left:
+            self._check_group()
         self._retake(consumer)
         now = time.monotonic()
         ready, full = self._ready(now)
@@ -645,6 +658,67 @@ class ConsumerRuntime:
             log.warning("the consumer group is up again")
         self._away = away
 
+    def _check_database(self, consumer: Consumer) -> None:
+        """Leave the consumer group when PostgreSQL has failed this worker's pending work
+        (a batch in flight, a claim) for longer than ``db_leave_after_s``, or failed its
+        assign callback's claim that long; join again once it answers.
+
+        A worker whose own link to PostgreSQL is down (a partition between its host and
+        the database, a route, a firewall) otherwise kept its partitions for as long as
+        the link was: Kafka saw a live member, and no worker that can write took them.
+        Order of effects of a leave: unsubscribe (the revoke callback, served at the next
+        poll, lets the batches in flight run out ``revoke_wait_s``, cancels them and gives
+        the partitions up without asking PostgreSQL: :meth:`_release`); a probe of
+        PostgreSQL starts on the loop, retried through the outage; once it answers, the
+        worker subscribes again and claims what Kafka assigns it. A crash at any step loses
+        nothing: the DB offsets stand where the last committed batch left them, and a
+        write that lands late is fenced by the next owner's claim.
+        """
+        if self._left:
+            probe = self._probe
+            if probe is None or not probe.done():
+                return
+            self._probe = None
+            if not probe.cancelled():
+                probe.result()  # retried through outages: what is left is fatal
+            log.warning("PostgreSQL answers again: joining the consumer group again")
+            self._left, self._away = False, False
+            self._group = GroupWatch(grace_s=self._group.grace_s)
+            self._subscribe(consumer)
+            return
+        away = self._db_failing_for()
+        if not self._leave_due and not 0 < self.cfg.db_leave_after_s < away:
+            return
+        self._leave_due, self._left = False, True
+        log.error(
+            "PostgreSQL has failed this worker for %.0fs (ACKLINE_DB_LEAVE_AFTER_S=%g): "
+            "leaving the consumer group so that workers that can write take partitions %s; "
+            "joining again once PostgreSQL answers",
+            away,
+            self.cfg.db_leave_after_s,
+            sorted(p for _, p in self.ledger.tracked()),
+        )
+        consumer.unsubscribe()
+        self._probe = self._claims.probe_later()
+
+    def _db_failing_for(self) -> float:
+        """How long PostgreSQL has failed the work this worker waits on: a batch in flight
+        (its writer's run of failures) or a retake claim under way (the control
+        connection's), each counted from when that work started at the earliest: a run of
+        failures left by a cancelled batch or claim is not this work's."""
+        now = time.monotonic()
+        pending = [(s.writer.down_since, s.started) for s in self._slots if s.inflight is not None]
+        if self._retaking is not None and not self._retaking.done():
+            pending.append((self._control_db.down_since, self._retaking_started))
+        return max((_failing(since, start, now) for since, start in pending), default=0.0)
+
+    def _claim_overdue(self, start: float) -> bool:
+        """The assign callback's claim, started at ``start``, gives up: PostgreSQL has failed
+        it for longer than ``db_leave_after_s`` (librdkafka does not apply
+        ``max.poll.interval.ms`` while a callback runs, so nothing else would end it)."""
+        failing = _failing(self._control_db.down_since, start, time.monotonic())
+        return 0 < self.cfg.db_leave_after_s < failing
+
     def _retake(self, consumer: Consumer) -> None:
         """Take back the suspended partitions that Kafka still assigns to this worker
         (fenced, cut off from the group, or kept through a rebalance by a batch that did
@@ -689,6 +763,7 @@ class ConsumerRuntime:
         wanted = [tp for tp in due if tp in assigned]
         if wanted:
             self._retaking, self._retaking_tps = self._claims.claim_later(wanted), set(wanted)
+            self._retaking_started = time.monotonic()
 
     def _seek(self, rewinds: list[Rewind]) -> None:
         consumer = self._consumer
@@ -737,8 +812,10 @@ class ConsumerRuntime:
             again = sorted(p for _, p in self._retaking_tps)
             log.info("a retake claim of %s waits: claiming them again after the assign", again)
             self._abandon_retake()
-        claims = self._claims.claim(tps, starts)
-        if claims is None:
+        start = time.monotonic()
+        claims = self._claims.claim(tps, starts, give_up=lambda: self._claim_overdue(start))
+        if claims is None:  # stopping, or PostgreSQL away: leave (the client assigns them
+            self._leave_due = not self._stop.is_set()  # itself, unowned: records dropped)
             return
         self._faults.hit("after_claim")
         self.ledger.claimed(claims)
@@ -992,6 +1069,12 @@ class ConsumerRuntime:
         if not self._paused:
             consumer.resume([TopicPartition(*tp)])
         log.warning("%s[%d]: the log end reached the DB offset %d again: consuming", *tp, db_next)
+
+
+def _failing(since: float | None, start: float, now: float) -> float:
+    """Seconds a piece of work started at ``start`` has been failing, given its
+    connection's run of failures began at ``since`` (None: not failing)."""
+    return 0.0 if since is None else now - max(since, start)
 
 
 def _tp_of(tp: Any) -> TP:

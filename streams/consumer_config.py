@@ -22,6 +22,7 @@ class RuntimeConfig:
     batch_linger_ms: int = 0  # 0: a batch closes as soon as the writer is free
     limits: Limits = DEFAULT_LIMITS
     revoke_wait_s: float = 20.0
+    db_leave_after_s: float = 90.0  # 0: never leave the group while PostgreSQL is away
     shutdown_wait_s: float = 30.0
     max_poll_interval_ms: int = 300_000
     newer_version_wait_s: float = 0.0  # hold a partition at a newer payload version (holds.py)

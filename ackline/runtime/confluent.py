@@ -43,6 +43,7 @@ def runtime_config(settings: Settings, bootstrap: str) -> RuntimeConfig:
         batch_max_bytes=settings.batch_max_bytes,
         limits=decode_limits(settings),
         revoke_wait_s=settings.revoke_wait_s,
+        db_leave_after_s=settings.db_leave_after_s,
         shutdown_wait_s=settings.shutdown_wait_s,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         newer_version_wait_s=settings.newer_version_wait_s,

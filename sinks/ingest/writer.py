@@ -394,6 +394,11 @@ class BatchWriter:
         self._unread = True
         self._mid_copy_hit = False  # the mid_copy fault point was reached in this attempt
 
+    @property
+    def down_since(self) -> float | None:
+        """Monotonic time since which this writer's PostgreSQL has failed it, or None."""
+        return self._db.down_since
+
     def _retrying(self, cause: str) -> None:
         self.retries[cause] += 1
         if self._on_retry is not None:

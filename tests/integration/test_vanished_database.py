@@ -302,6 +302,70 @@ def test_a_fenced_batch_while_the_database_goes_away_keeps_the_worker_polling(
     assert a.stop() == 0 and b.stop() == 0, a.log()[-4000:]
 
 
+def test_a_worker_cut_off_from_postgresql_leaves_the_group_and_joins_again(
+    net: Net, netdb: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's link to PostgreSQL vanishes with a batch in flight, and b, whose
+    database is there, joins. a gives b part of the partitions at the revoke; its claim
+    of the ones it kept fails for as long as the link is down. Past
+    ``db_leave_after_s`` a leaves the consumer group, so b drains every partition while
+    a's link is still down; once the link is back a joins again; every event exactly
+    once. Before, a kept its partitions for as long as its link was down: nothing
+    handed them to b."""
+    observer = net.pg.socket_dsn(netdb)
+    manifest = produce_worker_mix(net.services, topic, tmp_path, events=3_000, seed=1515)
+    group = f"g-{topic}"
+    gates = Gates(observer)
+    try:
+        gates.close_gate(COPY_GATE)
+        a = _beyond_the_link(net, netdb, topic, tmp_path, revoke_wait_s=2, db_leave_after_s=5)
+        wait_until(lambda: waiting_at(observer, COPY_GATE, "a"), 90, "a's COPY at the gate")
+        net.link.vanish()
+        try:
+            gates.open_gate(COPY_GATE)  # a's COPY finishes on the server; its reply is lost
+            b = Worker(net.services, observer, topic, tmp_path, name="b", **BOUNDS)
+            wait_drained(observer, manifest, group, [a, b], timeout=120)
+            assert "leaving the consumer group" in a.log(), a.log()[-4000:]
+        finally:
+            net.link.restore()
+        wait_until(lambda: "joining the consumer group again" in a.log(), 90, "a to join again")
+        verify_ok(observer, manifest, group)
+        assert a.stop() == 0 and b.stop() == 0, a.log()[-4000:]
+    finally:
+        gates.close()
+
+
+def test_an_assign_claim_past_the_leave_bound_leaves_the_group(
+    net: Net, netdb: str, topic: str, tmp_path: Path
+) -> None:
+    """a and b share the (empty) topic's partitions; a's link to PostgreSQL vanishes and b
+    stops, so a's assign callback claims b's partitions over the vanished link; c joins.
+    Past ``db_leave_after_s`` the callback gives the claim up and a leaves the group, so c
+    takes every partition and drains what is produced while a's link is still down.
+    Before, the claim retried inside the callback for as long as the link was down
+    (librdkafka does not apply max.poll.interval.ms there), and the rebalance that c's
+    join started waited for a: c got nothing."""
+    observer = net.pg.socket_dsn(netdb)
+    group = f"g-{topic}"
+    a = _beyond_the_link(net, netdb, topic, tmp_path, db_leave_after_s=5)
+    wait_until(lambda: "assigned [" in a.log(), 60, "a to be assigned the partitions")
+    b = Worker(net.services, observer, topic, tmp_path, name="b", **BOUNDS)
+    wait_until(lambda: "assigned [" in b.log(), 60, "b to share the partitions")
+    net.link.vanish()
+    try:
+        assert b.stop() == 0, b.log()[-4000:]
+        c = Worker(net.services, observer, topic, tmp_path, name="c", **BOUNDS)
+        manifest = produce_worker_mix(net.services, topic, tmp_path, events=1_000, seed=1616)
+        wait_drained(observer, manifest, group, [a, c], timeout=120)
+        assert "PostgreSQL away while claiming" in a.log(), a.log()[-4000:]
+        assert "leaving the consumer group" in a.log(), a.log()[-4000:]
+    finally:
+        net.link.restore()
+    wait_until(lambda: "joining the consumer group again" in a.log(), 90, "a to join again")
+    verify_ok(observer, manifest, group)
+    assert a.stop() == 0 and c.stop() == 0, a.log()[-4000:]
+
+
 def _beyond_the_link(net: Net, netdb: str, topic: str, tmp_path: Path, **settings: Any) -> Worker:
     """Worker a, in the client namespace: it reaches PostgreSQL over the link only."""
     return Worker(
