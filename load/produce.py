@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,6 +159,7 @@ def produce(
     client_conf: dict[str, Any] | None = None,
     pace: Callable[[int], None] | None = None,
     overwrite: bool = True,
+    extend: Callable[[Iterable[Send]], Iterable[Send]] | None = None,
 ) -> ProduceSummary:
     """Produce ``events`` originals plus their faults to ``topic``; write the manifest.
 
@@ -166,7 +167,9 @@ def produce(
     runs against one database never share ids; pass it (with ``seed``) to reproduce a
     run's bytes exactly. The summary is printed to ``out`` (None: silent). ``pace`` is
     called after each transaction with the originals sent so far (it may sleep: the
-    chaos harness spreads production over its run that way). The manifest path is
+    chaos harness spreads production over its run that way). ``extend`` makes the sends
+    of the plan (the chaos harness holds it open past its end while its faults need work,
+    :mod:`ackline.load.chaos.topup`); the manifest records them all. The manifest path is
     checked before anything is sent (TargetError): it must be writable, and an existing
     manifest is replaced only with ``overwrite``. The counts are checked before that
     (LoadError); the manifest's missing folders are made once Kafka has answered.
@@ -177,7 +180,9 @@ def produce(
     run_id = run_id or uuid.uuid4().hex[:12]
     namespace = run_id if namespace is None else namespace
     # made now: it checks events and txn_size, which went to Kafka first
-    plan = generate(events, knobs, seed, txn_size=txn_size, namespace=namespace)
+    plan: Iterable[Send] = generate(events, knobs, seed, txn_size=txn_size, namespace=namespace)
+    if extend is not None:
+        plan = extend(plan)
     check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
     transactional_id = transactional_id or f"ackline-load-{run_id}"
     message_max = max(_KAFKA_DEFAULT_MAX_MESSAGE, knobs.oversize_bytes + _HEADROOM)

@@ -6,7 +6,9 @@ started and stopped here, never the shared one (it restarts the broker and Postg
 1. A fresh database and a topic of ``partitions`` partitions; ``events`` events with the
    full fault mix (redeliveries, producer retries, conflicts on both layers, poison,
    aborted upstream transactions) are produced by a child process (:mod:`ackline.load.produce`)
-   while ``workers`` ``ackline run`` processes of one group consume them.
+   while ``workers`` ``ackline run`` processes of one group consume them. Production is
+   held open until the schedule's faults are done: past its plan it goes on at a trickle
+   (:mod:`ackline.load.chaos.topup`, in the same manifest), so late faults find work.
 2. The seeded schedule of :mod:`ackline.load.chaos.plan` is executed as ingest progresses:
    SIGKILLs (some by restarting a worker armed to kill itself at an injection point);
    zombies (a worker stalled with a batch in hand is SIGSTOPped past its session
@@ -39,6 +41,7 @@ probe, runs_check, workers).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -46,7 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, TextIO, TypeVar
@@ -59,6 +62,7 @@ from ackline.load.chaos.pacing import Pacer
 from ackline.load.chaos.plan import Fault, plan
 from ackline.load.chaos.probe import OffsetWatch, Pg
 from ackline.load.chaos.runs_check import RunsCheck, check_runs_at
+from ackline.load.chaos.topup import held_open
 from ackline.load.chaos.workers import (
     FENCED_LINE,
     Incarnation,
@@ -67,7 +71,7 @@ from ackline.load.chaos.workers import (
     wait_for,
 )
 from ackline.load.errors import LoadError
-from ackline.load.generate import Knobs
+from ackline.load.generate import Knobs, Send
 from ackline.load.manifest import read_manifest
 from ackline.load.verify import expected_outcome, is_drained, verify
 
@@ -171,6 +175,7 @@ class _Run:
         self.summary = self.run_dir / "produced.json"
         self.pause_file = self.run_dir / "produce.pause"
         self.paused_file = self.run_dir / "produce.paused"
+        self.hold_file = self.run_dir / "produce.hold"
         self.admin = Pg(admin_dsn)
         self.dsn = admin_dsn.rsplit("/", 1)[0] + f"/chaos_{seed}_{stamp}"
         self.pg = Pg(self.dsn)
@@ -211,6 +216,7 @@ class _Run:
             self._execute(fault)
         self._top_up_stops()
         self._top_up_commits()
+        self.hold_file.unlink()  # the faults are done: production may end
         self._drain()
         return self._finish()
 
@@ -258,6 +264,7 @@ class _Run:
         ensure_topic(self.bootstrap, self.name, self.cfg.partitions, topic_config)
         self.say(f"topic {self.name} ({self.cfg.partitions} partitions), database {database}")
         self._produce_log = (self.run_dir / "produce.log").open("ab")
+        self.hold_file.touch()  # production goes on until the faults are done (execute)
         self.producer = subprocess.Popen(
             [sys.executable, "-m", "ackline.load.chaos.harness", json.dumps(self._child_args())],
             stdin=subprocess.DEVNULL,
@@ -319,6 +326,7 @@ class _Run:
             "rate": self.cfg.produce_rate,
             "pause": str(self.pause_file),
             "paused": str(self.paused_file),
+            "hold": str(self.hold_file),
         }
 
     def close(self) -> None:
@@ -640,7 +648,8 @@ class _Run:
 
     def _top_up_commits(self) -> None:
         """COMMIT faults that found nothing to cut (the schedule ran late and the backlog
-        was gone) are tried again, in a COMMIT, while production still goes on."""
+        was gone) are tried again, in a COMMIT, while production still goes on: it is
+        held open until they are done (topup)."""
         tries = 0
         while (
             self.counts.commit_faults < self.cfg.commit_faults
@@ -788,20 +797,31 @@ def _produce_child(args: dict[str, Any]) -> None:
     """The production child process: produce, then record what was committed."""
     from ackline.load.produce import produce
 
-    pace = Pacer(float(args["rate"]), Path(args["pause"]), Path(args["paused"]))
+    knobs, seed = Knobs(**args["knobs"]), int(args["seed"])
+    namespace = f"chaos-{seed}"
+    pace = Pacer(
+        float(args["rate"]), Path(args["pause"]), Path(args["paused"]), planned=args["events"]
+    )
+    extend: Callable[[Iterable[Send]], Iterable[Send]] | None = None
+    if "hold" in args:  # side by side never holds its production open
+        hold = Path(args["hold"])
+        extend = functools.partial(
+            held_open, held=hold.exists, knobs=knobs, seed=seed, namespace=namespace
+        )
     summary = produce(
         args["bootstrap"],
         args["topic"],
         partitions=args["partitions"],
         events=args["events"],
-        knobs=Knobs(**args["knobs"]),
-        seed=args["seed"],
+        knobs=knobs,
+        seed=seed,
         manifest_path=Path(args["manifest"]),
         progress=False,
-        namespace=f"chaos-{args['seed']}",
-        run_id=f"chaos-{args['seed']}",
+        namespace=namespace,
+        run_id=namespace,
         out=sys.stdout,
         pace=pace,
+        extend=extend,
     )
     Path(args["summary"]).write_text(
         json.dumps({"records": summary.records, "committed": summary.committed_records}),

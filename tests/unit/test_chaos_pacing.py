@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ackline.load.chaos.pacing import Pacer
+from ackline.load.chaos.pacing import TOP_UP_RATE, Pacer
 
 
 class _Clock:
@@ -61,3 +61,21 @@ def test_unthrottled_never_sleeps_without_a_pause(tmp_path: Path) -> None:
     pacer = Pacer(0.0, tmp_path / "p", tmp_path / "q", clock=lambda: 0.0, sleep=slept.append)
     pacer(1_000_000)
     assert slept == []
+
+
+def test_a_top_up_trickles_from_the_plans_end(tmp_path: Path) -> None:
+    """Past its plan (production held open by the harness, ackline.load.chaos.topup) the
+    producer goes at TOP_UP_RATE counted from the plan's end: an unthrottled plan that
+    took 50 s is not followed by a burst, and a slow one is not held to its own rate."""
+    clock = _Clock(tmp_path / "pause", until=0.0)
+    pacer = Pacer(0.0, tmp_path / "pause", tmp_path / "paused", clock.time, clock.sleep, 100)
+    clock.now = 50.0
+    pacer(100)  # the plan, unthrottled
+    assert clock.slept == []
+    pacer(100 + int(TOP_UP_RATE))  # a second's worth of top-up
+    assert clock.now == pytest.approx(51.0)
+    slow = Pacer(1.0, tmp_path / "pause", tmp_path / "paused", clock.time, clock.sleep, 10)
+    slow(10)  # ten seconds of plan at 1/s
+    start = clock.now
+    slow(10 + int(TOP_UP_RATE))
+    assert clock.now - start == pytest.approx(1.0)
