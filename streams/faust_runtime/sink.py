@@ -2,8 +2,10 @@
 
 One agent instance (concurrency 1) consumes every partition of the topic, so at most one
 batch is in flight and each partition's records are written and acked in offset order.
-The stream is ``noack()`` and batches come from ``noack_take()``, the one faust batching
-call that does not ack in a ``finally`` (``take()`` does, even when the body raised).
+The stream is ``noack()`` and batches come from
+:func:`~ackline.streams.faust_runtime.bytebound.take_batches` (faust's ``noack_take``,
+which does not ack in a ``finally`` as ``take()`` does even when the body raised, with
+a byte bound).
 
 Failure policy, crash-only: a batch that fails for any reason but fencing is never
 acked; the process logs the error and exits at once with ``os._exit`` (no graceful
@@ -37,6 +39,7 @@ from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
 from ackline.streams.deadletter import DeadLetterProducer
+from ackline.streams.faust_runtime.bytebound import take_batches
 from ackline.streams.ownership import Ledger, past_log_end
 
 log = logging.getLogger(__name__)
@@ -202,7 +205,7 @@ class FaustSink:
     async def consume(self, stream: Any) -> None:
         """The agent body. ``stream`` is the faust stream of the topic (raw values).
 
-        Order of effects per batch: ``noack_take`` yields the events (nothing acked);
+        Order of effects per batch: the take yields the events (nothing acked);
         :meth:`handle` writes them (dead letters, then the PostgreSQL transaction); only
         then each event is acked, in delivery order (an ack marks it done for faust's
         in-flight tracking and moves no offset). A crash before the COMMIT: nothing moved,
@@ -212,8 +215,8 @@ class FaustSink:
         """
         events_stream = stream.noack()
         try:
-            async for events in events_stream.noack_take(
-                self.batch_max_events, within=self.batch_max_s
+            async for events in take_batches(
+                events_stream, self.batch_max_events, self.batch_max_bytes, self.batch_max_s
             ):
                 self.idle = False
                 await self.handle(events)

@@ -44,6 +44,7 @@ from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from ackline.streams.errors import StreamError
+from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ without them."""
 
 class IsolationError(StreamError):
     """The aiokafka consumer would read uncommitted (possibly aborted) records."""
+
+
+class UnboundedFetchError(StreamError):
+    """The aiokafka consumer would fetch more per request than the app's byte bound."""
 
 
 @dataclass
@@ -99,8 +104,13 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """The aiokafka consumer thread, fetching only committed records."""
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
+        """faust's aiokafka consumer, reading committed records only and fetching at most
+        the app's ``buffer_max_bytes`` per request (faust passes no ``fetch_max_bytes``:
+        aiokafka's default is 50 MiB). Both attributes are read by
+        ``AIOKafkaConsumer.start()`` when it builds its fetcher."""
         consumer = super()._create_worker_consumer(transport)
-        consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start()
+        consumer._isolation_level = "read_committed"
+        consumer._fetch_max_bytes = cast(AcklineApp, self.app).buffer_max_bytes
         return consumer
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
@@ -138,6 +148,9 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         fetcher = getattr(self._consumer, "_fetcher", None)
         if getattr(fetcher, "_isolation_level", None) != READ_COMMITTED:
             raise IsolationError("the aiokafka fetcher is not read_committed; refusing to run")
+        bound = cast(AcklineApp, self.app).buffer_max_bytes
+        if getattr(fetcher, "_fetch_max_bytes", None) != bound:
+            raise UnboundedFetchError("aiokafka's fetch_max_bytes is not the app's byte bound")
 
 
 class AcklineConsumer(faust_aiokafka.Consumer):
@@ -320,6 +333,19 @@ class AcklineApp(faust.App):
     """
 
     ownership: Ownership
+    buffer_max_bytes: int = 8 * 1_048_576  # set by make_app: ACKLINE_BATCH_MAX_BYTES
 
     def _new_transport(self) -> TransportT:
         return AcklineTransport(self.conf.broker_consumer, self)
+
+    def FlowControlQueue(
+        self, maxsize: int | None = None, *, clear_on_resume: bool = False
+    ) -> ByteBoundQueue:
+        """Every channel's queue, full at ``buffer_max_bytes`` of records as well as at
+        ``maxsize`` of them (faust counts records only)."""
+        return ByteBoundQueue(
+            maxsize or 0,
+            max_bytes=self.buffer_max_bytes,
+            flow_control=self.flow_control,
+            clear_on_resume=clear_on_resume,
+        )
