@@ -30,6 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -68,8 +69,9 @@ class Ownership:
 
     ``claim(partitions, generation, marks, start_from)`` bumps the epochs in PostgreSQL
     and records the claims in ``ledger`` (see
-    :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is called
-    when a revoke starts (the revoke_in_flight fault point).
+    :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is the
+    context faust's revoke runs in (the revoke_in_flight fault point, and the bound on
+    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`).
     """
 
     topic: str
@@ -79,7 +81,7 @@ class Ownership:
         [list[tuple[str, int]], int, Mapping[tuple[str, int], tuple[int, int]], str],
         Awaitable[None],
     ]
-    revoking: Callable[[], Awaitable[None]]
+    revoking: Callable[[], AbstractAsyncContextManager[None]]
 
 
 class _NoReadOffsets(dict[TP, int | None]):
@@ -288,7 +290,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit
-        the DB offsets), then the ledger stops owning ``revoked``.
+        the DB offsets), then the ledger stops owning ``revoked``. faust's wait has no
+        bound; past ``ACKLINE_REVOKE_WAIT_S`` the sink cancels the write it waits for.
 
         faust stops the flow only when something was assigned. A worker that held nothing
         (a standby: more workers than partitions) kept it running, so the records it
@@ -302,8 +305,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         if not self.assignment():
             self.stop_flow()
             self.app.flow_control.suspend()
-        await self._ownership().revoking()
-        await super().on_partitions_revoked(revoked)
+        async with self._ownership().revoking():  # bounded: see FaustSink.revoking
+            await super().on_partitions_revoked(revoked)
         self._ownership().ledger.release((tp.topic, tp.partition) for tp in revoked)
 
 
