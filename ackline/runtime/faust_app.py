@@ -27,6 +27,7 @@ from ackline.streams.faust_runtime.transport import (
 AGENT_NAME = "ackline-ingest"
 COMMIT_INTERVAL_S = 1.0  # Kafka commits of the DB offsets: advisory, for lag tooling
 METADATA_MAX_AGE_MS = 5_000  # see faust_settings: bounds an empty-assignment stall
+PARTITION_FETCH_BYTES = 1_048_576  # aiokafka's max_partition_fetch_bytes
 
 
 @dataclass
@@ -78,6 +79,10 @@ def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "stream_wait_empty": True,
         "stream_recovery_delay": 0.1,
         "stream_buffer_maxsize": max(settings.batch_max_events, 1_000),
+        # Bytes, too (docs/faust.md, "Memory"): aiokafka keeps at most one fetch per
+        # partition, each of at most this much (or one larger record); the app bounds
+        # each request (fetch_max_bytes), the channel queue and the take by batch_max_bytes.
+        "consumer_max_fetch_size": PARTITION_FETCH_BYTES,
         # Partitions are sought to explicit offsets; a reset happens only for an offset
         # retention deleted, where the log start is the one right answer (the consumer
         # runtime's docstring says why "latest" there would skip records).
@@ -140,8 +145,10 @@ def make_app(ingest: Ingest) -> FaustApp:
         batch_max_bytes=settings.batch_max_bytes,
         faults=ingest.faults,
         claim_deadline_s=request_timeout_s(settings) * 2 / 3,  # exits before faust gives up
+        revoke_wait_s=settings.revoke_wait_s,
     )
     app = FaustApp(settings.group_id, **faust_settings(settings, ingest.bootstrap))
+    app.buffer_max_bytes = settings.batch_max_bytes  # before any channel makes its queue
     app.ownership = Ownership(
         topic=settings.topic,
         start_from=settings.start_from,

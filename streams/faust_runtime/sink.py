@@ -2,8 +2,10 @@
 
 One agent instance (concurrency 1) consumes every partition of the topic, so at most one
 batch is in flight and each partition's records are written and acked in offset order.
-The stream is ``noack()`` and batches come from ``noack_take()``, the one faust batching
-call that does not ack in a ``finally`` (``take()`` does, even when the body raised).
+The stream is ``noack()`` and batches come from
+:func:`~ackline.streams.faust_runtime.bytebound.take_batches` (faust's ``noack_take``,
+which does not ack in a ``finally`` as ``take()`` does even when the body raised, with
+a byte bound).
 
 Failure policy, crash-only: a batch that fails for any reason but fencing is never
 acked; the process logs the error and exits at once with ``os._exit`` (no graceful
@@ -17,11 +19,12 @@ after the dropped batch can commit past it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -37,6 +40,7 @@ from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
 from ackline.streams.deadletter import DeadLetterProducer
+from ackline.streams.faust_runtime.bytebound import take_batches
 from ackline.streams.ownership import Ledger, past_log_end
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,7 @@ class FaustSink:
         batch_max_bytes: int = 8 * 1_048_576,
         faults: Faults = DISARMED,
         claim_deadline_s: float = 60.0,
+        revoke_wait_s: float = 20.0,
     ) -> None:
         self.ledger = Ledger()
         self.kafka = NO_KAFKA  # set by make_app once the app exists
@@ -99,6 +104,9 @@ class FaustSink:
         self.committed_batches = 0
         self.records_taken = 0  # records handed to handle(), for the drain check
         self.idle = True  # no batch between take and ack
+        self.revoke_wait_s = revoke_wait_s
+        self._writing: asyncio.Future[list[WriteResult]] | None = None  # handle() in flight
+        self._revoke_overdue = False  # a revoke outlasted revoke_wait_s and goes on
         # Set when a graceful stop starts; read by the dead-letter retries, which run in an
         # executor thread that cancelling the agent cannot end.
         self._stop = threading.Event()
@@ -185,10 +193,43 @@ class FaustSink:
         if rewinds:
             log.warning("took back %s after a fence", [(r.tp[1], r.offset) for r in rewinds])
 
-    async def revoking(self) -> None:
-        """A revoke starts: the revoke_in_flight point when a batch is in flight."""
+    @contextlib.asynccontextmanager
+    async def revoking(self) -> AsyncIterator[None]:
+        """Around faust's revoke, which waits for every taken event to be acked: bound
+        that wait by ``revoke_wait_s``, as the default runtime bounds its revoke.
+
+        Order of effects: the revoke_in_flight point when a batch is in flight; faust's
+        revoke runs (the body); if it has not ended after ``revoke_wait_s``, the write in
+        flight is cancelled and any batch taken until the revoke ends is not written
+        (:meth:`_cut_off`); each such batch's events are acked for faust's in-flight
+        tracking only (no offset moves), so faust's wait ends and the partitions are
+        handed over. The cancelled writer drops its connection: the server rolls back
+        what had not committed, and a COMMIT it had already received commits or not on its
+        own, holding the offset rows' locks until then, so the next claim (here or in
+        another worker) reads the offsets that outcome left and bumps the epochs, and a
+        write of the old claim fails the epoch CAS. A crash at any step leaves the DB
+        offsets where the last COMMIT put them; the next owner reads on from there.
+        """
         if not self.idle:
             await self._faults.ahit("revoke_in_flight")
+        timer = asyncio.get_running_loop().call_later(self.revoke_wait_s, self._cut_off)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self._revoke_overdue = False
+
+    def _cut_off(self) -> None:
+        """The revoke outlasted ``revoke_wait_s``: cancel the write in flight, if any, and
+        write no batch until the revoke ends."""
+        self._revoke_overdue = True
+        if self._writing is not None and not self._writing.done():
+            log.warning(
+                "a revoke waited %g s for the batch in flight: cancelling it; the DB "
+                "offsets decide where its partitions resume",
+                self.revoke_wait_s,
+            )
+            self._writing.cancel()
 
     async def stopping(self) -> None:
         """A graceful stop starts: dead-lettering gives up its retries (the batch waiting
@@ -202,21 +243,24 @@ class FaustSink:
     async def consume(self, stream: Any) -> None:
         """The agent body. ``stream`` is the faust stream of the topic (raw values).
 
-        Order of effects per batch: ``noack_take`` yields the events (nothing acked);
+        Order of effects per batch: the take yields the events (nothing acked);
         :meth:`handle` writes them (dead letters, then the PostgreSQL transaction); only
         then each event is acked, in delivery order (an ack marks it done for faust's
         in-flight tracking and moves no offset). A crash before the COMMIT: nothing moved,
         the events are re-read from the DB offset. A crash after it and before the acks:
         the DB offset is already past them, so they are not written again. Any failure
-        but fencing exits the process here without acking (:func:`die`).
+        but fencing exits the process here without acking (:func:`die`). A batch that a
+        revoke past ``revoke_wait_s`` cancelled, or took while overdue, is acked without
+        being written (:meth:`revoking`): acks move no offset, and its partitions are
+        claimed again from their DB offsets before any record of them is taken.
         """
         events_stream = stream.noack()
         try:
-            async for events in events_stream.noack_take(
-                self.batch_max_events, within=self.batch_max_s
+            async for events in take_batches(
+                events_stream, self.batch_max_events, self.batch_max_bytes, self.batch_max_s
             ):
                 self.idle = False
-                await self.handle(events)
+                await self._write_unless_cut_off(events)
                 for event in events:  # after the DB commit, in delivery (offset) order
                     await events_stream.ack(event)
                 self.idle = True
@@ -224,6 +268,34 @@ class FaustSink:
             raise
         except BaseException as exc:
             die("the batch failed", exc)
+
+    async def _write_unless_cut_off(self, events: Sequence[Any]) -> None:
+        """:meth:`handle` in a task of its own, which an overdue revoke may cancel (an
+        exception from it, or a cancellation of the agent itself, propagates).
+
+        Order of effects for a batch cancelled or not written: the ledger stops owning
+        its partitions (the revoke releases them all anyway: faust revokes everything),
+        so nothing after the unwritten records can be admitted until a claim has read the
+        DB offsets again and sought there; then the caller acks. A crash at any step: the
+        DB offsets decide where the partitions resume."""
+        if self._revoke_overdue:
+            self._unwritten(events, "taken while a revoke was overdue")
+            return
+        self._writing = asyncio.ensure_future(self.handle(events))
+        try:
+            await self._writing
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._writing.cancelled() or (task is not None and task.cancelling()):
+                raise
+            self._unwritten(events, "cancelled by the revoke")
+        finally:
+            self._writing = None
+
+    def _unwritten(self, events: Sequence[Any], why: str) -> None:
+        tps = sorted({(e.message.topic, e.message.partition) for e in events})
+        self.ledger.release(tps)
+        log.warning("a batch of %d records %s, not written; released %s", len(events), why, tps)
 
     async def handle(self, events: Sequence[Any]) -> list[WriteResult]:
         """Draft, dead-letter and write the records of ``events``, in chunks of at most

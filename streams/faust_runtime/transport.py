@@ -30,6 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,6 +45,7 @@ from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from ackline.streams.errors import StreamError
+from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,19 @@ class IsolationError(StreamError):
     """The aiokafka consumer would read uncommitted (possibly aborted) records."""
 
 
+class UnboundedFetchError(StreamError):
+    """The aiokafka consumer would fetch more per request than the app's byte bound."""
+
+
 @dataclass
 class Ownership:
     """What the consumer needs from the runtime: the ledger and how to claim.
 
     ``claim(partitions, generation, marks, start_from)`` bumps the epochs in PostgreSQL
     and records the claims in ``ledger`` (see
-    :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is called
-    when a revoke starts (the revoke_in_flight fault point).
+    :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is the
+    context faust's revoke runs in (the revoke_in_flight fault point, and the bound on
+    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`).
     """
 
     topic: str
@@ -74,7 +81,7 @@ class Ownership:
         [list[tuple[str, int]], int, Mapping[tuple[str, int], tuple[int, int]], str],
         Awaitable[None],
     ]
-    revoking: Callable[[], Awaitable[None]]
+    revoking: Callable[[], AbstractAsyncContextManager[None]]
 
 
 class _NoReadOffsets(dict[TP, int | None]):
@@ -99,8 +106,13 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """The aiokafka consumer thread, fetching only committed records."""
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
+        """faust's aiokafka consumer, reading committed records only and fetching at most
+        the app's ``buffer_max_bytes`` per request (faust passes no ``fetch_max_bytes``:
+        aiokafka's default is 50 MiB). Both attributes are read by
+        ``AIOKafkaConsumer.start()`` when it builds its fetcher."""
         consumer = super()._create_worker_consumer(transport)
-        consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start()
+        consumer._isolation_level = "read_committed"
+        consumer._fetch_max_bytes = cast(AcklineApp, self.app).buffer_max_bytes
         return consumer
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
@@ -138,6 +150,9 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         fetcher = getattr(self._consumer, "_fetcher", None)
         if getattr(fetcher, "_isolation_level", None) != READ_COMMITTED:
             raise IsolationError("the aiokafka fetcher is not read_committed; refusing to run")
+        bound = cast(AcklineApp, self.app).buffer_max_bytes
+        if getattr(fetcher, "_fetch_max_bytes", None) != bound:
+            raise UnboundedFetchError("aiokafka's fetch_max_bytes is not the app's byte bound")
 
 
 class AcklineConsumer(faust_aiokafka.Consumer):
@@ -275,7 +290,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit
-        the DB offsets), then the ledger stops owning ``revoked``.
+        the DB offsets), then the ledger stops owning ``revoked``. faust's wait has no
+        bound; past ``ACKLINE_REVOKE_WAIT_S`` the sink cancels the write it waits for.
 
         faust stops the flow only when something was assigned. A worker that held nothing
         (a standby: more workers than partitions) kept it running, so the records it
@@ -289,8 +305,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         if not self.assignment():
             self.stop_flow()
             self.app.flow_control.suspend()
-        await self._ownership().revoking()
-        await super().on_partitions_revoked(revoked)
+        async with self._ownership().revoking():  # bounded: see FaustSink.revoking
+            await super().on_partitions_revoked(revoked)
         self._ownership().ledger.release((tp.topic, tp.partition) for tp in revoked)
 
 
@@ -320,6 +336,19 @@ class AcklineApp(faust.App):
     """
 
     ownership: Ownership
+    buffer_max_bytes: int = 8 * 1_048_576  # set by make_app: ACKLINE_BATCH_MAX_BYTES
 
     def _new_transport(self) -> TransportT:
         return AcklineTransport(self.conf.broker_consumer, self)
+
+    def FlowControlQueue(
+        self, maxsize: int | None = None, *, clear_on_resume: bool = False
+    ) -> ByteBoundQueue:
+        """Every channel's queue, full at ``buffer_max_bytes`` of records as well as at
+        ``maxsize`` of them (faust counts records only)."""
+        return ByteBoundQueue(
+            maxsize or 0,
+            max_bytes=self.buffer_max_bytes,
+            flow_control=self.flow_control,
+            clear_on_resume=clear_on_resume,
+        )

@@ -11,7 +11,9 @@ from typing import Any
 from ackline.load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 from tests.integration.windows import (
+    backends,
     batches,
+    fired,
     offset_rows,
     produce_worker_mix,
     verify_mixed_ok,
@@ -164,3 +166,38 @@ def test_two_workers_through_rebalances(
     verify_mixed_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT min(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)
     assert epochs[0]["e"] >= 2  # every partition changed hands and was claimed again
+
+
+def test_a_revoke_cancels_a_write_that_outlasts_revoke_wait(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's third batch hangs inside its transaction (fence CAS done, offset rows
+    locked, COMMIT not sent), as a write to a database that does not answer would; b
+    joins. a's revoke waits ``revoke_wait_s`` (2 s), cancels the write (the writer drops
+    its connection: the server rolls back) and hands the partitions over, so b claims and
+    commits its share while a's stall (120 s) still runs; then every event exactly once.
+    Before, faust's revoke waited for the batch with no bound: the rebalance (and b) waited
+    for the stall, and b's claim then for a's row locks."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 6_000, seed=37)
+    group = f"g-{topic}"
+    a = _faust(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        "a",
+        batch_max_events=300,
+        faults="before_commit=stall@3",
+        fault_stall_seconds=120,
+        revoke_wait_s=2,
+        db_idle_in_transaction_timeout_ms=180_000,
+    )
+    wait_until(lambda: fired(a, "before_commit"), 90, "a's 3rd batch to hang before COMMIT")
+    assert backends(dsn, "a", "state = 'idle in transaction'")
+    b = _faust(services, dsn, topic, tmp_path, "b", batch_max_events=300)
+    wait_until(lambda: batches(dsn, "b") >= 1, 45, "b to commit while a's write still hangs")
+    assert "cancelling it" in a.log(), a.log()[-3000:]
+    wait_drained(dsn, manifest, group, [a, b], 120)
+    assert a.stop() == 0, a.log()[-3000:]
+    assert b.stop() == 0, b.log()[-3000:]
+    verify_mixed_ok(dsn, manifest, group)

@@ -21,7 +21,9 @@ from tests.integration.windows import Item, Scenario, step, verify_ok, wait_drai
 pytestmark = pytest.mark.integration
 
 POISON = 300
-POISON_BYTES = 900_000  # under the topic's 1 MiB record limit with headers and batch overhead
+POISON_BYTES = 900_000
+FAUST_POISON = 600
+FAUST_PEAK_MB = 300  # under the topic's 1 MiB record limit with headers and batch overhead
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -29,6 +31,19 @@ def _peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def _flood(rng: random.Random, poison: int) -> list[list[Item]]:
+    """``poison`` records of ``POISON_BYTES`` random bytes, 50 to a transaction between
+    100 small events, on 3 partitions."""
+    txns = []
+    for chunk in range(poison // 50):
+        items = [Item.event(step(chunk * 1000 + i), partition=i % 3) for i in range(100)]
+        blob = [
+            Item.bad(rng.randbytes(POISON_BYTES), "not_utf8", partition=i % 3) for i in range(50)
+        ]
+        txns.append(items[:50] + blob + items[50:])
+    return txns
 
 
 def _drained(
@@ -56,14 +71,7 @@ def _drained(
 def test_item_5_a_flood_of_large_poison_drains_with_bounded_memory(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    rng = random.Random(5)
-    txns = []
-    for chunk in range(POISON // 50):
-        items = [Item.event(step(chunk * 1000 + i), partition=i % 3) for i in range(100)]
-        blob = [
-            Item.bad(rng.randbytes(POISON_BYTES), "not_utf8", partition=i % 3) for i in range(50)
-        ]
-        txns.append(items[:50] + blob + items[50:])
+    txns = _flood(random.Random(5), POISON)
     w, manifest = _drained(services, dsn, topic, tmp_path, txns, batch_max_events=2000)
     peak = _peak_rss_mb(w.proc.pid)
     assert w.stop() == 0, w.log()[-3000:]
@@ -134,3 +142,21 @@ def test_header_bytes_count_against_the_batch_byte_bound(
     big = _rejects_per_batch_at_1_mib(services, dsn, topic, tmp_path, txns)
     # 1 MiB holds three such records (and the small events); the fourth closes the batch.
     assert max(big) <= 4, sorted(big, reverse=True)[:10]
+
+
+def test_a_faust_worker_holds_a_flood_by_bytes_not_records(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """The faust runtime under the same kind of flood, 600 records of 900 kB: its memory is
+    bounded by ``ACKLINE_BATCH_MAX_BYTES`` too. Its buffers counted records (the topic
+    channel's queue up to ``max(batch_max_events, 1000)``, the take up to
+    ``batch_max_events``), so with 2,000 a take could hold every record fetched."""
+    txns = _flood(random.Random(8), FAUST_POISON)
+    w, manifest = _drained(
+        services, dsn, topic, tmp_path, txns, batch_max_events=2000, runtime="faust"
+    )
+    peak = _peak_rss_mb(w.proc.pid)
+    print(f"faust flood: peak RSS {peak:.0f} MB")
+    assert w.stop() == 0, w.log()[-3000:]
+    verify_ok(dsn, manifest, f"g-{topic}")
+    assert peak < FAUST_PEAK_MB, f"peak RSS {peak:.0f} MB"
