@@ -114,7 +114,11 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     ``ACKLINE_FAUST_ACCEPT_RISK`` names that risk (:mod:`.risk`).
     """
     problems = risk.version_problems(
-        faust.__version__, faust_aiokafka.Consumer, faust_aiokafka.AIOKafkaConsumerThread
+        faust.__version__,
+        faust_aiokafka.Consumer,
+        faust_aiokafka.AIOKafkaConsumerThread,
+        faust.Stream,
+        faust.App,
     )
     risk.check(problems, settings.faust_accept_risk)
     if problems:

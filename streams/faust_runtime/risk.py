@@ -6,7 +6,9 @@
   runtime was proven on (0.15.x), or one of the faust methods it overrides no longer
   exists there. The overrides (docs/faust.md) replace faust's ack, commit, gap,
   read-offset and seek paths; if faust renamed one, faust's own path would run again —
-  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets.
+  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets. The
+  same holds for the stream methods the byte-bounded take calls and the app's queue
+  factory, whose loss would drop the byte bound on what a worker buffers.
 
 Pure: the caller passes the version and the base classes.
 """
@@ -31,6 +33,11 @@ CONSUMER_OVERRIDES = (
     "_new_consumer_thread",
 )
 THREAD_OVERRIDES = ("_create_worker_consumer", "_commit", "on_start")
+# The byte-bounded take (bytebound.take_batches) drives the stream by these, as faust's
+# noack_take does; the app's channel queues are made by FlowControlQueue, which AcklineApp
+# replaces with a byte-bounded one. Renamed, the take would fail, or the bound be lost.
+STREAM_USES = ("_enable_passive", "add_processor", "wait", "wait_for_stopped")
+APP_OVERRIDES = ("FlowControlQueue",)
 
 
 def accepted(spec: str) -> set[str]:
@@ -42,7 +49,9 @@ def accepted(spec: str) -> set[str]:
     return names
 
 
-def version_problems(version: str, consumer_base: type, thread_base: type) -> list[str]:
+def version_problems(
+    version: str, consumer_base: type, thread_base: type, stream_base: type, app_base: type
+) -> list[str]:
     """Why the installed faust is not the one this runtime was proven on ([]: it is)."""
     problems = []
     parts = version.split(".")
@@ -52,7 +61,12 @@ def version_problems(version: str, consumer_base: type, thread_base: type) -> li
         series = (-1, -1)
     if series != PROVEN_SERIES:
         problems.append(f"faust-streaming {version} is not {PROVEN_SERIES[0]}.{PROVEN_SERIES[1]}.x")
-    for base, names in ((consumer_base, CONSUMER_OVERRIDES), (thread_base, THREAD_OVERRIDES)):
+    for base, names in (
+        (consumer_base, CONSUMER_OVERRIDES),
+        (thread_base, THREAD_OVERRIDES),
+        (stream_base, STREAM_USES),
+        (app_base, APP_OVERRIDES),
+    ):
         for name in names:
             if not callable(getattr(base, name, None)):
                 problems.append(f"{base.__name__}.{name} no longer exists")

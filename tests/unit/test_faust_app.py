@@ -139,7 +139,11 @@ def test_the_installed_faust_is_the_proven_one() -> None:
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     problems = risk.version_problems(
-        faust.__version__, faust_aiokafka.Consumer, faust_aiokafka.AIOKafkaConsumerThread
+        faust.__version__,
+        faust_aiokafka.Consumer,
+        faust_aiokafka.AIOKafkaConsumerThread,
+        faust.Stream,
+        faust.App,
     )
     assert problems == []
     risk.check(problems, "")  # starts without accepting anything
@@ -149,9 +153,11 @@ def test_an_untested_faust_is_refused_unless_the_risk_is_accepted() -> None:
     class Bare:
         pass
 
-    problems = risk.version_problems("0.16.0", Bare, Bare)
+    problems = risk.version_problems("0.16.0", Bare, Bare, Bare, Bare)
     assert any("0.16.0 is not 0.15.x" in p for p in problems)
     assert any("Bare.ack no longer exists" in p for p in problems)
+    assert any("Bare._enable_passive no longer exists" in p for p in problems)
+    assert any("Bare.FlowControlQueue no longer exists" in p for p in problems)
     with pytest.raises(SettingsError, match="ACKLINE_FAUST_ACCEPT_RISK"):
         risk.check(problems, "")
     risk.check(problems, "untested-faust-version")
