@@ -315,9 +315,11 @@ class Settings(BaseSettings):
         default=90.0,
         ge=0,
         le=86_400,
-        description="a worker (the default runtime) whose writes or claims PostgreSQL has "
-        "failed for longer than this leaves the consumer group, so that workers that can "
-        "write take its partitions, and joins again once PostgreSQL answers it (0: never)",
+        description="a worker (the default runtime) that cannot connect to PostgreSQL for "
+        "its pending writes or claims for longer than this leaves the consumer group, so "
+        "that workers that can write take its partitions, and joins again once all its "
+        "connections answer (0: never). A server that answers but fails (a lock wait, a "
+        "full disk) does not count",
     )
     faults: str = Field(
         default="",

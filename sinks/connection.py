@@ -248,6 +248,7 @@ class Database:
         self._orphan: Session | None = None  # a dropped session that may live on
         self._on_down = on_down
         self._down_since: float | None = None  # monotonic
+        self._unreachable_since: float | None = None  # monotonic: connects failing since
         self._last_error_log = 0.0
 
     # -- the connection ------------------------------------------------------------
@@ -263,7 +264,13 @@ class Database:
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         self._conn = self._session = None
-        conn = await self._open()
+        try:
+            conn = await self._open()
+        except TransientDatabaseError:
+            if self._unreachable_since is None:
+                self._unreachable_since = time.monotonic()
+            raise
+        self._unreachable_since = None
         try:
             started = await conn.fetchval(_BACKEND_START)
             await self._end_orphan(conn)
@@ -364,6 +371,13 @@ class Database:
     def down_since(self) -> float | None:
         """Monotonic time of the first failure since the last success, or None."""
         return self._down_since
+
+    @property
+    def unreachable_since(self) -> float | None:
+        """Monotonic time since which every connect has failed (None: the last one
+        succeeded, or none failed). Unlike :attr:`down_since` it leaves out failures of a
+        server that answers: a lock wait, a statement timeout, a full disk."""
+        return self._unreachable_since
 
     def failed(self, what: str, exc: BaseException, retry_in: float) -> None:
         """Count a transient failure of ``what`` and log it at the level its age calls for:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.batch import TP
@@ -74,12 +74,18 @@ class Claims:
         need it to do. Cancel the future to abandon it (as :meth:`claim` does at a stop)."""
         return asyncio.run_coroutine_threadsafe(self._claim(tps, None), self._loop)
 
-    def probe_later(self) -> concurrent.futures.Future[None]:
-        """One ``SELECT 1`` on the control connection, retried through outages, started
-        without waiting: done once PostgreSQL answers this worker again. Cancel the future
-        to abandon it."""
-        return asyncio.run_coroutine_threadsafe(self._probe(), self._loop)
+    def probe_later(
+        self, also: Sequence[Callable[[], Awaitable[None]]] = ()
+    ) -> concurrent.futures.Future[None]:
+        """``SELECT 1`` on the control connection, and each of ``also`` (the writers'
+        probes), retried through outages, started without waiting: done once PostgreSQL
+        answers every one of them, so a worker that joins again can claim and write.
+        Cancel the future to abandon it."""
+        return asyncio.run_coroutine_threadsafe(self._probe(also), self._loop)
 
-    async def _probe(self) -> None:
-        async with self._lock:
-            await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
+    async def _probe(self, also: Sequence[Callable[[], Awaitable[None]]]) -> None:
+        async def control() -> None:
+            async with self._lock:
+                await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
+
+        await asyncio.gather(control(), *(probe() for probe in also))

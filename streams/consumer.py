@@ -659,39 +659,32 @@ class ConsumerRuntime:
         self._away = away
 
     def _check_database(self, consumer: Consumer) -> None:
-        """Leave the consumer group when PostgreSQL has failed this worker's pending work
-        (a batch in flight, a claim) for longer than ``db_leave_after_s``, or failed its
-        assign callback's claim that long; join again once it answers.
+        """Leave the consumer group when this worker has been unable to connect to
+        PostgreSQL for its pending work (a batch in flight, a claim) for longer than
+        ``db_leave_after_s``, or for its assign callback's claim that long; join again
+        once every connection of the worker answers.
 
         A worker whose own link to PostgreSQL is down (a partition between its host and
         the database, a route, a firewall) otherwise kept its partitions for as long as
         the link was: Kafka saw a live member, and no worker that can write took them.
         Order of effects of a leave: unsubscribe (the revoke callback, served at the next
         poll, lets the batches in flight run out ``revoke_wait_s``, cancels them and gives
-        the partitions up without asking PostgreSQL: :meth:`_release`); a probe of
-        PostgreSQL starts on the loop, retried through the outage; once it answers, the
-        worker subscribes again and claims what Kafka assigns it. A crash at any step loses
+        the partitions up without asking PostgreSQL: :meth:`_release`); once no write is
+        in flight, a probe of each of its connections starts on the loop, retried through
+        the outage; once they all answer, the worker subscribes again and claims what
+        Kafka assigns it (:meth:`_rejoin`). A crash at any step loses
         nothing: the DB offsets stand where the last committed batch left them, and a
         write that lands late is fenced by the next owner's claim.
         """
         if self._left:
-            probe = self._probe
-            if probe is None or not probe.done():
-                return
-            self._probe = None
-            if not probe.cancelled():
-                probe.result()  # retried through outages: what is left is fatal
-            log.warning("PostgreSQL answers again: joining the consumer group again")
-            self._left, self._away = False, False
-            self._group = GroupWatch(grace_s=self._group.grace_s)
-            self._subscribe(consumer)
+            self._rejoin(consumer)
             return
         away = self._db_failing_for()
         if not self._leave_due and not 0 < self.cfg.db_leave_after_s < away:
             return
         self._leave_due, self._left = False, True
         log.error(
-            "PostgreSQL has failed this worker for %.0fs (ACKLINE_DB_LEAVE_AFTER_S=%g): "
+            "cannot connect to PostgreSQL for %.0fs (ACKLINE_DB_LEAVE_AFTER_S=%g): "
             "leaving the consumer group so that workers that can write take partitions %s; "
             "joining again once PostgreSQL answers",
             away,
@@ -699,24 +692,48 @@ class ConsumerRuntime:
             sorted(p for _, p in self.ledger.tracked()),
         )
         consumer.unsubscribe()
-        self._probe = self._claims.probe_later()
+
+    def _rejoin(self, consumer: Consumer) -> None:
+        """Out of the group: once the revoke has ended every write in flight (one
+        connection serves one statement), probe every connection of the worker; once they
+        all answer, subscribe again."""
+        if self._probe is None:
+            if any(slot.inflight is not None for slot in self._slots):
+                return
+            writers = [slot.writer.probe for slot in self._slots]
+            self._probe = self._claims.probe_later(writers)
+            return
+        if not self._probe.done():
+            return
+        probe, self._probe = self._probe, None
+        if not probe.cancelled():
+            probe.result()  # retried through outages: what is left is fatal
+        log.warning("PostgreSQL answers again: joining the consumer group again")
+        self._left = self._away = self._leave_due = False
+        self._group = GroupWatch(grace_s=self._group.grace_s)
+        self._subscribe(consumer)
 
     def _db_failing_for(self) -> float:
-        """How long PostgreSQL has failed the work this worker waits on: a batch in flight
-        (its writer's run of failures) or a retake claim under way (the control
-        connection's), each counted from when that work started at the earliest: a run of
-        failures left by a cancelled batch or claim is not this work's."""
+        """How long this worker has been unable to connect to PostgreSQL for the work it
+        waits on: a batch in flight (its writer's connection) or a retake claim under way
+        (the control connection), each counted from when that work started at the
+        earliest. Only failures to connect count: a server that answers (a lock wait, a
+        statement timeout, a full disk) answers every worker alike, and leaving would
+        only bring the worker back, to wait again."""
         now = time.monotonic()
-        pending = [(s.writer.down_since, s.started) for s in self._slots if s.inflight is not None]
+        pending = [
+            (s.writer.unreachable_since, s.started) for s in self._slots if s.inflight is not None
+        ]
         if self._retaking is not None and not self._retaking.done():
-            pending.append((self._control_db.down_since, self._retaking_started))
+            pending.append((self._control_db.unreachable_since, self._retaking_started))
         return max((_failing(since, start, now) for since, start in pending), default=0.0)
 
     def _claim_overdue(self, start: float) -> bool:
-        """The assign callback's claim, started at ``start``, gives up: PostgreSQL has failed
-        it for longer than ``db_leave_after_s`` (librdkafka does not apply
-        ``max.poll.interval.ms`` while a callback runs, so nothing else would end it)."""
-        failing = _failing(self._control_db.down_since, start, time.monotonic())
+        """The assign callback's claim, started at ``start``, gives up: it has been unable
+        to connect to PostgreSQL for longer than ``db_leave_after_s`` (librdkafka does not
+        apply ``max.poll.interval.ms`` while a callback runs, so nothing else would end
+        it)."""
+        failing = _failing(self._control_db.unreachable_since, start, time.monotonic())
         return 0 < self.cfg.db_leave_after_s < failing
 
     def _retake(self, consumer: Consumer) -> None:
@@ -791,6 +808,9 @@ class ConsumerRuntime:
         leaves only a higher epoch, which the next owner bumps again.
         """
         if not partitions:
+            return
+        if self._left:  # a rebalance under way when it left: the leave revokes them next
+            log.info("out of the group: not claiming %s", [tp.partition for tp in partitions])
             return
         tps = [_tp_of(tp) for tp in partitions]
         marks = watermarks(consumer, tps, _WATERMARK_TIMEOUT_S)

@@ -395,9 +395,15 @@ class BatchWriter:
         self._mid_copy_hit = False  # the mid_copy fault point was reached in this attempt
 
     @property
-    def down_since(self) -> float | None:
-        """Monotonic time since which this writer's PostgreSQL has failed it, or None."""
-        return self._db.down_since
+    def unreachable_since(self) -> float | None:
+        """Monotonic time since which this writer cannot connect to PostgreSQL, or None."""
+        return self._db.unreachable_since
+
+    async def probe(self) -> None:
+        """``SELECT 1`` on this writer's connection, retried through outages: it returns
+        once PostgreSQL answers this writer again (and its run of failures is ended).
+        Only while no batch is in flight: one connection serves one statement."""
+        await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
 
     def _retrying(self, cause: str) -> None:
         self.retries[cause] += 1

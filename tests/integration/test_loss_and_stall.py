@@ -237,6 +237,55 @@ def test_an_assign_does_not_wait_behind_a_blocked_retake(
     owners = {p: r.owner for p, r in offset_rows(dsn, group).items()}
     x = min(p for p, o in owners.items() if o == "a")
     z = next(p for p, o in owners.items() if o == "b")
+    with _retake_behind_a_lock(services, dsn, a, topic, x, first, tmp_path) as sc:
+        assert b.stop() == 0, b.log()[-3000:]
+        manifest = _consumed_while_the_retake_waits(dsn, group, a, sc, z, "b's partition")
+    wait_drained(dsn, manifest, group, [a])
+    assert a.stop() == 0, a.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+def test_a_claim_waiting_on_a_lock_past_the_leave_bound_does_not_leave_the_group(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's claim to take back a fenced partition waits on a row lock it may not end,
+    its statements timing out, for longer than ``db_leave_after_s``. PostgreSQL answers
+    (it only waits), so a stays in the group: its other partitions go on being consumed,
+    and once the lock is let go, every event exactly once. Counting those timeouts as an
+    outage made a leave the group, join again at once (its probe was answered) and claim
+    every partition in its assign callback, behind the same lock: nothing was consumed,
+    over and over, for as long as the lock was held."""
+    group = f"g-{topic}"
+    first = produce_mix(services, topic, tmp_path, 300, seed=518)
+    a = Worker(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="a",
+        faults="before_reread=stall",
+        db_leave_after_s=2,
+        db_statement_timeout_s=1,
+        **FAST,
+    )
+    wait_drained(dsn, first, group, [a])
+    with _retake_behind_a_lock(services, dsn, a, topic, 0, first, tmp_path) as sc:
+        time.sleep(8)  # four times the bound, the claim's statements timing out meanwhile
+        manifest = _consumed_while_the_retake_waits(dsn, group, a, sc, 1, "another partition")
+        assert "leaving the consumer group" not in a.log(), a.log()[-3000:]
+    wait_drained(dsn, manifest, group, [a])
+    assert a.stop() == 0, a.log()[-3000:]
+    verify_ok(dsn, manifest, group)
+
+
+@contextlib.contextmanager
+def _retake_behind_a_lock(
+    services: Services, dsn: str, a: Worker, topic: str, x: int, first: Path, tmp_path: Path
+) -> Iterator[Scenario]:
+    """Worker a (armed with ``before_reread=stall``) fenced on partition ``x``, its claim
+    to take it back waiting on a row lock of another role's open transaction; the lock is
+    let go on leaving. Yields the scenario that adds records after ``first``."""
+    group = f"g-{topic}"
     _intrude(dsn, group, topic, x)
     sc = Scenario(services.bootstrap, topic, tmp_path / "more.jsonl.gz", base=first)
     lock = _RowLock(dsn, group, topic, x)
@@ -245,24 +294,29 @@ def test_an_assign_does_not_wait_behind_a_blocked_retake(
         wait_until(lambda: fired(a, "before_reread"), 60, "a's batch on the fenced partition")
         lock.take()
         a.release_stall()
-        wait_until(lambda: _claim_waits(dsn, "a"), 60, "a's retake to wait on the lock")
-        assert b.stop() == 0, b.log()[-3000:]
-        sent = sc.send([Item.event(step(3000 + i), partition=z) for i in range(20)])
-        manifest = sc.write()
-        end = max(r.offset for r in sent) + 1  # the DB offset once they are all in
-
-        def consumed() -> bool:
-            row = offset_rows(dsn, group)[z]
-            return row.owner == "a" and (row.next_offset or 0) >= end
-
-        wait_until(consumed, 60, "a to consume b's partition while its retake waits")
-        assert _claim_waits(dsn, "a"), "the retake no longer waits: the test proves nothing"
+        wait_until(lambda: _claim_waits(dsn, a.name), 60, "a's retake to wait on the lock")
+        yield sc
     finally:
         lock.release()
         sc.close()
-    wait_drained(dsn, manifest, group, [a])
-    assert a.stop() == 0, a.log()[-3000:]
-    verify_ok(dsn, manifest, group)
+
+
+def _consumed_while_the_retake_waits(
+    dsn: str, group: str, a: Worker, sc: Scenario, partition: int, what: str
+) -> Path:
+    """Send 20 records to ``partition``; a must commit them while its retake still waits.
+    Returns the manifest of everything sent."""
+    sent = sc.send([Item.event(step(3000 + i), partition=partition) for i in range(20)])
+    manifest = sc.write()
+    end = max(r.offset for r in sent) + 1  # the DB offset once they are all in
+
+    def consumed() -> bool:
+        row = offset_rows(dsn, group)[partition]
+        return row.owner == a.name and (row.next_offset or 0) >= end
+
+    wait_until(consumed, 60, f"a to consume {what} while its retake waits")
+    assert _claim_waits(dsn, a.name), "the retake no longer waits: the test proves nothing"
+    return manifest
 
 
 def _claim_waits(dsn: str, worker: str) -> bool:

@@ -354,6 +354,9 @@ def test_an_assign_claim_past_the_leave_bound_leaves_the_group(
     net.link.vanish()
     try:
         assert b.stop() == 0, b.log()[-4000:]
+        # a's assign claim of b's partitions fails over the link (before c joins, which
+        # could take them instead)
+        wait_until(lambda: "claim: transient" in a.log(), 60, "a to claim b's partitions")
         c = Worker(net.services, observer, topic, tmp_path, name="c", **BOUNDS)
         manifest = produce_worker_mix(net.services, topic, tmp_path, events=1_000, seed=1616)
         wait_drained(observer, manifest, group, [a, c], timeout=120)
