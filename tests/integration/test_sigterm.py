@@ -11,6 +11,7 @@ not a timing claim: a process that has not ended by then does not honour SIGTERM
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -625,3 +626,77 @@ def test_a_second_sigint_ends_a_stopping_worker_at_once(
             proc.wait(30)
     _broker_back(services, topic)
     assert status == 128 + signal.SIGINT, log.read_text(errors="replace")[-3000:]
+
+
+def _someone_waits_on_a_lock(dsn: str) -> bool:
+    """A session of this test's database waits on a lock (the feed's, held by
+    :func:`_locked_feed`): whatever its application name."""
+    rows = db(
+        dsn,
+        "SELECT count(*) AS n FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return int(rows[0]["n"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "sig", "summary"),
+    [
+        (["dispatch", "--reader", "cron", "--once"], signal.SIGTERM, True),
+        (["dispatch", "--reader", "cron", "--once"], signal.SIGINT, True),
+        (["process", "runs", "--until-caught-up"], signal.SIGTERM, True),
+        (["process", "runs", "--until-caught-up"], signal.SIGINT, True),
+        # before its loop: the start cursor's read of the feed head waits on the lock
+        (["process", "runs", "--until-caught-up", "--from-now"], signal.SIGTERM, False),
+        (["tail", "--from-start"], signal.SIGTERM, False),
+    ],
+    ids=[
+        "dispatch-once-TERM",
+        "dispatch-once-INT",
+        "process-TERM",
+        "process-INT",
+        "process-start-TERM",
+        "tail-TERM",
+    ],
+)
+def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
+    services: Services,
+    dsn: str,
+    tmp_path: Path,
+    argv: list[str],
+    sig: signal.Signals,
+    summary: bool,
+) -> None:
+    """A cron job's `dispatch --once` or `process --until-caught-up` stopped before it had
+    caught up exited 0, as if it had, and `dispatch --once` then printed no summary at
+    all (its read was cancelled): a script could not tell the two apart. Now a stop that
+    cuts a run that ends by itself exits 128 + the signal, as `tail` does, and the
+    summary line is still printed when there is one, saying what stopped it."""
+    out, log = tmp_path / "out", tmp_path / "err"
+    with _locked_feed(dsn), out.open("wb") as stdout, log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackline", *argv],
+            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
+            proc.send_signal(sig)
+            status = _exited(proc, log, BOUND_S, f"still running {BOUND_S}s after {sig.name}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert status == 128 + sig, text[-3000:]
+    lines = out.read_text().splitlines()
+    if not summary:
+        assert not any(line.startswith("{") for line in lines), lines
+        return
+    assert lines, f"no summary line:\n{text[-3000:]}"
+    last = json.loads(lines[-1])
+    assert last["stopped"] == sig.name, last
