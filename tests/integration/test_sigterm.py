@@ -700,3 +700,43 @@ def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
     assert lines, f"no summary line:\n{text[-3000:]}"
     last = json.loads(lines[-1])
     assert last["stopped"] == sig.name, last
+
+
+def test_a_second_ctrl_c_during_a_stopped_replays_flush_keeps_its_report(
+    services: Services, tmp_path: Path
+) -> None:
+    """Ctrl-C stops a replay: the records handed to the producer get a bounded flush, then
+    it says how many were acknowledged. A second Ctrl-C during that flush (the broker
+    away: seconds) came out of it and skipped the report, so the operator lost what the
+    first stop had to say. The report now survives it, and the replay still exits 130."""
+    source = _capture_file(services, tmp_path, 200)
+    target = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, target, partitions=2)
+    log = tmp_path / "replay.log"
+    argv = ["replay", str(source), "--to", target, "--pace", "5/s", "--quiet"]
+    env = _env(ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap, ACKLINE_SHUTDOWN_WAIT_S="40")
+    proc = _spawn(argv, env, log)
+    try:
+        wait_until(
+            lambda: (
+                sum(high for _, high in watermarks(services.bootstrap, target, 2).values()) >= 3
+            ),
+            30,
+            "the replay's first records",
+        )
+        with frozen_broker(services):
+            time.sleep(1.5)  # records sent meanwhile wait for the broker
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.5)  # in the stop's flush (up to 20 s)
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            proc.send_signal(signal.SIGINT)
+            status = _exited(proc, log, 10, "a second SIGINT did not end the replay's flush")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        with contextlib.suppress(TopicError):
+            delete_topic(services.bootstrap, target)
+    text = log.read_text(errors="replace")
+    assert status == 130, text[-3000:]
+    assert f"replay into {target} stopped" in text and "records acknowledged" in text, text[-3000:]
