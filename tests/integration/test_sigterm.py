@@ -76,6 +76,13 @@ def _exited(proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str)
         raise AssertionError(f"{what}:\n{log.read_text(errors='replace')[-3000:]}") from None
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap ``proc`` if it still runs (a test's ``finally``)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
 def _stop_when(
     proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool], timeout: float, what: str
 ) -> int:
@@ -85,9 +92,7 @@ def _stop_when(
         wait_until(ready, timeout, what)
         return _stop(proc, log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
 
 
 @contextlib.contextmanager
@@ -591,9 +596,7 @@ def test_a_worker_whose_broker_vanished_stops_at_sigterm(
             bound = SHUTDOWN_WAIT_S + 30
             status = _exited(proc, log, bound, f"still running {bound} s after SIGTERM")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
     _broker_back(services, topic)
     text = log.read_text(errors="replace")
     assert status == 1, text[-3000:]  # it could not leave its group: not a clean stop
@@ -621,9 +624,7 @@ def test_a_second_sigint_ends_a_stopping_worker_at_once(
             proc.send_signal(signal.SIGINT)
             status = _exited(proc, log, 10, "a second SIGINT did not end it")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
     _broker_back(services, topic)
     assert status == 128 + signal.SIGINT, log.read_text(errors="replace")[-3000:]
 
@@ -687,9 +688,7 @@ def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
             proc.send_signal(sig)
             status = _exited(proc, log, BOUND_S, f"still running {BOUND_S}s after {sig.name}")
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+            _reap(proc)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert status == 128 + sig, text[-3000:]
@@ -732,9 +731,7 @@ def test_a_second_ctrl_c_during_a_stopped_replays_flush_keeps_its_report(
             proc.send_signal(signal.SIGINT)
             status = _exited(proc, log, 10, "a second SIGINT did not end the replay's flush")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
         with contextlib.suppress(TopicError):
             delete_topic(services.bootstrap, target)
     text = log.read_text(errors="replace")
