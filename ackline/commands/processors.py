@@ -159,12 +159,12 @@ async def _process(
             )
             reports = await run_all(
                 runners,
-                Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap(connect),
+                connect,
                 stop,
                 wait=not args.until_caught_up,
                 shutdown_wait_s=settings.shutdown_wait_s,
                 watch_interval=min(5.0, settings.db_check_interval_s),
-                watch_connect=connect,
+                each=Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap,
             )
     finally:
         server.close()

@@ -122,3 +122,36 @@ def test_doctor_reports_a_kafka_client_that_cannot_be_made(
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  kafka" in out and "ssl.ca.location" in out, out
+
+
+def test_each_client_of_an_outage_has_a_clock_of_its_own() -> None:
+    """`ackline process` shared one outage clock among its runners: a runner that gave up
+    left its failures on the clock, and another, which had worked all along on its own
+    connection, gave up at its first failed reconnect (or one runner's success reset
+    another's outage). Each wrap now keeps its own: the second client's first failure,
+    after the first client gave up, is retried."""
+    import asyncio
+    import logging
+
+    import asyncpg
+
+    from ackline.commands.guard import DatabaseUnavailableError, Outage
+
+    dsn = f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline"
+    outage = Outage(dsn, 0.2, give_up=True, log=logging.getLogger("test"))
+
+    async def refused() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn, timeout=5)
+
+    first, second = outage.wrap(refused), outage.wrap(refused)
+
+    async def clients() -> None:
+        with pytest.raises(OSError):
+            await first()
+        await asyncio.sleep(0.3)
+        with pytest.raises(DatabaseUnavailableError):
+            await first()  # its own outage passed the bound: it gives up
+        with pytest.raises(OSError):
+            await second()  # its first failure: retried, not an outage of 0.3 s
+
+    asyncio.run(clients())
