@@ -252,6 +252,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         give_up=args.once,
         log=log,
     )
+    # PostgreSQL unreachable now is one error line and exit 2, as for tail and process: the
+    # runner would take the failed connect for the processor's failure (summary, exit 1)
+    await (await connect()).close()
     dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()
     with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
