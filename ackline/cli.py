@@ -26,7 +26,12 @@ from ackline.settings import load_settings
 
 SERVICES = frozenset({"run", "process", "dispatch"})
 """Commands that run until stopped: librdkafka's (de-duplicated) lines are part of their
-log, and a stop request is a clean stop (status 0) even before they took the signals."""
+log, and a stop request is a clean stop (status 0) even before they took the signals;
+not when told to end by themselves (:data:`RUN_TO_END`)."""
+RUN_TO_END = ("once", "until_caught_up")
+"""The options that make a service a job that ends once caught up (`dispatch --once`,
+`process --until-caught-up`): a stop before then is not success (130/143), as for the
+commands that end on their own."""
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -112,20 +117,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AcklineError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
-        return 0 if args.command in SERVICES else EXIT_INTERRUPTED
+        return 0 if _runs_until_stopped(args) else EXIT_INTERRUPTED
     except Terminated:
         # a service stopped before its runtime took over the signal (start-up): a clean
         # stop, as the runtime's own handling gives
-        return 0 if args.command in SERVICES else EXIT_TERMINATED
+        return 0 if _runs_until_stopped(args) else EXIT_TERMINATED
     except Exception as exc:
         if _while_stopping(exc):
             # cleanup after a stop request failed on what the stop interrupted (a client
             # cut mid-call): the stop is the news, not the cleanup's failure
-            return 0 if args.command in SERVICES else EXIT_TERMINATED
+            return 0 if _runs_until_stopped(args) else EXIT_TERMINATED
         line = explain(exc)
         if line is None:
             raise
         return _fail(line)
+
+
+def _runs_until_stopped(args: argparse.Namespace) -> bool:
+    """A service run as one (not as a job that ends once caught up): a stop is its end."""
+    return args.command in SERVICES and not any(getattr(args, o, False) for o in RUN_TO_END)
 
 
 def _while_stopping(exc: BaseException) -> bool:

@@ -4,10 +4,12 @@
 Both stop on SIGTERM or SIGINT: the batch in hand commits (or rolls back), then the
 command returns; a read or commit that does not end within ACKLINE_SHUTDOWN_WAIT_S is
 cancelled (its transaction rolls back: nothing is lost, the batch is read again next
-time). PostgreSQL unreachable at the first connect is one error line at once; lost
-later, it is retried — for at most ACKLINE_RETRY_MAX_SECONDS when the command would end
-by itself (`tail` without ``--follow``, `dispatch --once`), else with one ERROR line
-once that long has passed, and on until it answers or the command is stopped.
+time). Run to catch up (`tail` without ``--follow``, `dispatch --once`), a stop before it
+had is 128 + the signal, not 0: a script must not take it for the work done.
+PostgreSQL unreachable at the first connect is one error line at once; lost later, it
+is retried — for at most ACKLINE_RETRY_MAX_SECONDS when the command would end by itself,
+else with one ERROR line once that long has passed, and on until it answers or the
+command is stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import guarded_connect
-from ackline.core.signals import ignore_sigterm, run_stoppable
+from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -54,11 +56,13 @@ class _Stopping:
         self.stop = stop
         self.wait_s = wait_s
         self.cancelled = False
+        self.signal: int | None = None  # the stop request's signal, once one came
         self._task: asyncio.Task[object] | None = None
 
-    def _signalled(self) -> None:
+    def _signalled(self, sig: int) -> None:
         if self.stop.is_set():
             return
+        self.signal = sig
         self.stop.set()
         loop = asyncio.get_running_loop()
         loop.call_later(self.wait_s, self._cancel)
@@ -85,7 +89,7 @@ def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
     loop = asyncio.get_running_loop()
     stopping = _Stopping(stop, wait_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping._signalled)
+        loop.add_signal_handler(sig, stopping._signalled, sig)
     try:
         yield stopping
     finally:
@@ -178,11 +182,12 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
             # the reader of our stdout left (`| head`); with --commit the batch rolled back
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
+    status = 0 if args.follow or stopping.signal is None else stopped_status(stopping.signal)
     if cursor is None:
         print("ackline tail: stopped (a read was cancelled; nothing committed)", file=sys.stderr)
-        return 0
+        return status
     print(f"ackline tail: cursor {cursor.encode()}", file=sys.stderr)
-    return 0
+    return status
 
 
 async def _saved_cursor(connect: Connect, reader: str, create: bool) -> Cursor:
@@ -247,15 +252,19 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         give_up=args.once,
         log=log,
     )
+    # PostgreSQL unreachable now is one error line and exit 2, as for tail and process: the
+    # runner would take the failed connect for the processor's failure (summary, exit 1)
+    await (await connect()).close()
     dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()
     with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
-        # Logged once SIGTERM is handled: from here a stop request exits 0.
+        # Logged once SIGTERM is handled: from here a stop request prints the summary.
         dlog.info("dispatcher %s following the feed as reader %s", instance, args.reader)
         report = await stopping.run(runner.run(connect, stop, wait=not args.once))
     if report is None:
         dlog.warning("stopped with a feed transaction cancelled (rolled back: read again later)")
-        return 0
+        report = runner.report(Outcome.CANCELLED)
+    cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
     summary = {
         "reader": args.reader,
         "instance": instance,
@@ -264,9 +273,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         "transactions": runner.reader.stats.transactions,
         "lost_races": report.lost_races,
         "cursor": report.cursor,
+        "stopped": None if cut is None else signal.Signals(cut).name,
     }
     print(json.dumps(summary), flush=True)
-    return 1 if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) else 0
+    if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED):
+        return 1
+    return stopped_status(cut) if args.once and cut is not None else 0
 
 
 def register(sub: Subparsers) -> None:

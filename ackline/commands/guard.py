@@ -77,11 +77,18 @@ def _unreached(exc: BaseException) -> bool:
 
 
 class Outage:
-    """Tracks how long a database has been unreachable, for a command that retries.
+    """Bounds how long a client retries a database that is unreachable, for a command
+    that retries.
 
     ``wrap(connect)`` returns a connect function that raises DatabaseUnavailableError
     (not transient: the retry loop gives up) once connects have failed for longer than
     ``limit_s`` — when ``give_up`` — or logs one ERROR at that point and keeps going.
+    Each wrapped function keeps its own clock: wrap once per client that retries (each
+    runner of `ackline process`). One clock shared by several runners let one runner's
+    success reset another's outage, and a failure nobody followed with a success (a
+    runner that gave up and ended) stay on the clock, so that another runner, working
+    all along on its own connection, gave up at its first failed reconnect, minutes
+    later.
     """
 
     def __init__(self, dsn: str, limit_s: float, give_up: bool, log: Any) -> None:
@@ -89,36 +96,36 @@ class Outage:
         self._limit = limit_s
         self._give_up = give_up
         self._log = log
-        self._since: float | None = None
-        self._escalated = False
 
     def wrap(
         self, connect: Callable[[], Awaitable[asyncpg.Connection]]
     ) -> Callable[[], Awaitable[asyncpg.Connection]]:
+        since: float | None = None  # this client's first failed connect of the outage
+        escalated = False
+
         async def guarded() -> asyncpg.Connection:
+            nonlocal since, escalated
             try:
                 conn = await connect()
             except Exception as exc:
-                self._failed(exc)
+                now = time.monotonic()
+                since = now if since is None else since
+                escalated = self._failed(exc, now - since, escalated)
                 raise
-            if self._escalated:
+            if escalated:
                 self._log.info("PostgreSQL at %s answers again", dsn_address(self._dsn))
-            self._since, self._escalated = None, False
+            since, escalated = None, False
             return conn
 
         return guarded
 
-    def _failed(self, exc: Exception) -> None:
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now
-        waited = now - self._since
+    def _failed(self, exc: Exception, waited: float, escalated: bool) -> bool:
+        """Give up or escalate once ``waited`` passes the limit; whether escalated now."""
         if waited < self._limit:
-            return
+            return escalated
         if self._give_up:
             raise DatabaseUnavailableError(self._dsn, exc, waited) from exc
-        if not self._escalated:
-            self._escalated = True
+        if not escalated:
             self._log.error(
                 "PostgreSQL at %s unreachable for %.0f s (%s); still retrying: %s",
                 dsn_address(self._dsn),
@@ -126,6 +133,7 @@ class Outage:
                 reason(exc),
                 DSN_HINT,
             )
+        return True
 
 
 def explain(exc: BaseException) -> str | None:

@@ -2,7 +2,8 @@
 
 ``process NAME...`` runs processors (each its own cursor and connection) as the processor
 role until SIGTERM/SIGINT, or with ``--until-caught-up`` until there is nothing left to
-read; ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
+read (a stop before then is 128 + the signal, not 0: a cron job must not take it for the
+work done); ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
 ``ackline run``. PostgreSQL unreachable at start is one error line and exit 2 at once;
 lost later, it is retried for at most ACKLINE_RETRY_MAX_SECONDS with
 ``--until-caught-up``, else with one ERROR line once that long has passed, and on (as
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
-from ackline.core.signals import run_stoppable, stop_signals
+from ackline.core.signals import run_stoppable, stop_signals, stopped_status
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -147,8 +149,9 @@ async def _process(
     server = _endpoints(metrics, [r.name for r in runners])
     server.serve(settings)
     stop = asyncio.Event()
+    came: list[int] = []
     try:
-        with stop_signals(asyncio.get_running_loop(), stop.set):
+        with stop_signals(asyncio.get_running_loop(), stop.set, on_signal=came.append):
             log.info(
                 "processors %s following the feed as instance %s",
                 ", ".join(r.name for r in runners),
@@ -156,21 +159,26 @@ async def _process(
             )
             reports = await run_all(
                 runners,
-                Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap(connect),
+                connect,
                 stop,
                 wait=not args.until_caught_up,
                 shutdown_wait_s=settings.shutdown_wait_s,
                 watch_interval=min(5.0, settings.db_check_interval_s),
-                watch_connect=connect,
+                each=Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap,
             )
     finally:
         server.close()
-    print(
-        json.dumps({"instance": instance, "processors": [r.to_json() for r in reports]}),
-        flush=True,
-    )
-    stopped = (Outcome.FAILED, Outcome.SUPERSEDED)
-    return 1 if any(r.outcome in stopped for r in reports) else 0
+    cut = (Outcome.STOPPED, Outcome.CANCELLED)
+    by = came[0] if came and any(r.outcome in cut for r in reports) else None
+    line = {
+        "instance": instance,
+        "processors": [r.to_json() for r in reports],
+        "stopped": None if by is None else signal.Signals(by).name,
+    }
+    print(json.dumps(line), flush=True)
+    if any(r.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) for r in reports):
+        return 1
+    return stopped_status(by) if args.until_caught_up and by is not None else 0
 
 
 def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:

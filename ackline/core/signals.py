@@ -203,6 +203,13 @@ def run_stoppable(aw: Awaitable[T]) -> T:
         return run_deferring_stops(runner.get_loop(), aw)
 
 
+def stopped_status(sig: int) -> int:
+    """The exit status of a command a stop cut short: 128 + the signal (130 Ctrl-C, 143
+    SIGTERM), as a shell reports a process the signal ended. For a run that would have
+    ended by itself (`dispatch --once`): 0 would say it had finished."""
+    return 128 + sig
+
+
 def ignore_sigterm() -> None:
     """SIGTERM is ignored until the :func:`terminate_as_exit` block around this ends: for
     the ``finally`` that stops a stack, which a SIGTERM must not cut (the first one raised

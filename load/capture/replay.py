@@ -215,10 +215,12 @@ def replay(
             f"replay into {target} failed after {warm_sent + exc.sent} records: {exc}"
         ) from exc
     except BaseException:
-        producer.flush(stop_flush_timeout)
-        logging.getLogger("ackline.replay").warning(
-            "replay into %s stopped: %d records acknowledged", target, acked
-        )
+        try:
+            producer.flush(stop_flush_timeout)
+        finally:  # a second Ctrl-C cuts the flush, not the report of the first stop
+            logging.getLogger("ackline.replay").warning(
+                "replay into %s stopped: %d records acknowledged", target, acked
+            )
         raise
     if failed:
         raise LoadError(f"{len(failed)} records were not delivered to {target}: {failed[0]}")

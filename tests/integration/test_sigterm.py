@@ -11,6 +11,7 @@ not a timing claim: a process that has not ended by then does not honour SIGTERM
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -75,6 +76,13 @@ def _exited(proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str)
         raise AssertionError(f"{what}:\n{log.read_text(errors='replace')[-3000:]}") from None
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap ``proc`` if it still runs (a test's ``finally``)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
 def _stop_when(
     proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool], timeout: float, what: str
 ) -> int:
@@ -84,9 +92,7 @@ def _stop_when(
         wait_until(ready, timeout, what)
         return _stop(proc, log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
 
 
 @contextlib.contextmanager
@@ -590,9 +596,7 @@ def test_a_worker_whose_broker_vanished_stops_at_sigterm(
             bound = SHUTDOWN_WAIT_S + 30
             status = _exited(proc, log, bound, f"still running {bound} s after SIGTERM")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
     _broker_back(services, topic)
     text = log.read_text(errors="replace")
     assert status == 1, text[-3000:]  # it could not leave its group: not a clean stop
@@ -620,8 +624,116 @@ def test_a_second_sigint_ends_a_stopping_worker_at_once(
             proc.send_signal(signal.SIGINT)
             status = _exited(proc, log, 10, "a second SIGINT did not end it")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        _reap(proc)
     _broker_back(services, topic)
     assert status == 128 + signal.SIGINT, log.read_text(errors="replace")[-3000:]
+
+
+def _someone_waits_on_a_lock(dsn: str) -> bool:
+    """A session of this test's database waits on a lock (the feed's, held by
+    :func:`_locked_feed`): whatever its application name."""
+    rows = db(
+        dsn,
+        "SELECT count(*) AS n FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return int(rows[0]["n"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "sig", "summary"),
+    [
+        (["dispatch", "--reader", "cron", "--once"], signal.SIGTERM, True),
+        (["dispatch", "--reader", "cron", "--once"], signal.SIGINT, True),
+        (["process", "runs", "--until-caught-up"], signal.SIGTERM, True),
+        (["process", "runs", "--until-caught-up"], signal.SIGINT, True),
+        # before its loop: the start cursor's read of the feed head waits on the lock
+        (["process", "runs", "--until-caught-up", "--from-now"], signal.SIGTERM, False),
+        (["tail", "--from-start"], signal.SIGTERM, False),
+    ],
+    ids=[
+        "dispatch-once-TERM",
+        "dispatch-once-INT",
+        "process-TERM",
+        "process-INT",
+        "process-start-TERM",
+        "tail-TERM",
+    ],
+)
+def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
+    services: Services,
+    dsn: str,
+    tmp_path: Path,
+    argv: list[str],
+    sig: signal.Signals,
+    summary: bool,
+) -> None:
+    """A cron job's `dispatch --once` or `process --until-caught-up` stopped before it had
+    caught up exited 0, as if it had, and `dispatch --once` then printed no summary at
+    all (its read was cancelled): a script could not tell the two apart. Now a stop that
+    cuts a run that ends by itself exits 128 + the signal, as `tail` does, and the
+    summary line is still printed when there is one, saying what stopped it."""
+    out, log = tmp_path / "out", tmp_path / "err"
+    with _locked_feed(dsn), out.open("wb") as stdout, log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackline", *argv],
+            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
+            proc.send_signal(sig)
+            status = _exited(proc, log, BOUND_S, f"still running {BOUND_S}s after {sig.name}")
+        finally:
+            _reap(proc)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert status == 128 + sig, text[-3000:]
+    lines = out.read_text().splitlines()
+    if not summary:
+        assert not any(line.startswith("{") for line in lines), lines
+        return
+    assert lines, f"no summary line:\n{text[-3000:]}"
+    last = json.loads(lines[-1])
+    assert last["stopped"] == sig.name, last
+
+
+def test_a_second_ctrl_c_during_a_stopped_replays_flush_keeps_its_report(
+    services: Services, tmp_path: Path
+) -> None:
+    """Ctrl-C stops a replay: the records handed to the producer get a bounded flush, then
+    it says how many were acknowledged. A second Ctrl-C during that flush (the broker
+    away: seconds) came out of it and skipped the report, so the operator lost what the
+    first stop had to say. The report now survives it, and the replay still exits 130."""
+    source = _capture_file(services, tmp_path, 200)
+    target = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, target, partitions=2)
+    log = tmp_path / "replay.log"
+    argv = ["replay", str(source), "--to", target, "--pace", "5/s", "--quiet"]
+    env = _env(ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap, ACKLINE_SHUTDOWN_WAIT_S="40")
+    proc = _spawn(argv, env, log)
+    try:
+        wait_until(
+            lambda: (
+                sum(high for _, high in watermarks(services.bootstrap, target, 2).values()) >= 3
+            ),
+            30,
+            "the replay's first records",
+        )
+        with frozen_broker(services):
+            time.sleep(1.5)  # records sent meanwhile wait for the broker
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.5)  # in the stop's flush (up to 20 s)
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            proc.send_signal(signal.SIGINT)
+            status = _exited(proc, log, 10, "a second SIGINT did not end the replay's flush")
+    finally:
+        _reap(proc)
+        with contextlib.suppress(TopicError):
+            delete_topic(services.bootstrap, target)
+    text = log.read_text(errors="replace")
+    assert status == 130, text[-3000:]
+    assert f"replay into {target} stopped" in text and "records acknowledged" in text, text[-3000:]

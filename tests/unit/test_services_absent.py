@@ -20,8 +20,24 @@ from ackline import cli
 from ackline.dev.ports import pick_free_port
 
 
-@pytest.mark.parametrize("mode", [["--until-caught-up"], []])
-def test_process_stops_with_one_line_when_postgresql_is_not_there(mode: list[str]) -> None:
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["process", "runs", "--until-caught-up"],
+        ["process", "runs"],
+        ["dispatch", "--once"],
+        ["dispatch"],
+        ["tail", "--from-start"],
+    ],
+    ids="-".join,
+)
+def test_a_feed_command_stops_with_one_line_when_postgresql_is_not_there(
+    mode: list[str],
+) -> None:
+    """One error line, exit 2, and no JSON line on stdout (nothing ran), for each reader of
+    the feed as docs/processors.md says. `dispatch` (a processor runner inside) took the
+    failed first connect for a processor's failure: an ERROR and a WARNING line, its
+    summary on stdout and exit 1."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ACKLINE_")}
     env.update(
         ACKLINE_DATABASE_URL=f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline",
@@ -29,7 +45,7 @@ def test_process_stops_with_one_line_when_postgresql_is_not_there(mode: list[str
         ACKLINE_RETRY_MAX_SECONDS="5",
     )
     done = subprocess.run(
-        [sys.executable, "-m", "ackline", "process", "runs", *mode],
+        [sys.executable, "-m", "ackline", *mode],
         env=env,
         check=False,
         capture_output=True,
@@ -37,7 +53,8 @@ def test_process_stops_with_one_line_when_postgresql_is_not_there(mode: list[str
         timeout=60,
     )
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "cannot connect to PostgreSQL at 127.0.0.1" in done.stdout + done.stderr
+    assert done.stdout == ""
+    assert "cannot connect to PostgreSQL at 127.0.0.1" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -122,3 +139,36 @@ def test_doctor_reports_a_kafka_client_that_cannot_be_made(
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  kafka" in out and "ssl.ca.location" in out, out
+
+
+def test_each_client_of_an_outage_has_a_clock_of_its_own() -> None:
+    """`ackline process` shared one outage clock among its runners: a runner that gave up
+    left its failures on the clock, and another, which had worked all along on its own
+    connection, gave up at its first failed reconnect (or one runner's success reset
+    another's outage). Each wrap now keeps its own: the second client's first failure,
+    after the first client gave up, is retried."""
+    import asyncio
+    import logging
+
+    import asyncpg
+
+    from ackline.commands.guard import DatabaseUnavailableError, Outage
+
+    dsn = f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline"
+    outage = Outage(dsn, 0.2, give_up=True, log=logging.getLogger("test"))
+
+    async def refused() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn, timeout=5)
+
+    first, second = outage.wrap(refused), outage.wrap(refused)
+
+    async def clients() -> None:
+        with pytest.raises(OSError):
+            await first()
+        await asyncio.sleep(0.3)
+        with pytest.raises(DatabaseUnavailableError):
+            await first()  # its own outage passed the bound: it gives up
+        with pytest.raises(OSError):
+            await second()  # its first failure: retried, not an outage of 0.3 s
+
+    asyncio.run(clients())

@@ -554,15 +554,20 @@ async def run_all(
     shutdown_wait_s: float = 30.0,
     watch_interval: float = 5.0,
     watch_connect: Connect | None = None,
+    each: Callable[[Connect], Connect] | None = None,
 ) -> list[Report]:
     """Run every runner on its own connection until all return; once ``stop`` is set,
     give them ``shutdown_wait_s`` to commit the batch in hand, then cancel (a cancelled
     batch rolls back: nothing of it is applied). ``watch_connect`` (default ``connect``)
-    opens the lag watcher's connection, which retries every failure itself."""
+    opens the lag watcher's connection, which retries every failure itself. ``each``
+    wraps ``connect`` once for each runner: a bound on its retries that is its own."""
     if not runners:
         return []
     metrics = runners[0].metrics
-    tasks = [asyncio.create_task(r.run(connect, stop, wait=wait)) for r in runners]
+    tasks = [
+        asyncio.create_task(r.run(connect if each is None else each(connect), stop, wait=wait))
+        for r in runners
+    ]
     # A superseded processor's heartbeat stops with it: `processors status` must not show
     # it running here while another instance's filter is in effect.
     live = [r.name for r in runners]
