@@ -123,10 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stop, as the runtime's own handling gives
         return 0 if _runs_until_stopped(args) else EXIT_TERMINATED
     except Exception as exc:
-        if _while_stopping(exc):
+        stopped = _while_stopping(exc)
+        if stopped is not None:
             # cleanup after a stop request failed on what the stop interrupted (a client
             # cut mid-call): the stop is the news, not the cleanup's failure
-            return 0 if _runs_until_stopped(args) else EXIT_TERMINATED
+            return 0 if _runs_until_stopped(args) else stopped
         line = explain(exc)
         if line is None:
             raise
@@ -138,17 +139,20 @@ def _runs_until_stopped(args: argparse.Namespace) -> bool:
     return args.command in SERVICES and not any(getattr(args, o, False) for o in RUN_TO_END)
 
 
-def _while_stopping(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while handling a stop request (SIGTERM, Ctrl-C)."""
+def _while_stopping(exc: BaseException) -> int | None:
+    """The status of the stop request (SIGTERM, Ctrl-C) ``exc`` was raised while handling
+    (143, 130), or None when it was not raised so."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, Terminated | KeyboardInterrupt):
-            return True
+        if isinstance(cause, Terminated):
+            return EXIT_TERMINATED
+        if isinstance(cause, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
         seen.add(id(cause))
         shown = None if cause.__suppress_context__ else cause.__context__
         cause = cause.__cause__ or shown
-    return False
+    return None
 
 
 if __name__ == "__main__":

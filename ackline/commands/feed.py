@@ -160,6 +160,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
             raise _StdoutClosed() from exc
 
     stop = asyncio.Event()
+    ended: list[bool] = []  # follow() ended by itself: caught up, or --limit reached
     with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
         try:
             cursor = await stopping.run(
@@ -176,18 +177,22 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
                     idle_in_transaction_s=(
                         settings.db_idle_in_transaction_timeout_ms / 1000 if args.commit else None
                     ),
+                    on_end=lambda: ended.append(True),
                 )
             )
         except _StdoutClosed:
             # the reader of our stdout left (`| head`); with --commit the batch rolled back
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-    status = 0 if args.follow or stopping.signal is None else stopped_status(stopping.signal)
-    if cursor is None:
-        print("ackline tail: stopped (a read was cancelled; nothing committed)", file=sys.stderr)
-        return status
-    print(f"ackline tail: cursor {cursor.encode()}", file=sys.stderr)
-    return status
+        # still under the handlers: a stop from here on does not cut the last line
+        said = (
+            "stopped (a read was cancelled; nothing committed)"
+            if cursor is None
+            else f"cursor {cursor.encode()}"
+        )
+        print(f"ackline tail: {said}", file=sys.stderr)
+    cut = stopping.signal is not None and not ended and not args.follow
+    return stopped_status(stopping.signal) if cut and stopping.signal else 0
 
 
 async def _saved_cursor(connect: Connect, reader: str, create: bool) -> Cursor:
@@ -261,21 +266,22 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         # Logged once SIGTERM is handled: from here a stop request prints the summary.
         dlog.info("dispatcher %s following the feed as reader %s", instance, args.reader)
         report = await stopping.run(runner.run(connect, stop, wait=not args.once))
-    if report is None:
-        dlog.warning("stopped with a feed transaction cancelled (rolled back: read again later)")
-        report = runner.report(Outcome.CANCELLED)
-    cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
-    summary = {
-        "reader": args.reader,
-        "instance": instance,
-        "started": dispatcher.started,
-        "already_started": dispatcher.already_started,
-        "transactions": runner.reader.stats.transactions,
-        "lost_races": report.lost_races,
-        "cursor": report.cursor,
-        "stopped": None if cut is None else signal.Signals(cut).name,
-    }
-    print(json.dumps(summary), flush=True)
+        # still under the handlers: a stop from here on does not cut the summary
+        if report is None:
+            dlog.warning("stopped with a feed transaction cancelled (rolled back: read again)")
+            report = runner.report(Outcome.CANCELLED)
+        cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
+        summary = {
+            "reader": args.reader,
+            "instance": instance,
+            "started": dispatcher.started,
+            "already_started": dispatcher.already_started,
+            "transactions": runner.reader.stats.transactions,
+            "lost_races": report.lost_races,
+            "cursor": report.cursor,
+            "stopped": None if cut is None else signal.Signals(cut).name,
+        }
+        print(json.dumps(summary), flush=True)
     if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED):
         return 1
     return stopped_status(cut) if args.once and cut is not None else 0

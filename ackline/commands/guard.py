@@ -88,7 +88,8 @@ class Outage:
     success reset another's outage, and a failure nobody followed with a success (a
     runner that gave up and ended) stay on the clock, so that another runner, working
     all along on its own connection, gave up at its first failed reconnect, minutes
-    later.
+    later. What is said is shared: one ERROR for an outage however many clients see it,
+    and one line when it is over.
     """
 
     def __init__(self, dsn: str, limit_s: float, give_up: bool, log: Any) -> None:
@@ -96,6 +97,7 @@ class Outage:
         self._limit = limit_s
         self._give_up = give_up
         self._log = log
+        self._said = False  # the ERROR of the outage under way was logged
 
     def wrap(
         self, connect: Callable[[], Awaitable[asyncpg.Connection]]
@@ -112,7 +114,8 @@ class Outage:
                 since = now if since is None else since
                 escalated = self._failed(exc, now - since, escalated)
                 raise
-            if escalated:
+            if escalated and self._said:
+                self._said = False
                 self._log.info("PostgreSQL at %s answers again", dsn_address(self._dsn))
             since, escalated = None, False
             return conn
@@ -125,7 +128,8 @@ class Outage:
             return escalated
         if self._give_up:
             raise DatabaseUnavailableError(self._dsn, exc, waited) from exc
-        if not escalated:
+        if not escalated and not self._said:
+            self._said = True
             self._log.error(
                 "PostgreSQL at %s unreachable for %.0f s (%s); still retrying: %s",
                 dsn_address(self._dsn),

@@ -166,16 +166,19 @@ async def _process(
                 watch_interval=min(5.0, settings.db_check_interval_s),
                 each=Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap,
             )
+            # Still under the signal handlers: a stop from here on only sets the event, so
+            # a run that caught up prints its line and exits 0 (the close waits up to 0.5 s)
+            server.close()
+            cut = (Outcome.STOPPED, Outcome.CANCELLED)
+            by = came[0] if came and any(r.outcome in cut for r in reports) else None
+            line = {
+                "instance": instance,
+                "processors": [r.to_json() for r in reports],
+                "stopped": None if by is None else signal.Signals(by).name,
+            }
+            print(json.dumps(line), flush=True)
     finally:
         server.close()
-    cut = (Outcome.STOPPED, Outcome.CANCELLED)
-    by = came[0] if came and any(r.outcome in cut for r in reports) else None
-    line = {
-        "instance": instance,
-        "processors": [r.to_json() for r in reports],
-        "stopped": None if by is None else signal.Signals(by).name,
-    }
-    print(json.dumps(line), flush=True)
     if any(r.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) for r in reports):
         return 1
     return stopped_status(by) if args.until_caught_up and by is not None else 0

@@ -101,6 +101,7 @@ async def follow(
     on_commit: Callable[[Committed[T]], None] | None = None,
     on_transient: Callable[[BaseException], None] | None = None,
     idle_in_transaction_s: float | None = None,
+    on_end: Callable[[], None] = lambda: None,
 ) -> Cursor:
     """Run ``handle(conn, batch)`` inside each of ``reader``'s batches until ``stop``.
 
@@ -113,7 +114,10 @@ async def follow(
     database errors reconnect with backoff; the stored cursor decides where the next
     read starts, so a batch whose COMMIT outcome was unknown is neither lost nor
     repeated (it is then missing from ``on_commit`` and the reader's stats, which count
-    confirmed commits only). ``on_commit`` runs after each COMMIT, ``on_transient`` on
+    confirmed commits only). ``on_end`` runs when the loop ends by itself (caught up
+    without ``wait``, or ``limit`` reached), not at a stop: a stop that lands as the
+    last batch commits must not make a run that finished look cut short.
+    ``on_commit`` runs after each COMMIT, ``on_transient`` on
     each transient error before the reconnect.
 
     What ``handle`` raises is retried only when it is the database's doing
@@ -166,10 +170,12 @@ async def follow(
             if remaining is not None:
                 remaining -= len(batch.events)
                 if remaining <= 0:
+                    on_end()  # before the close, which a stop may cut short
                     break
             await held.seen(conn, batch.caught_up and batch.pending)
             if batch.caught_up:
                 if not wait and not batch.pending:
+                    on_end()
                     break
                 delay = min(0.05, poll_interval) if batch.pending else poll_interval
                 await _sleep_until(delay, wake, stop)

@@ -701,6 +701,56 @@ def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
     assert last["stopped"] == sig.name, last
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dispatch", "--reader", "cron", "--once"],
+        ["process", "runs", "--until-caught-up"],
+        ["tail", "--from-start"],
+    ],
+    ids=["dispatch-once", "process", "tail"],
+)
+def test_a_stop_during_the_read_that_catches_up_is_not_a_cut_run(
+    services: Services, dsn: str, tmp_path: Path, argv: list[str]
+) -> None:
+    """SIGTERM lands while the read that finds the feed caught up waits on a lock; the
+    lock goes within the shutdown wait, and the read answers: nothing left. The run did
+    what it was for, yet it exited 143 and its summary said "stopped" (the outcome was
+    taken from the stop flag, not from why the loop ended), so a script took a finished
+    run for a cut one. It exits 0, its summary's "stopped" null."""
+    out, log = tmp_path / "out", tmp_path / "err"
+    env = _env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0", ACKLINE_SHUTDOWN_WAIT_S="30")
+    with out.open("wb") as stdout, log.open("wb") as stderr:
+        with _locked_feed(dsn):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ackline", *argv],
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(1.0)
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            except BaseException:
+                _reap(proc)
+                raise
+        try:  # the lock is gone: the read answers, caught up
+            status = _exited(proc, log, BOUND_S, "still running after the lock went")
+        finally:
+            _reap(proc)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert status == 0, text[-3000:]
+    lines = [line for line in out.read_text().splitlines() if line.startswith("{")]
+    if argv[0] != "tail":
+        assert lines, f"no summary line:\n{text[-3000:]}"
+        assert json.loads(lines[-1])["stopped"] is None, lines[-1]
+
+
 def test_a_second_ctrl_c_during_a_stopped_replays_flush_keeps_its_report(
     services: Services, tmp_path: Path
 ) -> None:

@@ -116,15 +116,22 @@ def test_a_failure_while_stopping_is_part_of_the_stop() -> None:
         except Terminated:
             raise RuntimeError("got result for unknown protocol state 3") from None
     except RuntimeError as exc:
-        assert _while_stopping(exc) is False  # `from None` hides it: an unrelated error
+        assert _while_stopping(exc) is None  # `from None` hides it: an unrelated error
     try:
         try:
             raise Terminated()
         except Terminated:
             raise RuntimeError("got result for unknown protocol state 3")  # noqa: B904
     except RuntimeError as exc:
-        assert _while_stopping(exc) is True
-    assert _while_stopping(ValueError("plain")) is False
+        assert _while_stopping(exc) == 143
+    try:
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt:
+            raise RuntimeError("got result for unknown protocol state 3")  # noqa: B904
+    except RuntimeError as exc:
+        assert _while_stopping(exc) == 130  # a Ctrl-C's status, not SIGTERM's
+    assert _while_stopping(ValueError("plain")) is None
 
 
 def test_replay_refuses_the_ingested_topic_unless_told(

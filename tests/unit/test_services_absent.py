@@ -172,3 +172,39 @@ def test_each_client_of_an_outage_has_a_clock_of_its_own() -> None:
             await second()  # its first failure: retried, not an outage of 0.3 s
 
     asyncio.run(clients())
+
+
+def test_an_outage_seen_by_many_clients_is_one_error_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With a clock per client, each runner of `ackline process` logged the outage's ERROR
+    of its own: N processors, N identical lines that named none of them. What is said is
+    the outage's: one ERROR however many clients see it."""
+    import asyncio
+    import logging
+
+    import asyncpg
+
+    from ackline.commands.guard import Outage
+
+    dsn = f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline"
+    outage = Outage(dsn, 0.1, give_up=False, log=logging.getLogger("test.outage"))
+
+    async def refused() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn, timeout=5)
+
+    clients = [outage.wrap(refused) for _ in range(3)]
+
+    async def fail_past_the_bound() -> None:
+        for client in clients:
+            with pytest.raises(OSError):
+                await client()
+        await asyncio.sleep(0.2)
+        for client in clients:
+            with pytest.raises(OSError):
+                await client()
+
+    with caplog.at_level(logging.ERROR, logger="test.outage"):
+        asyncio.run(fail_past_the_bound())
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]

@@ -344,8 +344,10 @@ class ProcessorRunner:
         """Apply batches until ``stop`` (or, ``wait`` False, until caught up or paused);
         stop at the first event that raises. Never raises for a processor's failure."""
         self._connect = connect
+        ended: list[bool] = []  # follow() ended by itself: caught up (or paused)
         while True:
             self._in_hand = None
+            ended.clear()
             try:
                 await follow(
                     self,
@@ -357,6 +359,7 @@ class ProcessorRunner:
                     batch_events=self.batch_events,
                     on_commit=self._committed,
                     on_transient=self._transient,
+                    on_end=lambda: ended.append(True),
                 )
             except ProcessorError as exc:
                 failed, self._in_hand = self._in_hand, None
@@ -387,7 +390,7 @@ class ProcessorRunner:
             except Exception as exc:
                 # outside any event: registration, privileges, the feed itself
                 return await self._stop(connect, Failure(_text(exc), None, self.cursor))
-            if stop.is_set():
+            if stop.is_set() and not ended:  # a stop as the run caught up did not cut it
                 outcome = Outcome.STOPPED
             elif self.paused:
                 outcome = Outcome.PAUSED
