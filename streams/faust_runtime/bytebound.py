@@ -72,7 +72,11 @@ class ByteBoundQueue(ThrowableQueue):  # type: ignore[type-arg]
 
 
 async def take_batches(
-    stream: Any, max_events: int, max_bytes: int, within: float
+    stream: Any,
+    max_events: int,
+    max_bytes: int,
+    within: float,
+    flush: asyncio.Event | None = None,
 ) -> AsyncIterator[list[Any]]:
     """Batches of ``stream``'s events, nothing acked (the caller acks after the COMMIT).
 
@@ -81,11 +85,15 @@ async def take_batches(
     (an event larger than that is a batch of its own), or when ``within`` seconds pass
     with events gathered. While the caller holds a batch, no event is added: the next
     one waits in the stream's processor, and the channel queue behind it fills up to its
-    own bound (:class:`ByteBoundQueue`).
+    own bound (:class:`ByteBoundQueue`). Setting ``flush`` yields what is gathered now
+    (a revoke: faust waits for every event it handed out to be acked, those gathered here
+    included, and ``within`` may be longer than the revoke may wait). An error in the
+    processor crashes the stream, as faust's own take does: it must not end the passive
+    drainer and leave the take waiting for ever.
     """
     batch: list[Any] = []
     size = 0
-    full = asyncio.Event()
+    full = flush if flush is not None else asyncio.Event()
     consumed = asyncio.Event()
     consuming: asyncio.Future[None] | None = None
 
@@ -96,21 +104,26 @@ async def take_batches(
 
     async def add(value: Any) -> Any:
         nonlocal consuming, size
-        if consuming is not None:  # a batch yielded at the timeout is being written
-            try:
-                await consuming
-            finally:
-                consuming = None
-        event = stream.current_event
-        if event is None:
-            raise RuntimeError("take_batches found no current event")
-        n = event_bytes(event)
-        if batch and size + n > max_bytes:
-            await yield_batch()
-        batch.append(event)
-        size += n
-        if len(batch) >= max_events or size >= max_bytes:
-            await yield_batch()
+        try:
+            if consuming is not None:  # a batch yielded at the timeout is being written
+                try:
+                    await consuming
+                finally:
+                    consuming = None
+            event = stream.current_event
+            if event is None:
+                raise RuntimeError("take_batches found no current event")
+            n = event_bytes(event)
+            if batch and size + n > max_bytes:
+                await yield_batch()
+            batch.append(event)
+            size += n
+            if len(batch) >= max_events or size >= max_bytes:
+                await yield_batch()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await stream.crash(exc)
         return value
 
     stream.add_processor(add)
@@ -118,7 +131,9 @@ async def take_batches(
     try:
         while not stream.should_stop:
             await stream.wait_for_stopped(full, timeout=within)
-            if batch:
+            if not batch:
+                full.clear()  # a flush with nothing gathered
+            else:
                 consuming = stream.loop.create_future()
                 try:
                     yield list(batch)

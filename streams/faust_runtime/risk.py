@@ -6,9 +6,10 @@
   runtime was proven on (0.15.x), or one of the faust methods it overrides no longer
   exists there. The overrides (docs/faust.md) replace faust's ack, commit, gap,
   read-offset and seek paths; if faust renamed one, faust's own path would run again —
-  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets. The
-  same holds for the stream methods the byte-bounded take calls and the app's queue
-  factory, whose loss would drop the byte bound on what a worker buffers.
+  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets. It
+  also names the stream methods the byte-bounded take calls and the app's queue factory.
+  Names only: a change of what they do, or of mode-streaming's queue internals that
+  ByteBoundQueue relies on (every insert through ``_put``), goes unseen here.
 
 Pure: the caller passes the version and the base classes.
 """

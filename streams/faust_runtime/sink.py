@@ -107,6 +107,10 @@ class FaustSink:
         self.revoke_wait_s = revoke_wait_s
         self._writing: asyncio.Future[list[WriteResult]] | None = None  # handle() in flight
         self._revoke_overdue = False  # a revoke outlasted revoke_wait_s and goes on
+        self._cut = False  # _cut_off cancelled the write in flight
+        # Set to make the take yield what it has gathered (take_batches' flush): a revoke
+        # waits for those events too. Made lazily: an asyncio.Event binds to its loop.
+        self._flush: asyncio.Event | None = None
         # Set when a graceful stop starts; read by the dead-letter retries, which run in an
         # executor thread that cancelling the agent cannot end.
         self._stop = threading.Event()
@@ -212,6 +216,8 @@ class FaustSink:
         """
         if not self.idle:
             await self._faults.ahit("revoke_in_flight")
+        if self._flush is not None:
+            self._flush.set()  # what the take has gathered is written now, not at batch_max_ms
         timer = asyncio.get_running_loop().call_later(self.revoke_wait_s, self._cut_off)
         try:
             yield
@@ -223,7 +229,10 @@ class FaustSink:
         """The revoke outlasted ``revoke_wait_s``: cancel the write in flight, if any, and
         write no batch until the revoke ends."""
         self._revoke_overdue = True
+        if self._flush is not None:
+            self._flush.set()  # gathered since: taken now, and not written
         if self._writing is not None and not self._writing.done():
+            self._cut = True
             log.warning(
                 "a revoke waited %g s for the batch in flight: cancelling it; the DB "
                 "offsets decide where its partitions resume",
@@ -255,9 +264,14 @@ class FaustSink:
         claimed again from their DB offsets before any record of them is taken.
         """
         events_stream = stream.noack()
+        self._flush = asyncio.Event()
         try:
             async for events in take_batches(
-                events_stream, self.batch_max_events, self.batch_max_bytes, self.batch_max_s
+                events_stream,
+                self.batch_max_events,
+                self.batch_max_bytes,
+                self.batch_max_s,
+                flush=self._flush,
             ):
                 self.idle = False
                 await self._write_unless_cut_off(events)
@@ -284,13 +298,15 @@ class FaustSink:
         self._writing = asyncio.ensure_future(self.handle(events))
         try:
             await self._writing
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if not self._writing.cancelled() or (task is not None and task.cancelling()):
-                raise
+            if task is not None and task.cancelling():
+                raise  # the agent itself is cancelled (a stop)
+            if not self._cut:  # nobody here cancelled it: the batch's outcome is unknown
+                die("the batch's write was cancelled", exc)
             self._unwritten(events, "cancelled by the revoke")
         finally:
-            self._writing = None
+            self._writing, self._cut = None, False
 
     def _unwritten(self, events: Sequence[Any], why: str) -> None:
         tps = sorted({(e.message.topic, e.message.partition) for e in events})
@@ -378,8 +394,20 @@ class FaustSink:
         never ended."""
         await self._faults.ahit("before_dlq")
         loop = asyncio.get_running_loop()
-        send = functools.partial(self._dlq.send_all, draft.poison, should_stop=self._stop.is_set)
-        draft.batch.rejects = await loop.run_in_executor(None, send)
+        # The thread ends at a stop, or when the write that waits for it is cancelled (a
+        # revoke's cut-off): left running, it retried on beside the next owner's sends,
+        # on the same producer, and each revoke of an outage added one to the executor.
+        abandoned = threading.Event()
+        send = functools.partial(
+            self._dlq.send_all,
+            draft.poison,
+            should_stop=lambda: self._stop.is_set() or abandoned.is_set(),
+        )
+        try:
+            draft.batch.rejects = await loop.run_in_executor(None, send)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
         self._metrics.dead_letters.inc(len(draft.poison))
 
 

@@ -5,6 +5,7 @@ a zombie that is fenced — each ends with `verify` ok (nothing lost, nothing tw
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tests.integration.windows import (
     offset_rows,
     produce_worker_mix,
     verify_mixed_ok,
+    verify_ok,
     wait_drained,
 )
 
@@ -166,6 +168,27 @@ def test_two_workers_through_rebalances(
     verify_mixed_ok(dsn, manifest, group)
     epochs = db(dsn, "SELECT min(epoch) AS e FROM consumer_offsets WHERE group_id = $1", group)
     assert epochs[0]["e"] >= 2  # every partition changed hands and was claimed again
+
+
+def test_a_revoke_takes_what_the_batch_has_gathered(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a gathers a batch for up to ``ACKLINE_BATCH_MAX_MS`` (here 60 s); b joins. faust's
+    revoke waits for every event it handed out to be acked, those still being gathered
+    included: the revoke, and b, waited for the batch's timer (the cut-off at
+    ``revoke_wait_s`` did not wake the take either). The revoke now makes the take hand
+    over what it has, which a writes at once: the rebalance goes on in seconds."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 300, seed=39)
+    group = f"g-{topic}"
+    a = _faust(services, dsn, topic, tmp_path, "a", batch_max_events=2000, batch_max_ms=60_000)
+    wait_until(lambda: "assigned (generation" in a.log(), 60, "a's claim")
+    time.sleep(3)  # a takes the records into its batch, and waits for the batch's timer
+    assert batches(dsn, "a") == 0, a.log()[-3000:]
+    b = _faust(services, dsn, topic, tmp_path, "b", batch_max_events=2000)
+    wait_drained(dsn, manifest, group, [a, b], 30)
+    assert a.stop() == 0, a.log()[-3000:]
+    assert b.stop() == 0, b.log()[-3000:]
+    verify_ok(dsn, manifest, group)
 
 
 def test_a_revoke_cancels_a_write_that_outlasts_revoke_wait(
