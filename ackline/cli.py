@@ -92,7 +92,10 @@ def _fail(line: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except KeyboardInterrupt:  # before anything ran (the parser imports every command)
+        return EXIT_INTERRUPTED
     overrides: dict[str, Any] = {
         "topic": args.global_topic,
         "group_id": args.group_id,

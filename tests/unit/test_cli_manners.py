@@ -443,3 +443,40 @@ def test_a_poll_interval_that_is_not_a_positive_number_of_seconds_is_refused(
         cli.parser().parse_args([*argv, "--poll-interval", bad])
     assert exit_.value.code == 2
     assert "--poll-interval" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.25, 0.35, 0.5])
+def test_a_ctrl_c_as_the_command_starts_is_130_without_a_traceback(delay: float) -> None:
+    """A Ctrl-C in the first half second (the CLI's modules importing, its parser built)
+    came before ``main`` had its handlers: Python printed a KeyboardInterrupt traceback
+    and died of the signal (status -2). Now it is 130 and no traceback, as a moment later
+    (`doctor` with nothing to reach: a one-shot command, 130 wherever the stop lands)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ackline.dev.ports import pick_free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ACKLINE_")}
+    env.update(
+        ACKLINE_KAFKA_BOOTSTRAP=f"127.0.0.1:{pick_free_port()}",
+        ACKLINE_DATABASE_URL=f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ackline", "doctor"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in out, out[-2000:]
+    assert proc.returncode == 130, out[-2000:]
