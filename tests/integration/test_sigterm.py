@@ -47,13 +47,17 @@ def _env(**values: str) -> dict[str, str]:
     return env
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as handle:
+def _spawn(
+    argv: list[str], env: dict[str, str], log: Path, out: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``ackline argv``, its stderr into ``log``, its stdout too unless ``out`` is given."""
+    with log.open("ab") as handle, contextlib.ExitStack() as files:
+        target = handle if out is None else files.enter_context(out.open("ab"))
         return subprocess.Popen(
             [sys.executable, "-m", "ackline", *argv],
             env=env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
+            stdout=target,
+            stderr=subprocess.STDOUT if out is None else handle,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -674,15 +678,8 @@ def test_a_run_to_catch_up_stopped_before_it_did_does_not_exit_0(
     cuts a run that ends by itself exits 128 + the signal, as `tail` does, and the
     summary line is still printed when there is one, saying what stopped it."""
     out, log = tmp_path / "out", tmp_path / "err"
-    with _locked_feed(dsn), out.open("wb") as stdout, log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ackline", *argv],
-            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
-            stdout=stdout,
-            stderr=stderr,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    with _locked_feed(dsn):
+        proc = _spawn(argv, _env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"), log, out)
         try:
             wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
             proc.send_signal(sig)
@@ -720,28 +717,20 @@ def test_a_stop_during_the_read_that_catches_up_is_not_a_cut_run(
     run for a cut one. It exits 0, its summary's "stopped" null."""
     out, log = tmp_path / "out", tmp_path / "err"
     env = _env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0", ACKLINE_SHUTDOWN_WAIT_S="30")
-    with out.open("wb") as stdout, log.open("wb") as stderr:
-        with _locked_feed(dsn):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ackline", *argv],
-                env=env,
-                stdout=stdout,
-                stderr=stderr,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            try:
-                wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
-                proc.send_signal(signal.SIGTERM)
-                time.sleep(1.0)
-                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            except BaseException:
-                _reap(proc)
-                raise
-        try:  # the lock is gone: the read answers, caught up
-            status = _exited(proc, log, BOUND_S, "still running after the lock went")
-        finally:
+    with _locked_feed(dsn):
+        proc = _spawn(argv, env, log, out)
+        try:
+            wait_until(lambda: _someone_waits_on_a_lock(dsn), 60, "the read to block")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        except BaseException:
             _reap(proc)
+            raise
+    try:  # the lock is gone: the read answers, caught up
+        status = _exited(proc, log, BOUND_S, "still running after the lock went")
+    finally:
+        _reap(proc)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert status == 0, text[-3000:]
