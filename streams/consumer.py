@@ -799,7 +799,9 @@ class ConsumerRuntime:
         reader reaching the end stands) and the log ends; claim: one
         autocommitted statement bumps the epochs and stores that start where no offset is
         stored, so "latest" is resolved once, for good (retried while PostgreSQL is
-        unreachable, until a stop request; a retake claim still running on the control
+        unreachable, until a stop request or, past ``db_leave_after_s`` without a
+        connection, given up: the worker then leaves the group, :meth:`_check_database`;
+        out of the group it claims nothing; a retake claim still running on the control
         connection is abandoned first, and started again after the callback:
         :meth:`_retake`); the after_claim point;
         incremental_assign at the DB next offsets. A partition whose DB offset is past
