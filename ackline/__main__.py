@@ -2,15 +2,35 @@
 
 A Ctrl-C before the CLI has its handlers (while its modules import, ~0.5 s of the
 start) ends it with 130 and no traceback, as one a moment later does
-(:func:`ackline.cli.main`)."""
+(:func:`ackline.cli.main`); a stop after the command returned leaves its status alone."""
+
+import signal
 
 
 def launch() -> int:
+    # SIGTERM outside the command's own handling (before it, and after it, when
+    # ackline.cli puts back the handler it found): a clean exit 143 before the command
+    # ran, nothing once its work is over (its status decided); its default killed the
+    # process, so a stop in the moments after a `dispatch --once` printed its summary
+    # made the finished run look cut short (-15: 143 to a shell)
+    signal.signal(signal.SIGTERM, _outside)
     try:
         from ackline.cli import main
     except KeyboardInterrupt:
         return 130
-    return main()
+    status = main()
+    # the command is over, its status decided, while the interpreter exits (its threads
+    # joined, its modules torn down: tens of ms)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
+def _outside(signum: int, frame: object) -> None:
+    from ackline.core.signals import done_status
+
+    if done_status() is None:
+        raise SystemExit(143)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from ackline.commands import MODULES, Handler
 from ackline.commands.guard import explain
 from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import KAFKA_LOGGER, configure_logging
-from ackline.core.signals import terminate_as_exit
+from ackline.core.signals import begin_work, done_status, terminate_as_exit
 from ackline.settings import load_settings
 
 SERVICES = frozenset({"run", "process", "dispatch"})
@@ -92,17 +92,16 @@ def _fail(line: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    begin_work()
+    args: argparse.Namespace | None = None  # a Ctrl-C in the parser: before anything ran
     try:
-        args = parser().parse_args(argv)
-    except KeyboardInterrupt:  # before anything ran (the parser imports every command)
-        return EXIT_INTERRUPTED
-    overrides: dict[str, Any] = {
-        "topic": args.global_topic,
-        "group_id": args.group_id,
-        "config_file": args.config,
-        "log_format": args.log_format,
-    }
-    try:
+        args = parser().parse_args(argv)  # it imports every command: ~0.3 s
+        overrides: dict[str, Any] = {
+            "topic": args.global_topic,
+            "group_id": args.group_id,
+            "config_file": args.config,
+            "log_format": args.log_format,
+        }
         with terminate_as_exit():
             settings = load_settings(**overrides)
             configure_logging(settings.log_format, verbose=args.verbose, stream=sys.stderr)
@@ -120,26 +119,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AcklineError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
-        return 0 if _runs_until_stopped(args) else EXIT_INTERRUPTED
+        return _stopped(args, EXIT_INTERRUPTED)
     except Terminated:
         # a service stopped before its runtime took over the signal (start-up): a clean
         # stop, as the runtime's own handling gives
-        return 0 if _runs_until_stopped(args) else EXIT_TERMINATED
+        return _stopped(args, EXIT_TERMINATED)
     except Exception as exc:
         stopped = _while_stopping(exc)
         if stopped is not None:
             # cleanup after a stop request failed on what the stop interrupted (a client
             # cut mid-call): the stop is the news, not the cleanup's failure
-            return 0 if _runs_until_stopped(args) else stopped
+            return _stopped(args, stopped)
         line = explain(exc)
         if line is None:
             raise
         return _fail(line)
 
 
-def _runs_until_stopped(args: argparse.Namespace) -> bool:
+def _stopped(args: argparse.Namespace | None, status: int) -> int:
+    """The exit status of a command a stop ended with ``status`` (130, 143): the one its
+    work recorded if the work was over (:func:`~ackline.core.signals.work_done`: the stop
+    came as it wound down), 0 for a service, else ``status``."""
+    done = done_status()
+    if done is not None:
+        return done
+    return 0 if _runs_until_stopped(args) else status
+
+
+def _runs_until_stopped(args: argparse.Namespace | None) -> bool:
     """A service run as one (not as a job that ends once caught up): a stop is its end."""
-    return args.command in SERVICES and not any(getattr(args, o, False) for o in RUN_TO_END)
+    if args is None or args.command not in SERVICES:
+        return False
+    return not any(getattr(args, o, False) for o in RUN_TO_END)
 
 
 def _while_stopping(exc: BaseException) -> int | None:

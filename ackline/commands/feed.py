@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import guarded_connect
-from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status
+from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -93,11 +93,12 @@ def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
     try:
         yield stopping
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         # a second signal while the loop winds down must not kill cleanup half-way (the
-        # CLI's terminate_as_exit block puts the handler back when the command ends)
+        # CLI's terminate_as_exit block puts the handler back when the command ends); at
+        # once: asyncio's removal leaves SIGTERM at its default, which kills
+        loop.remove_signal_handler(signal.SIGTERM)
         ignore_sigterm()
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 class _StdoutClosed(Exception):
@@ -191,8 +192,8 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
             else f"cursor {cursor.encode()}"
         )
         print(f"ackline tail: {said}", file=sys.stderr)
-    cut = stopping.signal is not None and not ended and not args.follow
-    return stopped_status(stopping.signal) if cut and stopping.signal else 0
+        cut = stopping.signal is not None and not ended and not args.follow
+        return work_done(stopped_status(stopping.signal) if cut and stopping.signal else 0)
 
 
 async def _saved_cursor(connect: Connect, reader: str, create: bool) -> Cursor:
@@ -282,9 +283,9 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
             "stopped": None if cut is None else signal.Signals(cut).name,
         }
         print(json.dumps(summary), flush=True)
-    if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED):
-        return 1
-    return stopped_status(cut) if args.once and cut is not None else 0
+        if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED):
+            return work_done(1)
+        return work_done(stopped_status(cut) if args.once and cut is not None else 0)
 
 
 def register(sub: Subparsers) -> None:

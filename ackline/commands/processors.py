@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ackline.commands import Subparsers, positive_seconds, whole_from
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
-from ackline.core.signals import run_stoppable, stop_signals, stopped_status
+from ackline.core.signals import run_stoppable, stop_signals, stopped_status, work_done
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -177,11 +177,14 @@ async def _process(
                 "stopped": None if by is None else signal.Signals(by).name,
             }
             print(json.dumps(line), flush=True)
+            if any(r.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) for r in reports):
+                status = 1
+            else:
+                status = stopped_status(by) if args.until_caught_up and by is not None else 0
+            work_done(status)  # what the line says: a stop from here on changes nothing
     finally:
         server.close()
-    if any(r.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) for r in reports):
-        return 1
-    return stopped_status(by) if args.until_caught_up and by is not None else 0
+    return status
 
 
 def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:

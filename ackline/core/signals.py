@@ -22,6 +22,30 @@ _raised: list[int] = []
 """The SIGTERMs :func:`terminate_as_exit`'s handler raised as :class:`Terminated` in the
 innermost block now running (the outer block's record is back at its end)."""
 
+_done: list[int] = []
+"""The exit status of the command whose work is over (:func:`work_done`), if it is."""
+
+
+def work_done(status: int) -> int:
+    """Record that the running command's work is over and ``status`` is its exit status,
+    and return it. A stop from here on does not change it: :func:`stops_deferred` does not
+    raise one that comes after, and ``ackline.cli`` returns ``status`` if one does come
+    through. A `dispatch --once` that had printed its summary ("stopped": null) exited 143
+    when a SIGTERM landed while it wound down, so a cron job took a finished run for a cut
+    one."""
+    _done[:] = [status]
+    return status
+
+
+def done_status() -> int | None:
+    """The status :func:`work_done` recorded, or None while the work goes on."""
+    return _done[0] if _done else None
+
+
+def begin_work() -> None:
+    """A command starts: no work of it is over yet (a process may run several, in tests)."""
+    _done.clear()
+
 
 @contextlib.contextmanager
 def terminate_as_exit() -> Iterator[None]:
@@ -131,11 +155,12 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
             raise
     finally:
         for sig in stops:
+            ignored = signal.getsignal(sig) is _ignored  # read first: the removal resets it
             loop.remove_signal_handler(sig)
-            if signal.getsignal(sig) is not _ignored:  # a teardown begun inside keeps it
-                signal.signal(sig, before[sig])
-        if came:  # the stop, now that the loop is not running: as if it came just now
-            _raise_again(came[0])
+            # a teardown begun inside keeps it ignored
+            signal.signal(sig, _ignored if ignored else before[sig])
+        if came and not _done:  # the stop, now that the loop is not running, as if it came
+            _raise_again(came[0])  # just now; after the work was over it changes nothing
 
 
 @contextlib.contextmanager

@@ -740,6 +740,44 @@ def test_a_stop_during_the_read_that_catches_up_is_not_a_cut_run(
         assert json.loads(lines[-1])["stopped"] is None, lines[-1]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["dispatch", "--reader", "cron", "--once"], ["process", "runs", "--until-caught-up"]],
+    ids=["dispatch-once", "process"],
+)
+def test_a_stop_after_the_summary_leaves_the_status_alone(
+    services: Services, dsn: str, argv: list[str]
+) -> None:
+    """A SIGTERM in the moments after a caught-up run printed its summary ("stopped":
+    null) made it exit 143, or die of the signal while the interpreter exited (-15, 143 to
+    a shell): a cron job took a finished run for a cut one (an operator's probe, 4 of 4
+    runs). The work's status stands once it is decided."""
+    statuses = []
+    for delay in (0.0, 0.01, 0.03):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackline", *argv],
+            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            summary = json.loads(proc.stdout.readline())
+            time.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=BOUND_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert summary["stopped"] is None, summary
+        assert "Traceback" not in err, err[-3000:]
+        statuses.append(proc.returncode)
+    assert statuses == [0, 0, 0], statuses
+
+
 def test_a_second_ctrl_c_during_a_stopped_replays_flush_keeps_its_report(
     services: Services, tmp_path: Path
 ) -> None:
