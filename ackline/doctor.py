@@ -23,6 +23,7 @@ from ackline.sinks.admin.grants import (
     RolesReport,
     check_roles,
     may_modify_activity,
+    migration_tables,
     roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
@@ -88,15 +89,30 @@ def roles_check(report: RolesReport | None) -> Check:
         problems.append(f"{p.role}: {p.privilege} on {p.kind} {p.obj} is {state}")
     if len(report.wrong) > 5:
         problems.append(f"and {len(report.wrong) - 5} more")
+    outside = _outside(report)
     if problems:
-        return Check(name, "fail", f"{report.migration} disagrees: " + "; ".join(problems))
+        detail = f"{report.migration} disagrees: " + "; ".join(problems)
+        return Check(name, "fail", detail + (f" ({outside})" if outside else ""))
     roles = sorted({p.role for p in want.privileges} | set(want.roles))
     note = f" ({want.skipped} statements not checked)" if want.skipped else ""
     return Check(
         name,
         "pass",
         f"roles {', '.join(roles)}: {len(want.privileges)} privileges as {report.migration} "
-        f"sets them{note}",
+        f"sets them{note}" + (f"; {outside}" if outside else ""),
+    )
+
+
+def _outside(report: RolesReport) -> str:
+    """The writes held on tables no migration creates (a processor's setup_sql grants
+    them on its own tables, docs/processors.md), for information."""
+    held: dict[tuple[str, str], list[str]] = {}
+    for p in report.outside:
+        held.setdefault((p.role, p.obj), []).append(p.privilege)
+    if not held:
+        return ""
+    return "also held, on tables no migration creates (not checked): " + "; ".join(
+        f"{role}: {', '.join(privs)} on {obj}" for (role, obj), privs in sorted(held.items())
     )
 
 
@@ -242,7 +258,7 @@ async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) ->
         roles = None
         if roles_file is not None:
             done = applied is not None and roles_file.version in applied
-            roles = await check_roles(conn, roles_file, done)
+            roles = await check_roles(conn, roles_file, done, migration_tables(files))
         has_tables = await conn.fetchval(
             "SELECT to_regclass('activity') IS NOT NULL AND "
             "to_regclass('consumer_offsets') IS NOT NULL"

@@ -255,9 +255,10 @@ class Settings(BaseSettings):
         default=DEFAULT_METRICS_PORT,
         ge=0,
         le=65_535,
-        description="port of /metrics, /healthz and /readyz of `ackline run` (0: off); the "
-        "default port taken by another process falls back to a free one (the start-up line "
-        "says which), a port set explicitly that cannot be bound stops the worker",
+        description="port of /metrics, /healthz and /readyz of `ackline run` and "
+        "`ackline process` (0: off); the default port taken by another process falls back "
+        "to a free one (the start-up line says which), a port set explicitly that cannot be "
+        "bound stops the worker",
     )
     retry_max_seconds: float = Field(
         default=30.0,

@@ -176,9 +176,12 @@ class AsyncActivityProducer:
             unheld(exc)
             await self.close()
             err = kafka_error(exc)
+            bootstrap = self._conf["bootstrap.servers"]
             if err is None:
-                raise ProduceError(f"cannot initialise transactions: {exc!r}") from exc
-            raise start_failed(err) from exc
+                raise ProduceError(
+                    f"cannot initialise transactions with {bootstrap}: {exc!r}"
+                ) from exc
+            raise start_failed(err, bootstrap) from exc
 
     def _client(self) -> AIOProducer:
         if self._aio is None:

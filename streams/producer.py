@@ -214,11 +214,11 @@ def check_fit(record: Outgoing, size: int, limits: ClientLimits, index: int = 0)
             )
 
 
-def start_failed(err: KafkaError) -> ProduceError:
+def start_failed(err: KafkaError, bootstrap: object) -> ProduceError:
     """The error for ``init_transactions`` failing with ``err``: transient when the broker
     did not answer (a new instance may start later), else a refusal (configuration,
-    authorization)."""
-    text = f"cannot initialise transactions: {err.name()}: {err.str()}"
+    authorization). It names ``bootstrap``: a timeout is most often the wrong address."""
+    text = f"cannot initialise transactions with {bootstrap}: {err.name()}: {err.str()}"
     if err.code() in _TRANSIENT or err.retriable():
         return TransientProduceError(f"{text}; start a new instance again later")
     return ProduceError(text)
@@ -635,9 +635,12 @@ class ActivityProducer:
             unheld(exc)
             self._closed = True
             err = kafka_error(exc)
+            bootstrap = self._conf["bootstrap.servers"]
             if err is None:
-                raise ProduceError(f"cannot initialise transactions: {exc!r}") from exc
-            raise start_failed(err) from exc
+                raise ProduceError(
+                    f"cannot initialise transactions with {bootstrap}: {exc!r}"
+                ) from exc
+            raise start_failed(err, bootstrap) from exc
         self._producer = producer
 
     @property

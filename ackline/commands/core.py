@@ -134,8 +134,22 @@ def cmd_schema(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.core.errors import AcklineError
     from ackline.demo import demo
 
+    given = [
+        option
+        for option, value in (("--topic", args.global_topic), ("--group-id", args.group_id))
+        if value is not None
+    ]
+    if given:
+        # the demo verifies its own run only: a fresh topic and group each time
+        raise AcklineError(
+            f"demo does not take {' or '.join(given)}: each run produces into a new topic "
+            "and consumes with a new group (demo-YYYYMMDD-HHMMSS), so that its verify "
+            "counts only that run's events; to use your own topic and group, run "
+            "`ackline produce`, `ackline run --until-drained` and `ackline verify`"
+        )
     return demo(settings, events=args.events, keep=args.keep)
 
 

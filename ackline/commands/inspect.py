@@ -185,20 +185,25 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
             _print_json(d.to_json())
             return 0
         r = d.row
-        print(
-            "\n".join(
-                [
-                    f"reject {r.reject_id}: {r.reason}, batch {r.batch_id}, {r.rejected_at}",
-                    f"source       {r.topic}[{r.partition}]@{r.offset}",
-                    f"dead letter  {r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
-                    f"detail       {safe_text(r.detail)}",
-                    f"headers      {safe_text(json.dumps(d.headers))}",
-                    f"key          {show_bytes(d.raw_key, args.raw, args.max_bytes)}",
-                    f"value ({r.value_bytes} bytes{', base64' if args.raw else ''}):",
-                    show_bytes(d.raw_value, args.raw, args.max_bytes),
-                ]
-            )
-        )
+        head = [
+            f"reject {r.reject_id}: {r.reason}, batch {r.batch_id}, {r.rejected_at}",
+            f"source       {r.topic}[{r.partition}]@{r.offset}",
+            f"dead letter  {r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
+            f"detail       {safe_text(r.detail)}",
+        ]
+        if r.erasure_id is not None:
+            # an erasure cleared the raw record: say so instead of printing its NULLs
+            erased = f"(erased by erasure {r.erasure_id})"
+            body = [f"headers      {erased}", f"key          {erased}", f"value        {erased}"]
+        else:
+            value_bytes = "no" if r.value_bytes is None else r.value_bytes
+            body = [
+                f"headers      {safe_text(json.dumps(d.headers))}",
+                f"key          {show_bytes(d.raw_key, args.raw, args.max_bytes)}",
+                f"value ({value_bytes} bytes{', base64' if args.raw else ''}):",
+                show_bytes(d.raw_value, args.raw, args.max_bytes),
+            ]
+        print("\n".join(head + body))
         return 0
     limit = getattr(args, "limit", DEFAULT_LIMIT)
 

@@ -147,15 +147,16 @@ async def _process(
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
     server = _endpoints(metrics, [r.name for r in runners])
-    server.serve(settings)
+    endpoint = server.serve(settings)
     stop = asyncio.Event()
     came: list[int] = []
     try:
         with stop_signals(asyncio.get_running_loop(), stop.set, on_signal=came.append):
             log.info(
-                "processors %s following the feed as instance %s",
+                "processors %s following the feed as instance %s; metrics %s",
                 ", ".join(r.name for r in runners),
                 instance,
+                endpoint,
             )
             reports = await run_all(
                 runners,

@@ -67,12 +67,41 @@ class RolesReport:
     expected: Expected
     missing_roles: list[str]
     wrong: list[tuple[Privilege, bool]]  # (privilege, what the database holds)
+    # write privileges the grantees hold on tables no migration creates (a processor's
+    # own tables, granted by its setup_sql as docs/processors.md says): information only
+    outside: list[Privilege] = field(default_factory=list)
 
 
 def roles_migration(migrations: Sequence[Migration]) -> Migration | None:
     """The newest migration whose name mentions roles, if any."""
     found = [m for m in migrations if "role" in m.name]
     return found[-1] if found else None
+
+
+_NAME = r'(?:[A-Za-z_][\w$]*|"[^"]+")(?:\.(?:[A-Za-z_][\w$]*|"[^"]+"))?'
+_CREATES = re.compile(
+    rf"\bCREATE\s+(?:UNLOGGED\s+)?(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+"
+    rf"(?:IF\s+NOT\s+EXISTS\s+)?({_NAME})\s*(?:\(|\bAS\b|\bPARTITION\b)",
+    re.I,
+)
+_RENAMES = re.compile(
+    rf"\bALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?{_NAME}\s+RENAME\s+TO\s+({_NAME})", re.I
+)
+
+
+def migration_tables(migrations: Sequence[Migration]) -> set[str]:
+    """The tables and views the migrations create (or rename to), as
+    :func:`with_no_extra_writes` names them (``public``'s unqualified). Pure.
+
+    Their partitions are the database's to list; tables made elsewhere (a processor's
+    ``setup_sql``) are not in it."""
+    found = {"schema_migrations"}  # made by sinks.admin.migrate itself
+    for m in migrations:
+        text = re.sub(r"--[^\n]*", "", m.sql)
+        for match in (*_CREATES.finditer(text), *_RENAMES.finditer(text)):
+            name = _unquote(match[1])
+            found.add(name.removeprefix("public."))
+    return found
 
 
 def _unquote(name: str) -> str:
@@ -201,12 +230,30 @@ def with_no_extra_writes(want: Expected, tables: dict[str, list[str]]) -> dict[P
     return expect
 
 
-async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: bool) -> RolesReport:
+_PARTITIONS = """
+WITH RECURSIVE tree AS (
+    SELECT inhrelid, inhparent FROM pg_inherits
+    UNION ALL
+    SELECT i.inhrelid, t.inhparent FROM pg_inherits i JOIN tree t ON i.inhparent = t.inhrelid
+)
+SELECT inhrelid::regclass::text AS child, inhparent::regclass::text AS parent FROM tree
+"""
+
+
+async def check_roles(
+    conn: asyncpg.Connection,
+    migration: Migration,
+    applied: bool,
+    owned: set[str] | None = None,
+) -> RolesReport:
     """Compare the database's roles and privileges with ``migration``'s. Read-only.
 
     Checked: every role the file creates or grants to exists; every privilege the file
     leaves granted is held, every one it revokes is not; and no grantee of table
-    privileges holds a write privilege the file does not grant it.
+    privileges holds a write privilege the file does not grant it on a table of
+    ``owned`` (the migrations' tables, :func:`migration_tables`, and their partitions;
+    None: every table). A write held on any other table (a processor's own, granted by
+    its ``setup_sql``) is reported in ``outside``, not as wrong.
     """
     tables: dict[str, list[str]] = {}
     sequences: dict[str, list[str]] = {}
@@ -231,11 +278,20 @@ async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: b
         [p.obj for p in checkable],
         [p.privilege for p in checkable],
     )
-    wrong = [
-        (p, bool(h["held"]))
-        for p, h in zip(checkable, held, strict=True)
-        if bool(h["held"]) != expect[p]
-    ]
+    if owned is not None:
+        owned = set(owned)
+        for r in await conn.fetch(_PARTITIONS):
+            if str(r["parent"]) in owned:
+                owned.add(str(r["child"]))
+    wrong: list[tuple[Privilege, bool]] = []
+    outside: list[Privilege] = []
+    for p, h in zip(checkable, held, strict=True):
+        if bool(h["held"]) == expect[p]:
+            continue
+        if owned is not None and p not in want.privileges and p.obj not in owned:
+            outside.append(p)  # a table no migration creates: not the file's to judge
+        else:
+            wrong.append((p, bool(h["held"])))
     wrong += [(p, False) for p in want.privileges if p.obj not in known and want.privileges[p]]
     return RolesReport(
         migration=f"{migration.version:04d}_{migration.name}.sql",
@@ -243,6 +299,7 @@ async def check_roles(conn: asyncpg.Connection, migration: Migration, applied: b
         expected=want,
         missing_roles=[r for r in named if r not in present],
         wrong=wrong,
+        outside=outside,
     )
 
 

@@ -77,6 +77,7 @@ class RejectRow:
     batch_id: int
     rejected_at: datetime
     value_bytes: int | None
+    erasure_id: int | None = None  # set when an erasure cleared the raw key, value, headers
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +93,7 @@ class RejectRow:
             "batch_id": self.batch_id,
             "rejected_at": self.rejected_at.isoformat(),
             "value_bytes": self.value_bytes,
+            "erasure_id": self.erasure_id,
         }
 
 
@@ -119,7 +121,7 @@ src_partition, src_offset, batch_id, detected_at
 
 _REJECT_COLUMNS = """
 reject_id, reason, detail, src_topic, src_partition, src_offset, dlq_topic, dlq_partition,
-dlq_offset, batch_id, rejected_at, octet_length(raw_value) AS value_bytes
+dlq_offset, batch_id, rejected_at, octet_length(raw_value) AS value_bytes, erasure_id
 """
 
 _STORED = """
@@ -230,6 +232,7 @@ def _reject(r: asyncpg.Record) -> RejectRow:
         batch_id=int(r["batch_id"]),
         rejected_at=r["rejected_at"],
         value_bytes=None if r["value_bytes"] is None else int(r["value_bytes"]),
+        erasure_id=None if r["erasure_id"] is None else int(r["erasure_id"]),
     )
 
 

@@ -24,6 +24,7 @@ from ackline.sinks.admin.grants import expected, roles_migration
 from ackline.sinks.admin.migrate import load_migrations
 from ackline.streams.producer import ActivityProducer
 from tests.integration.harness import Services, Worker, db, dsn_for, wait_until
+from tests.integration.processing import EXAMPLE, ROOT, ackline
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 HOSTILE = b"\x1b[2J\xff{not json"
@@ -305,6 +306,41 @@ def test_doctor_checks_grants_against_the_roles_migration(
     assert f"{ingest}: UPDATE on table activity is held" in check["detail"]
     worker = _check(report, "append-only")  # and the worker, connecting as it, may rewrite
     assert (worker["status"], "UPDATE" in worker["detail"]) == ("fail", True), worker
+
+
+def test_doctor_takes_a_processors_grants_on_its_own_table(
+    services: Services,
+    dsn: str,
+    topic: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/processors.md followed (operator probe): `ackline processors setup
+    daily_tool_calls` grants ackline_processor SELECT, INSERT, UPDATE on the processor's own
+    table, as the guide says it should, and doctor then failed for good ("0010_roles.sql
+    disagrees: ackline_processor: INSERT on table daily_tool_calls is held"). A table no
+    migration creates is not the roles migration's to judge: its grants are information,
+    and a write on a migration's table that the migrations do not give still fails."""
+    dist = tmp_path / "ackline_example_daily-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ackline-example-daily\n")
+    (dist / "entry_points.txt").write_text(
+        "[ackline.processors]\ndaily_tool_calls = daily_tool_calls:PROCESSOR\n"
+    )
+    path = {"PYTHONPATH": f"{tmp_path}:{ROOT}:{EXAMPLE}"}
+    setup = ackline(dsn, "processors", "setup", "daily_tool_calls", **path)
+    assert setup.code == 0, setup.err
+    cli = Cli(monkeypatch, capsys, _env(services, dsn, topic))
+    check = _check(cli.json("doctor"), "roles and grants")
+    assert check["status"] == "pass", check
+    assert "ackline_processor: INSERT, UPDATE on daily_tool_calls" in check["detail"], check
+
+    db(dsn, "GRANT UPDATE ON feed_cursors, run_facts TO ackline_processor")
+    check = _check(cli.json("doctor", expect=1), "roles and grants")
+    assert check["status"] == "fail"
+    assert "ackline_processor: UPDATE on table run_facts is held" in check["detail"], check
+    assert "feed_cursors" not in check["detail"]  # the migration grants that one
 
 
 def _check(report: dict[str, Any], name: str) -> dict[str, Any]:

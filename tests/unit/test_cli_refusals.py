@@ -186,3 +186,27 @@ def test_set_password_with_no_password_to_read_says_so(
         assert cli.main(["roles", "set-password", "ackline_ingest", *flag]) == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"ackline: error: {line}")
     assert [w for w in warned if issubclass(w.category, getpass.GetPassWarning)] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--topic", "demo1", "--group-id", "demo1", "demo"], "--topic or --group-id"),
+        (["demo", "--topic", "demo1"], "--topic"),
+        (["--group-id", "demo1", "demo"], "--group-id"),
+    ],
+)
+def test_demo_refuses_a_topic_or_group_it_would_not_use(
+    argv: list[str], named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ackline --topic demo1 --group-id demo1 demo` ran into demo-20261205-031718 and
+    said nothing of the options it had dropped."""
+    import ackline.demo
+
+    def ran(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(ackline.demo, "demo", ran)
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"demo does not take {named}: each run produces into a new topic" in err

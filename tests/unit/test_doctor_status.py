@@ -15,6 +15,7 @@ from ackline.sinks.admin.grants import (
     Privilege,
     RolesReport,
     expected,
+    migration_tables,
     roles_migration,
     with_no_extra_writes,
 )
@@ -110,6 +111,36 @@ def test_roles_check() -> None:
     wrong = doctor.roles_check(_report(wrong=[(held, True)]))
     assert wrong.status == "fail"
     assert "UPDATE on table activity is held" in wrong.detail
+
+
+def test_writes_on_tables_no_migration_creates_are_information() -> None:
+    """A processor's setup_sql grants writes on its own table (docs/processors.md):
+    the roles check says so, and passes."""
+    mine = [
+        Privilege("ackline_processor", "table", "daily_tool_calls", "INSERT"),
+        Privilege("ackline_processor", "table", "daily_tool_calls", "UPDATE"),
+    ]
+    check = doctor.roles_check(_report(outside=mine))
+    assert check.status == "pass"
+    assert check.detail.endswith(
+        "also held, on tables no migration creates (not checked): "
+        "ackline_processor: INSERT, UPDATE on daily_tool_calls"
+    )
+    held = Privilege("ackline_ingest", "table", "activity", "UPDATE")
+    assert doctor.roles_check(_report(wrong=[(held, True)], outside=mine)).status == "fail"
+
+
+def test_the_migrations_tables() -> None:
+    files = [
+        Migration(1, "a", "CREATE TABLE t1 (x int);\n-- CREATE TABLE not_this (x int)\n"),
+        Migration(2, "b", "CREATE TABLE IF NOT EXISTS public.t2 (x int) PARTITION BY RANGE (x);"),
+        Migration(3, "c", "CREATE VIEW v AS SELECT 1; ALTER TABLE t1 RENAME TO t3;"),
+        Migration(4, "d", "EXECUTE format('CREATE TABLE public.%I (LIKE public.t2)', n);"),
+    ]
+    assert migration_tables(files) == {"schema_migrations", "t1", "t2", "v", "t3"}
+    shipped = migration_tables(load_migrations())
+    assert {"activity", "consumer_offsets", "feed_cursors", "run_facts"} <= shipped
+    assert "daily_tool_calls" not in shipped
 
 
 def test_append_only_check() -> None:
