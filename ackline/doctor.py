@@ -27,13 +27,13 @@ from ackline.sinks.admin.grants import (
     roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
-from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge
+from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge, unread_starts
 from ackline.streams.dlq_rules import weaker_than_source
 from ackline.streams.kafkainfo import (
     TopicFacts,
     describe_topic,
     reachable,
-    record_timestamps,
+    scan_ranges,
     topic_offsets,
 )
 
@@ -334,15 +334,13 @@ def _topic_checks(
         if db is None:
             checks.append(Check("offsets", "skip", "PostgreSQL unreachable"))
         else:
-            rows = merge(db.offsets, logs)
+            # lag as `ackline status` and the worker's gauge count it (ackline.streams.lag):
+            # up to the last stable offset, ranges holding only transaction markers or
+            # aborted records left out; the same read finds the oldest unconsumed record
+            starts, ends = unread_starts(db.offsets, logs)
+            oldest, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
+            rows = merge(db.offsets, logs, settled=settled)
             checks.append(offsets_check(rows, facts.partitions))
-            starts = {
-                r.partition: max(r.db_next if r.db_next is not None else 0, r.low or 0)
-                for r in rows
-                if r.lag and r.partition < facts.partitions
-            }
-            ends = {r.partition: r.high or 0 for r in rows}
-            oldest = record_timestamps(bootstrap, conf, topic, starts, ends)
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))

@@ -1,13 +1,15 @@
 """`ackline status`: per partition, where PostgreSQL and Kafka say the group is.
 
 The DB next offset is the truth (where the partition resumes); Kafka's committed offset
-is advisory and may trail it by the auto-commit interval. ``lag`` is computed as the
-worker's ``ackline_partition_lag`` is: the last stable offset (a read_committed
-consumer's high watermark) minus the DB next offset (the log start when nothing is
-committed yet), and 0 when everything in between is transaction markers or aborted
-records — which no consumer is ever given (the caller finds those partitions by
-reading, :func:`ackline.streams.kafkainfo.scan_ranges`). With committed records in
-between it counts the markers among them too, as /metrics does.
+is advisory and may trail it by the auto-commit interval. ``lag`` is the one lag of
+:mod:`ackline.streams.lag`, as the worker's ``ackline_partition_lag``, ``/readyz`` and
+``ackline doctor`` count it: the last stable offset (``high``: the end a read_committed
+consumer reads to; a transaction still open upstream is past it, not lag) minus the DB
+next offset (the log start when nothing is committed yet), and 0 when everything in
+between is transaction markers or aborted records — which no consumer is ever given
+(the caller finds those partitions by reading,
+:func:`ackline.streams.kafkainfo.scan_ranges`). With committed records in between it
+counts the markers among them too, as /metrics does.
 
 ``owner`` is the worker id that last claimed the partition in PostgreSQL; it is *live*
 when a member of the consumer group has that client id (ackline sets ``client.id`` to
@@ -64,8 +66,8 @@ class OffsetRow:
 def unread_starts(
     db: Sequence[OffsetRow], kafka: Sequence[PartitionOffsets]
 ) -> tuple[dict[int, int], dict[int, int]]:
-    """(starts, ends) of the ranges between each partition's resume point and its high
-    watermark, for the partitions where that range is not empty. Pure."""
+    """(starts, ends) of the ranges between each partition's resume point and its last
+    stable offset, for the partitions where that range is not empty. Pure."""
     by_db = {r.partition: r for r in db}
     starts: dict[int, int] = {}
     ends: dict[int, int] = {}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -67,6 +68,7 @@ from ackline.streams.lag import (
     count_retention_gap,
     log_start,
     partition_lag,
+    stable_offsets,
     watermarks,
 )
 from ackline.streams.ownership import (
@@ -135,6 +137,8 @@ class ConsumerRuntime:
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
+        # each partition's last stable offset, from the latest statistics (_on_stats)
+        self._stable: dict[TP, int] = {}
         # Below the group's session timeout, so a cut-off worker stops before the broker
         # hands its partitions to another (KIP-848 brokers default to 45 s).
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
@@ -634,7 +638,18 @@ class ConsumerRuntime:
             )
 
     def _on_stats(self, raw: str) -> None:
-        self._group.on_stats(raw, time.monotonic())
+        """librdkafka's statistics (served by poll, on the consumer thread): the group's
+        state for :class:`GroupWatch`, and each partition's last stable offset, which lag
+        is measured against (:mod:`ackline.streams.lag`). Replaced whole each time, so it
+        holds the partitions librdkafka knows now and no more."""
+        try:
+            stats = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(stats, dict):
+            return
+        self._group.observe(stats, time.monotonic())
+        self._stable = stable_offsets(stats)
 
     def _check_group(self) -> None:
         """A worker cut off from its group (no answer from the coordinator for longer than
@@ -1000,33 +1015,33 @@ class ConsumerRuntime:
             if tp in blocked:
                 if tp not in held:
                     continue
-                high = held[tp][1]
+                end = held[tp][1]  # asked of the broker as read_committed: the LSO
             else:
-                try:
-                    _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-                except KafkaException:
-                    continue
+                # the last stable offset, not the high watermark: a read_committed reader
+                # is not behind on a transaction still open upstream (streams.lag)
+                end = self._stable.get(tp, -1)
             db_next = self.ledger.db_next(tp)
-            if tp in blocked and db_next is not None and high >= db_next:
+            if tp in blocked and db_next is not None and end >= db_next:
                 self._unblock(consumer, tp)
             elif (
                 tp in blocked
                 and db_next is not None
-                and high >= 0
+                and end >= 0
                 and blocked[tp] == log_end_unknown(tp, db_next)
             ):
-                reason = past_log_end(tp, db_next, high)  # the end is known now: past it
+                reason = past_log_end(tp, db_next, end)  # the end is known now: past it
                 self.ledger.block(tp, reason)
                 log.error("%s", reason)
-            if high >= 0:
+            if end >= 0:
                 position = positions.get(tp)
-                self._watch.lag(tp, partition_lag(high, db_next, position, tp in pending))
+                self._watch.lag(tp, partition_lag(end, db_next, position, tp in pending))
         assigned = [_tp_of(p) for p in consumer.assignment()]
         self._watch.not_consumed(assigned, self.ledger.owned())
 
     def _held_ends(self, consumer: Consumer, held: list[TP]) -> dict[TP, tuple[int, int]]:
         """The watermarks of as many ``held`` partitions as answer within
-        :data:`_HELD_READ_BUDGET_S`, asked in turn from where the last report stopped. One
+        :data:`_HELD_READ_BUDGET_S` (asked of the broker by a read_committed consumer: the
+        end is the last stable offset), asked in turn from where the last report stopped. One
         timeout per partition, one after another, held the consumer thread N x 5 s a
         report while the broker was away; a deadline over the same order starved the
         partitions behind one whose leader never answers. The turn goes on after the

@@ -55,7 +55,8 @@ class RuntimeConfig:
             "fetch.queue.backoff.ms": 20,
             "group.protocol": self.group_protocol,
             "max.poll.interval.ms": self.max_poll_interval_ms,
-            # the group handler's state, for streams.groupwatch (served inside consume())
+            # the group handler's state (streams.groupwatch) and each partition's last
+            # stable offset, which lag is measured against (streams.lag); served inside consume()
             "statistics.interval.ms": 1_000,
         }
         if self.group_protocol == "classic":

@@ -15,6 +15,7 @@ avoids doomed batches and keeps a cut-off worker from taking partitions back. Pu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,11 @@ class GroupWatch:
             stats: dict[str, Any] = json.loads(raw)
         except ValueError:
             return
+        self.observe(stats, now)
+
+    def observe(self, stats: Mapping[str, Any], now: float) -> None:
+        """:meth:`on_stats` of statistics already parsed (the consumer reads more of them:
+        one parse a second, not one per reader)."""
         cgrp = stats.get("cgrp")
         if not isinstance(cgrp, dict):
             return

@@ -26,7 +26,11 @@ Conf = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class PartitionOffsets:
-    """One partition's log bounds and the group's committed offset (None: none committed)."""
+    """One partition's log bounds and the group's committed offset (None: none committed).
+
+    ``high`` is the end a read_committed reader reads to, the last stable offset: the
+    consumer that asks is read_committed, and librdkafka's ListOffsets carries its
+    isolation level (records of a transaction still open upstream are past it)."""
 
     partition: int
     low: int
@@ -159,24 +163,6 @@ def group_members(
             )
         )
     return members
-
-
-def record_timestamps(
-    bootstrap: str,
-    conf: Conf,
-    topic: str,
-    starts: Mapping[int, int],
-    ends: Mapping[int, int],
-    timeout: float = 5.0,
-) -> dict[int, int]:
-    """The timestamp (ms) of the first committed record in ``[starts[p], ends[p])``.
-
-    A partition whose position reaches its end without a record (only transaction
-    markers or aborted records were left) is left out, and so is one with nothing
-    readable within ``timeout``. Uses a throwaway group id and ``assign`` only: no
-    group is joined and nothing is committed.
-    """
-    return scan_ranges(bootstrap, conf, topic, starts, ends, timeout)[0]
 
 
 def scan_ranges(

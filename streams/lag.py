@@ -1,6 +1,17 @@
 """What the default runtime reports of its partitions: lag, partitions assigned but not
 consumed, offsets lost to retention; and the watermark reads behind them.
 
+Lag, in every report of it (``ackline_partition_lag``, ``/readyz``, ``ackline status``,
+``ackline doctor``, both runtimes), is what a read_committed reader can read and
+PostgreSQL has not committed: the last stable offset (LSO) minus the DB next offset,
+offsets known to hold no record (transaction markers, aborted records) left out. Not the
+high watermark: the records of a transaction still open upstream lie between the LSO and
+the high watermark, no read_committed consumer is given them until it commits, and a
+transaction may stay open for ``transaction.max.timeout.ms`` (15 minutes by default); a
+worker is not behind on them. The default runtime takes the LSO from librdkafka's
+statistics (:func:`stable_offsets`, every ``statistics.interval.ms``), which cost no
+request on the consumer thread.
+
 Two gauges come from here: ``ackline_partition_lag`` per owned partition and
 ``ackline_partitions_not_consumed``, the partitions Kafka assigns to this worker that it
 does not consume (suspended after a batch that did not commit or a fence, and not
@@ -13,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -25,8 +37,9 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 5.0
 
 
-def partition_lag(high: int, db_next: int | None, position: int | None, pending: bool) -> int:
-    """Records of a partition not yet committed in PostgreSQL. Pure.
+def partition_lag(stable: int, db_next: int | None, position: int | None, pending: bool) -> int:
+    """Records of a partition a read_committed reader can read (below ``stable``, the
+    last stable offset) and PostgreSQL has not committed. Pure.
 
     With nothing of the partition buffered or in flight, everything below the consumer's
     position is committed or was skipped (transaction markers, aborted records), so lag
@@ -35,7 +48,37 @@ def partition_lag(high: int, db_next: int | None, position: int | None, pending:
     done = db_next or 0
     if not pending and position is not None:
         done = max(done, position)
-    return max(high - done, 0)
+    return max(stable - done, 0)
+
+
+def stable_offsets(stats: Mapping[str, Any]) -> dict[TP, int]:
+    """Each partition's last stable offset from one librdkafka statistics JSON (parsed):
+    ``topics.<topic>.partitions.<n>.ls_offset``. Pure.
+
+    librdkafka sets it from every fetch response (the broker's LSO under read_committed,
+    the high watermark under read_uncommitted or from a broker too old to send one);
+    partitions it has not fetched yet (-1001), and its internal unassigned partition
+    (-1), are left out: no value is better than a wrong one.
+    """
+    found: dict[TP, int] = {}
+    topics = stats.get("topics")
+    if not isinstance(topics, Mapping):
+        return found
+    for topic, facts in topics.items():
+        parts = facts.get("partitions") if isinstance(facts, Mapping) else None
+        if not isinstance(parts, Mapping):
+            continue
+        for part in parts.values():
+            if not isinstance(part, Mapping):
+                continue
+            partition, stable = part.get("partition"), part.get("ls_offset")
+            if (
+                isinstance(partition, int)
+                and isinstance(stable, int)
+                and min(partition, stable) >= 0
+            ):
+                found[(str(topic), partition)] = stable
+    return found
 
 
 class PartitionWatch:

@@ -206,7 +206,9 @@ def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
 
 def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     """A timer: ``ackline_partition_lag`` = last stable offset minus DB next offset, per
-    partition of the ledger (an upper bound: transaction markers take offsets too);
+    partition of the ledger (the lag of :mod:`ackline.streams.lag`: the consumer is
+    read_committed, so ``highwaters`` asks ListOffsets for the LSO and a transaction
+    open upstream is not lag; an upper bound: transaction markers take offsets too);
     ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
     sought there and consumed again; fenced partitions due a retake are taken back.

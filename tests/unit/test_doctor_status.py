@@ -1,9 +1,10 @@
-"""The doctor's checks, the roles-migration reader, status merging and safe rendering:
-pure functions, tested without services."""
+"""The doctor's checks, the roles-migration reader, status merging, the worker's lag and
+safe rendering: pure functions, tested without services."""
 
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -22,6 +23,7 @@ from ackline.sinks.admin.grants import (
 from ackline.sinks.admin.migrate import Migration, load_migrations
 from ackline.status import OffsetRow, PartitionStatus, merge
 from ackline.streams.kafkainfo import PartitionOffsets, TopicFacts
+from ackline.streams.lag import partition_lag, stable_offsets
 
 FILES = [Migration(1, "init", "CREATE TABLE a ();"), Migration(2, "more", "CREATE TABLE b ();")]
 
@@ -281,3 +283,40 @@ def test_the_shipped_roles_migration_is_readable() -> None:
         and (p.role, p.privilege) != ("ackline_eraser", "DELETE")
         for p, granted in want.privileges.items()
     )
+
+
+def test_stable_offsets_are_read_from_librdkafka_statistics() -> None:
+    """ls_offset per partition; the internal unassigned partition (-1) and partitions not
+    fetched yet (-1001) are left out, and so is anything malformed."""
+    stats = json.loads(
+        json.dumps(
+            {
+                "topics": {
+                    "t": {
+                        "partitions": {
+                            "0": {"partition": 0, "hi_offset": 5, "ls_offset": 4},
+                            "1": {"partition": 1, "hi_offset": -1001, "ls_offset": -1001},
+                            "-1": {"partition": -1, "hi_offset": -1001, "ls_offset": -1001},
+                            "2": {"partition": 2, "ls_offset": "7"},
+                        }
+                    },
+                    "u": {"partitions": []},
+                    "v": "x",
+                }
+            }
+        )
+    )
+    assert stable_offsets(stats) == {("t", 0): 4}
+    assert stable_offsets({}) == {}
+    assert stable_offsets({"topics": []}) == {}
+
+
+def test_partition_lag_counts_to_the_stable_offset() -> None:
+    # drained to the commit marker at 3, a record at 4 in a transaction still open: the
+    # LSO is 4, the position 4 (past the marker): nothing a read_committed reader can read
+    assert partition_lag(4, 3, 4, pending=False) == 0
+    # records 4 and 5 read and buffered, the LSO 6: counted from the DB next offset (the
+    # marker at 3 included: an upper bound while a batch is on its way)
+    assert partition_lag(6, 3, 6, pending=True) == 3
+    assert partition_lag(10, 3, 5, pending=False) == 5
+    assert partition_lag(2, 3, None, pending=False) == 0  # a stale LSO is never negative
