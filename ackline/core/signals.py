@@ -163,20 +163,36 @@ def stops_deferred(loop: asyncio.AbstractEventLoop, cancel: Callable[[], object]
             _raise_again(came[0])  # just now; after the work was over it changes nothing
 
 
+class StopCheck:
+    """What :func:`stops_between` yields: call it to raise a recorded stop; ``pending``
+    says whether one is recorded, for code that polls a ``stopping`` predicate (an inner
+    block leaves the signals to the outer one, so only the outer record sees them)."""
+
+    def __init__(self, came: list[int], raise_it: Callable[[], None]) -> None:
+        self._came = came
+        self._raise_it = raise_it
+
+    def __call__(self) -> None:
+        self._raise_it()
+
+    def pending(self) -> bool:
+        return bool(self._came)
+
+
 @contextlib.contextmanager
-def stops_between() -> Iterator[Callable[[], None]]:
+def stops_between() -> Iterator[StopCheck]:
     """While the block makes short blocking library calls from the main thread, a SIGTERM
     or SIGINT whose handler would raise is recorded instead; the block calls the yielded
     ``check`` between them, which raises it (as its handler would), and so does the end
     of the block. Raised inside such a call it was lost: librdkafka runs Python log
     callbacks within its calls and drops what they raise, so a stop at start-up went
     unseen and the command failed 10 s later as if Kafka were down (exit 2)."""
+    came: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
+        yield StopCheck(came, lambda: None)
         return
     stops = [sig for sig in (signal.SIGTERM, signal.SIGINT) if _raises(signal.getsignal(sig))]
     before = {sig: signal.getsignal(sig) for sig in stops}
-    came: list[int] = []
 
     def record(signum: int, frame: FrameType | None) -> None:
         came.append(signum)
@@ -196,7 +212,7 @@ def stops_between() -> Iterator[Callable[[], None]]:
     try:
         for sig in stops:
             signal.signal(sig, record)
-        yield check
+        yield StopCheck(came, check)
     finally:
         restore()
         check()  # also when the block raised: the stop is the news

@@ -32,7 +32,7 @@ from faust.types import TP
 from ackline.core.errors import Terminated
 from ackline.core.logs import exit_flushed
 from ackline.core.metrics import Metrics
-from ackline.core.signals import exit_now
+from ackline.core.signals import exit_now, stops_between
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
@@ -129,7 +129,14 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
     load_payload_plugins(settings.payload_plugins)
     app = make_app(ingest)
     metrics = ingest.metrics
-    partitions = prepare_topics(bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf)
+    # The topic checks make librdkafka calls from this thread, and a stop raised inside one
+    # (its log callbacks run there, outside the checks' own short tries) was dropped: the
+    # worker then failed 10 s later as if Kafka were down (exit 2). Recorded here, it ends
+    # the checks at their next try and is raised after them.
+    with stops_between() as stop:
+        partitions = prepare_topics(
+            bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf, stop.pending
+        )
     metrics.topic_partitions.set(partitions)
     ingest.serve()
 
