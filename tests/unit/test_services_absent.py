@@ -67,9 +67,13 @@ def test_a_worker_stopped_while_kafka_does_not_answer_stops_at_once(
     10 s on the event loop, and a SIGTERM or SIGINT meanwhile was lost: the worker then
     failed as if Kafka were down (status 2, 10 s after the stop). The faust runtime took
     a SIGINT there for an interrupt (status 130). Now both stop at once, status 0."""
+    # A broker that takes connections and never answers: the worker's clients connecting
+    # say where its start is. A fixed 3 s sleep was not enough in the loaded suite: the
+    # SIGINT then came while the faust worker still imported (three fresh-clone runs).
+    broker = _SilentBroker()
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("ACKLINE_")}
     env.update(
-        ACKLINE_KAFKA_BOOTSTRAP=f"127.0.0.1:{pick_free_port()}",
+        ACKLINE_KAFKA_BOOTSTRAP=f"127.0.0.1:{broker.port}",
         ACKLINE_DATABASE_URL=f"postgresql://op@127.0.0.1:{pick_free_port()}/ackline",
         ACKLINE_METRICS_PORT="0",
         ACKLINE_LOG_FORMAT="text",
@@ -82,7 +86,10 @@ def test_a_worker_stopped_while_kafka_does_not_answer_stops_at_once(
         text=True,
     )
     try:
-        time.sleep(3)  # in the topic checks: they wait 10 s for a broker
+        # its first client connects as its topic checks begin (or, on the faust runtime,
+        # its dead-letter producer, just before them)
+        assert broker.connected(1, timeout=60), "the worker never reached its topic checks"
+        time.sleep(1.0)  # in the topic checks: they wait 10 s for a broker that answers
         assert proc.poll() is None, proc.communicate()[0][-2000:]
         sent = time.monotonic()
         proc.send_signal(sig)
@@ -92,6 +99,7 @@ def test_a_worker_stopped_while_kafka_does_not_answer_stops_at_once(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        broker.close()
     assert proc.returncode == 0, out[-2000:]
     assert took < 5, f"{took:.1f} s"
     if runtime == "confluent":
@@ -208,3 +216,38 @@ def test_an_outage_seen_by_many_clients_is_one_error_line(
         asyncio.run(fail_past_the_bound())
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]
+
+
+class _SilentBroker:
+    """A listener on 127.0.0.1 that accepts connections and never answers: counts them."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._held: list[socket.socket] = []
+        self._count = threading.Condition()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            with self._count:
+                self._held.append(conn)
+                self._count.notify_all()
+
+    def connected(self, n: int, timeout: float) -> bool:
+        with self._count:
+            return self._count.wait_for(lambda: len(self._held) >= n, timeout)
+
+    def close(self) -> None:
+        self._server.close()
+        with self._count:
+            for conn in self._held:
+                conn.close()
