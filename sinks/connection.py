@@ -463,6 +463,11 @@ class Database:
                 self.succeeded()
                 return result
 
+    async def answers(self) -> None:
+        """``SELECT 1``, retried through outages: returns once PostgreSQL answers this
+        connection again (its run of failures then ended)."""
+        await self.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
+
     @staticmethod
     def _check_stop(stopping: Callable[[], bool] | None, what: str) -> None:
         if stopping is not None and stopping():

@@ -86,6 +86,6 @@ class Claims:
     async def _probe(self, also: Sequence[Callable[[], Awaitable[None]]]) -> None:
         async def control() -> None:
             async with self._lock:
-                await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
+                await self._db.answers()
 
         await asyncio.gather(control(), *(probe() for probe in also))

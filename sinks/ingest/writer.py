@@ -403,7 +403,7 @@ class BatchWriter:
         """``SELECT 1`` on this writer's connection, retried through outages: it returns
         once PostgreSQL answers this writer again (and its run of failures is ended).
         Only while no batch is in flight: one connection serves one statement."""
-        await self._db.retrying("probe", lambda conn: conn.fetchval("SELECT 1"))
+        await self._db.answers()
 
     def _retrying(self, cause: str) -> None:
         self.retries[cause] += 1
