@@ -139,18 +139,41 @@ def stored_body(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def _changes(detail: Any) -> list[str] | None:
+    """The changed leaves, or None when either body is not there to compare."""
     from ackline.render import body_diff
 
-    if detail.stored is None:
+    if detail.stored is None or detail.incoming_body is None:
         return None
     return body_diff(stored_body(detail.stored), detail.incoming_body)
 
 
+def _erased(erasure_id: int) -> str:
+    return f"(erased by erasure {erasure_id})"
+
+
 def _conflict_text(detail: Any) -> str:
+    """A conflict in full; a body an erasure removed is said to be erased, and by which
+    erasure, never printed as null (as ``rejects show`` does)."""
     from ackline.render import safe_text
 
     r = detail.row
     changes = _changes(detail)
+    if r.erasure_id is not None:
+        incoming = _erased(r.erasure_id)
+    else:
+        incoming = json.dumps(detail.incoming_body, indent=2, sort_keys=True)
+    if detail.stored is not None:
+        stored = json.dumps(detail.stored, indent=2, sort_keys=True)
+    elif detail.stored_erasure_id is not None:
+        stored = _erased(detail.stored_erasure_id)
+    else:
+        stored = "(not found)"
+    if changes is not None:
+        changed = [f"  {line}" for line in changes] or ["  (no difference in the body)"]
+    elif detail.stored is None and detail.stored_erasure_id is None:
+        changed = ["  (the stored row is gone)"]
+    else:
+        changed = ["  (not known: a body was erased)"]
     lines = [
         f"conflict {r.conflict_id} ({r.layer} layer), batch {r.batch_id}, {r.detected_at}",
         f"source         {r.topic}[{r.partition}]@{r.offset}",
@@ -159,15 +182,11 @@ def _conflict_text(detail: Any) -> str:
         f"stored hash    {r.stored_hash.hex()}",
         f"incoming hash  {r.incoming_hash.hex()}",
         "changed (stored -> incoming):",
-        *(
-            ["  (the stored row is gone)"]
-            if changes is None
-            else [f"  {line}" for line in changes] or ["  (no difference in the body)"]
-        ),
+        *changed,
         "incoming body:",
-        json.dumps(detail.incoming_body, indent=2, sort_keys=True),
+        incoming,
         "stored row:",
-        json.dumps(detail.stored, indent=2, sort_keys=True) if detail.stored else "(not found)",
+        stored,
     ]
     return safe_text("\n".join(lines), keep_newlines=True)
 

@@ -35,6 +35,7 @@ class ConflictRow:
     offset: int
     batch_id: int
     detected_at: datetime
+    erasure_id: int | None = None  # set when an erasure cleared (or withheld) the body
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +51,7 @@ class ConflictRow:
             "offset": self.offset,
             "batch_id": self.batch_id,
             "detected_at": self.detected_at.isoformat(),
+            "erasure_id": self.erasure_id,
         }
 
 
@@ -58,9 +60,15 @@ class ConflictDetail:
     row: ConflictRow
     incoming_body: Any
     stored: dict[str, Any] | None  # the activity row that won; None if it is gone
+    stored_erasure_id: int | None = None  # the erasure that removed that row, if one did
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.row.to_json(), "incoming_body": self.incoming_body, "stored": self.stored}
+        return {
+            **self.row.to_json(),
+            "incoming_body": self.incoming_body,
+            "stored": self.stored,
+            "stored_erasure_id": self.stored_erasure_id,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +124,7 @@ class RejectDetail:
 _CONFLICT_COLUMNS = """
 conflict_id, layer, event_id::text AS event_id, txn_id,
 stored_event_id::text AS stored_event_id, stored_hash, incoming_hash, src_topic,
-src_partition, src_offset, batch_id, detected_at
+src_partition, src_offset, batch_id, detected_at, erasure_id
 """
 
 _REJECT_COLUMNS = """
@@ -130,6 +138,8 @@ SELECT event_id::text AS event_id, txn_id, type, agent_id, request_id, occurred_
        src_offset, batch_id, ingested_at
 FROM activity WHERE event_id = $1::uuid
 """
+
+_TOMBSTONE = "SELECT erasure_id FROM erased_events WHERE event_id = $1::uuid"
 
 
 async def list_conflicts(conn: asyncpg.Connection, group_id: str, limit: int) -> list[ConflictRow]:
@@ -164,11 +174,17 @@ async def get_conflict(conn: asyncpg.Connection, group_id: str, conflict_id: int
     if row is None:
         raise NotFoundError(f"no conflict {conflict_id} for group {group_id}")
     stored = await conn.fetchrow(_STORED, row["stored_event_id"])
+    # a stored row that is gone was erased (a tombstone says by which erasure) or dropped
+    # by retention (no tombstone)
+    gone_by = (
+        None if stored is not None else await conn.fetchval(_TOMBSTONE, row["stored_event_id"])
+    )
     return ConflictDetail(
         row=_conflict(row),
         # NULL once erased (sinks/admin/erase.py): the keys and hashes stay
         incoming_body=None if row["incoming_body"] is None else json.loads(row["incoming_body"]),
         stored=None if stored is None else _stored(stored),
+        stored_erasure_id=None if gone_by is None else int(gone_by),
     )
 
 
@@ -215,6 +231,7 @@ def _conflict(r: asyncpg.Record) -> ConflictRow:
         offset=int(r["src_offset"]),
         batch_id=int(r["batch_id"]),
         detected_at=r["detected_at"],
+        erasure_id=None if r["erasure_id"] is None else int(r["erasure_id"]),
     )
 
 

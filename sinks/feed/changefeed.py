@@ -56,6 +56,7 @@ from ackline.sinks.feed.types import (
     FeedEvent,
     Filter,
     Position,
+    passed,
     window_end,
 )
 
@@ -98,7 +99,9 @@ WITH horizon AS (
     LIMIT $3
 ), bound AS (
     SELECT (SELECT max(commit_xid) FROM txs) AS upper,
-           (SELECT count(*) FROM txs) AS txs,
+           -- the window's xids (at most $3): a read cut inside the window passed only
+           -- those below where it ends (types.passed)
+           (SELECT array_agg(commit_xid::text::bigint ORDER BY commit_xid) FROM txs) AS xids,
            h.own_xid,
            EXISTS (SELECT 1 FROM ingest_batches AS p WHERE p.commit_xid >= h.xmin)
            OR EXISTS (SELECT 1 FROM erasures AS p WHERE p.commit_xid >= h.xmin) AS pending,
@@ -163,7 +166,7 @@ WITH horizon AS (
           AND a.src_offset = ev.src_offset AND a.src_topic = ev.src_topic
     ) AS s ON true
 )
-SELECT bound.upper, bound.txs, bound.own_xid, bound.pending, bound.foreign, bound.xmax,
+SELECT bound.upper, bound.xids, bound.own_xid, bound.pending, bound.foreign, bound.xmax,
        sized.*, p.payload
 FROM bound
 LEFT JOIN sized ON sized.shown < $10::bigint
@@ -297,7 +300,7 @@ class Changefeed:
             start=cursor,
             end=end,
             events=kept,
-            transactions=int(head["txs"]),
+            transactions=passed(head["xids"] or [], end),
             pending=bool(head["pending"]),
         )
 
@@ -445,7 +448,7 @@ class Reader:
             break
         try:
             yield batch
-            if batch.transactions:
+            if not batch.caught_up:  # a read cut inside a transaction passes none
                 await self._faults.ahit("feed_before_commit")
             if batch.end != batch.start:
                 await self._still_open(conn)

@@ -176,9 +176,11 @@ class FeedEvent:
 class FeedBatch:
     """What one read returned: the events after ``start``, up to ``end`` inclusive.
 
-    ``transactions`` counts the ingest transactions the window covered (0: nothing was
-    readable). ``pending`` is True when committed batches exist that cannot be read yet
-    because an older transaction is still open (they will be, once it ends).
+    ``transactions`` counts the feed's transactions (ingest batches, erasures) the read
+    passed whole: a read cut inside a transaction counts it only in the read that ends
+    past it (:func:`passed`), so the counts of a reader's reads sum to the transactions
+    it went through. ``pending`` is True when committed batches exist that cannot be read
+    yet because an older transaction is still open (they will be, once it ends).
     """
 
     start: Cursor
@@ -189,8 +191,16 @@ class FeedBatch:
 
     @property
     def caught_up(self) -> bool:
-        """Nothing was readable: the reader is at the head of the readable feed."""
-        return self.transactions == 0
+        """Nothing was readable: the reader is at the head of the readable feed (a read
+        cut inside one large transaction passes none, yet moves on)."""
+        return self.end == self.start
+
+
+def passed(xids: Sequence[int], end: Cursor) -> int:
+    """How many of a read window's transactions (``xids``) the read passed whole: those
+    before the one it ended in, and that one too when it ended after it (``end.within``
+    None). Pure."""
+    return sum(1 for xid in xids if xid < end.xid or (xid == end.xid and end.within is None))
 
 
 def window_end(

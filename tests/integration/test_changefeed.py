@@ -549,6 +549,57 @@ def test_a_read_is_cut_at_max_bytes_of_payloads(dsn: str) -> None:
     asyncio.run(go())
 
 
+def test_a_cut_read_counts_only_the_transactions_it_passed(dsn: str) -> None:
+    """From a review: a read cut by bytes counted every transaction of its window, so the
+    cursor's stored total and the reader's stats counted each transaction again at every
+    cut read. Three transactions of three 100 kB events read 250 kB at a time: the
+    reads' counts sum to 3, and a read that ends inside its first transaction counts 0."""
+    big = "x" * 100_000
+
+    async def go() -> None:
+        epochs = await take(dsn, [0])
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        for t in range(3):
+            envs = [
+                new_envelope(
+                    "agent.step",
+                    txn_id=f"run-r8:{t}:{i}",
+                    agent_id="a8",
+                    request_id="r8",
+                    payload={"run_id": "run-r8", "step": 3 * t + i, "thought": big},
+                    occurred_at=T0,
+                )
+                for i in range(3)
+            ]
+            await writer.write(batch_of(envs, epochs[0], 0, 3 * t))
+        await database.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            reader = Reader("cut", Changefeed(max_bytes=250_000))
+            await reader.position(conn)
+            counts, got = [], []
+
+            async def step_() -> bool:
+                async with reader.next_batch(conn) as batch:
+                    counts.append(batch.transactions)
+                    got.extend(e.payload["step"] for e in batch.events)
+                return batch.caught_up and not batch.pending
+
+            await eventually(step_, 60, "the reader to catch up")
+            assert got == list(range(9)), got
+            assert counts[0] == 0, counts  # it ended on the first transaction, cut
+            assert sum(counts) == reader.stats.transactions == 3, counts
+            stored = await conn.fetchval(
+                "SELECT transactions FROM feed_cursors WHERE reader = 'cut'"
+            )
+            assert stored == 3
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
 def test_a_read_the_server_cancels_shrinks_and_names_the_setting(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -131,7 +131,7 @@ async def _follow(dsn: str, reader: Reader | LocalReader) -> list[uuid.UUID]:
                 if isinstance(reader, Reader) and ids:
                     await conn.execute("INSERT INTO seen SELECT unnest($1::uuid[])", ids)
             out += ids
-            if fb.transactions == 0:
+            if fb.caught_up:
                 return out
     finally:
         await conn.close()

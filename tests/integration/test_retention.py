@@ -36,6 +36,7 @@ from ackline.load.verify import drained, verify
 from ackline.roles import ERASER, INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
+from ackline.settings import Settings
 from ackline.sinks.admin.erase import Erasure, ErasureError, erase
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.admin.partitions import apply_retention, ensure_partitions, list_partitions
@@ -795,6 +796,47 @@ def test_a_replay_in_flight_during_an_erasure_does_not_store_the_erased_content(
     else:  # the batch waited for the erasure, and withheld the body
         assert (done.conflicts, done.rejects) == (0, 1)
     _assert_erased(dsn, agent, {event_id}, secrets)
+
+
+def test_conflicts_show_says_an_erased_body_was_erased(services: Services, dsn: str) -> None:
+    """A stored event, a replay of it with a changed body (a conflict), then an erasure of
+    the event: ``conflicts show`` printed the incoming body and the stored row as ``null``
+    and "(not found)"; it now says both were erased, by which erasure (the JSON names it)."""
+    group = Settings.model_fields["group_id"].default  # what the CLI below reads as
+    event_id = uuid.uuid4()
+    secrets = [f"{n}-{uuid.uuid4().hex}" for n in ("stored", "replayed")]
+
+    async def go() -> Erasure:
+        admin = await asyncpg.connect(dsn)
+        database = Database(with_user(dsn, INGEST))
+        try:
+            epoch = (await claim(admin, group, "w", [("t", 0)]))[0].epoch
+            writer = BatchWriter(database, group, "w")
+            for offset, secret in enumerate(secrets):
+                await writer.write(
+                    Batch(
+                        ranges=(PartitionRange("t", 0, offset, offset + 1, epoch),),
+                        events=[Incoming(Coord("t", 0, offset), _step("a", event_id, secret))],
+                    )
+                )
+            return await erase(admin, "event", str(event_id))
+        finally:
+            await database.close()
+            await admin.close()
+
+    done = asyncio.run(go())
+    assert done.conflicts == 1
+    conflict_id = str(_one(dsn, "SELECT conflict_id FROM conflicts"))
+    shown = _cli(services, dsn, "conflicts", "show", conflict_id)
+    assert shown.returncode == 0, shown.stderr
+    erased = f"(erased by erasure {done.erasure_id})"
+    assert f"incoming body:\n{erased}\nstored row:\n{erased}" in shown.stdout, shown.stdout
+    assert "null" not in shown.stdout and "not found" not in shown.stdout
+    assert not [s for s in secrets if s in shown.stdout]
+    as_json = json.loads(_cli(services, dsn, "conflicts", "show", conflict_id, "--json").stdout)
+    assert (as_json["erasure_id"], as_json["stored_erasure_id"]) == (done.erasure_id,) * 2
+    listed = json.loads(_cli(services, dsn, "conflicts", "list", "--json").stdout)
+    assert [c["erasure_id"] for c in listed] == [done.erasure_id]
 
 
 # ---- the changefeed across an erasure --------------------------------------------------
