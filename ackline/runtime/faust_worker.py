@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -41,6 +41,8 @@ from ackline.streams.deadletter import prepare_topics
 from ackline.streams.faust_runtime import risk
 from ackline.streams.faust_runtime.headers import install_lenient_headers
 from ackline.streams.faust_runtime.sink import FaustSink
+from ackline.streams.faust_runtime.transport import AcklineConsumer
+from ackline.streams.lag import partition_lag
 
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
@@ -212,10 +214,14 @@ def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
 
 
 def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
-    """A timer: ``ackline_partition_lag`` = last stable offset minus DB next offset, per
-    partition of the ledger (the lag of :mod:`ackline.streams.lag`: the consumer is
-    read_committed, so ``highwaters`` asks ListOffsets for the LSO and a transaction
-    open upstream is not lag; an upper bound: transaction markers take offsets too);
+    """A timer: ``ackline_partition_lag`` per partition of the ledger, the lag of
+    :mod:`ackline.streams.lag` (:func:`~ackline.streams.lag.partition_lag`): the last
+    stable offset (the consumer is read_committed, so ``highwaters`` asks ListOffsets for
+    the LSO and a transaction open upstream is not lag) minus the DB next offset, or
+    minus the consumer's position when no record handed to faust is past the DB next
+    offset (:func:`fetched_uncommitted`): the transaction markers and aborted records
+    below the position are not lag, and without this an idle, caught-up partition of a
+    transactional topic showed lag 1 or more for ever, and ``/readyz`` 503;
     ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
     sought there and consumed again; fenced partitions due a retake are taken back.
@@ -252,18 +258,40 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
         metrics.not_consumed.set(len(assigned - set(ledger.owned())))
         if not tracked:
             return
+        # the ends after the positions: a record handed out in between is below its end
+        # and at or past the position read, so counted
+        marks = await cast(AcklineConsumer, app.consumer).lag_marks(sorted(tracked))
         ends = await app.consumer.highwaters(*(TP(t, p) for t, p in tracked))
         for (topic, partition), end in ((tp, ends.get(TP(*tp))) for tp in tracked):
             if end is None:
                 continue
-            done = ledger.db_next((topic, partition))  # read again: a claim may have run
+            # read again, after the marks: a claim may have run, a batch committed
+            done = ledger.db_next((topic, partition))
+            position, handed = marks.get((topic, partition), (None, None))
             if (topic, partition) in ledger.blocked() and done is not None and end >= done:
                 rewind = ledger.unblock((topic, partition))
                 await sink.kafka.seek({rewind.tp: rewind.offset})
+                position = None  # sought: the position read before is not the one now
                 log.warning(
                     "%s[%d]: the log end reached the DB offset %d again", topic, partition, done
                 )
-            metrics.lag.labels(topic, str(partition)).set(max(end - (done or 0), 0))
+            pending = fetched_uncommitted(handed, done)
+            metrics.lag.labels(topic, str(partition)).set(
+                partition_lag(end, done, position, pending)
+            )
             shown.add((topic, partition))
 
     return report
+
+
+def fetched_uncommitted(handed: int | None, db_next: int | None) -> bool:
+    """Whether a record handed to faust (``handed``: the offset after the highest) is at
+    or past the DB next offset: read and not committed in PostgreSQL yet (in faust's
+    queue, in a batch, being written). Pure.
+
+    Read ``handed`` with the position and ``db_next`` after both: a batch that committed
+    in between moves ``db_next`` past records it wrote, never past one still in flight.
+    A record refused after a seek back is read again from the DB offset, so it counts
+    until PostgreSQL has it; counting it errs toward lag, never toward none.
+    """
+    return handed is not None and handed > (db_next or 0)

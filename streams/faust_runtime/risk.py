@@ -6,7 +6,8 @@
   runtime was proven on (0.15.x), or one of the faust methods it overrides no longer
   exists there. The overrides (docs/faust.md) replace faust's ack, commit, gap,
   read-offset and seek paths; if faust renamed one, faust's own path would run again —
-  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets. It
+  the paths that commit past an in-flight message (#606) or seek to Kafka's offsets —
+  or, for the fetch, the lag would count records in flight as done. It
   also names the stream methods the byte-bounded take calls and the app's queue factory.
   Names only: a change of what they do, or of mode-streaming's queue internals that
   ByteBoundQueue relies on (every insert through ``_put``), goes unseen here.
@@ -33,7 +34,7 @@ CONSUMER_OVERRIDES = (
     "on_partitions_revoked",
     "_new_consumer_thread",
 )
-THREAD_OVERRIDES = ("_create_worker_consumer", "_commit", "on_start")
+THREAD_OVERRIDES = ("_create_worker_consumer", "_commit", "on_start", "_fetch_records")
 # The byte-bounded take (bytebound.take_batches) drives the stream by these, as faust's
 # noack_take does; the app's channel queues are made by FlowControlQueue, which AcklineApp
 # replaces with a byte-bounded one. Renamed, the take would fail, or the bound be lost.

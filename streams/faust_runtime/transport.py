@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,7 +37,8 @@ from typing import Any, cast
 import faust
 import faust.tables
 from aiokafka.consumer.fetcher import READ_COMMITTED
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka.errors import IllegalStateError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 from faust.types.transports import TPorTopicSet, TransportT
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 _MARKS_S = 10.0
 """The longest wait for a claim's watermarks (log start and end) before it goes on
 without them."""
+_POSITION_S = 1.0
+"""The longest wait for a partition's position (one being reset has none yet) in a lag
+report: the report goes on without it."""
 
 
 class IsolationError(StreamError):
@@ -102,8 +106,22 @@ class _NoReadOffsets(dict[TP, int | None]):
         return None
 
 
+def handed_ends(records: Mapping[Any, Sequence[Any]]) -> dict[tuple[str, int], int]:
+    """Per partition, the offset after the last record of one fetch's ``records``
+    (aiokafka's ``fetched_records``: each partition's records in offset order). Pure."""
+    return {(tp.topic, tp.partition): recs[-1].offset + 1 for tp, recs in records.items() if recs}
+
+
 class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """The aiokafka consumer thread, fetching only committed records."""
+    """The aiokafka consumer thread, fetching only committed records, and noting how far
+    it handed records to faust (:meth:`_fetch_records`, for the lag: :meth:`lag_marks`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handed: dict[tuple[str, int], int] = {}
+        """Per partition, the offset after the highest record aiokafka handed to faust:
+        every record below it is in faust's buffers, in a batch, or written (or refused
+        and read again after a seek back). Written only on this thread's loop."""
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
         """faust's aiokafka consumer, reading committed records only and fetching at most
@@ -114,6 +132,54 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._isolation_level = "read_committed"
         consumer._fetch_max_bytes = cast(AcklineApp, self.app).buffer_max_bytes
         return consumer
+
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: set[TP],
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        """faust's fetch of the records aiokafka has buffered, noting how far each
+        partition's records go (:attr:`handed`).
+
+        Order of effects, on this thread's loop with no await between them: aiokafka
+        hands the records out and moves its positions past them (and past the
+        transaction markers and aborted records after them); :attr:`handed` moves. So a
+        position read on this loop never counts a record that :attr:`handed` does not
+        (:meth:`lag_marks`). A crash loses nothing: both are this process's memory.
+        """
+        records = await super()._fetch_records(
+            consumer, active_partitions, timeout=timeout, max_records=max_records
+        )
+        for tp, end in handed_ends(records).items():
+            self.handed[tp] = max(self.handed.get(tp, 0), end)
+        return records
+
+    async def lag_marks(
+        self, tps: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """(position, handed) of each of ``tps``, read together on this thread's loop."""
+        return cast(
+            dict[tuple[str, int], tuple[int | None, int | None]],
+            await self.call_thread(self._lag_marks, tps),
+        )
+
+    async def _lag_marks(
+        self, tps: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """Each partition's position and then, with no await between, its :attr:`handed`
+        (None: not assigned, or no valid position within :data:`_POSITION_S`)."""
+        consumer = self._ensure_consumer()
+        found: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        for tp in tps:
+            try:
+                async with asyncio.timeout(_POSITION_S):
+                    position = await consumer.position(TopicPartition(*tp))
+            except (IllegalStateError, TimeoutError):
+                position = None
+            found[tp] = (position, self.handed.get(tp))
+        return found
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Commit ``offsets`` (the DB next offsets) to Kafka; advisory, so never fatal.
@@ -168,6 +234,13 @@ class AcklineConsumer(faust_aiokafka.Consumer):
 
     def _ownership(self) -> Ownership:
         return cast(AcklineApp, self.app).ownership
+
+    async def lag_marks(
+        self, tps: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """(position, how far records were handed to faust) of each of ``tps``
+        (:meth:`AcklineConsumerThread.lag_marks`)."""
+        return await cast(AcklineConsumerThread, self._thread).lag_marks(tps)
 
     # ---- acks: in-flight tracking only ----------------------------------------------
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from ackline.load.produce import Knobs
@@ -175,6 +176,73 @@ def _next_offset(dsn: str, topic: str, partition: int) -> int | None:
     return None if not rows or rows[0]["next_offset"] is None else int(rows[0]["next_offset"])
 
 
+def _tx_producer(services: Services, topic: str) -> Producer:
+    """A plain transactional producer, its transactions initialised."""
+    producer = Producer(
+        {"bootstrap.servers": services.bootstrap, "transactional.id": f"tx-{topic}"}
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def _send_step(producer: Producer, topic: str, i: int) -> None:
+    """Step ``i`` of one agent run, to partition 0 of ``topic``."""
+    env = new_envelope(
+        "agent.step",
+        txn_id=f"run-open:{i}",
+        agent_id="agent-open",
+        request_id="open",
+        payload={"run_id": "run-open", "step": i, "thought": "plan"},
+        occurred_at=datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
+    )
+    out = prepare(env)
+    producer.produce(topic, out.value, out.key, partition=0, headers=list(out.headers))
+
+
+@pytest.mark.parametrize("tail", ["commit", "abort"])
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_an_idle_transactional_partition_read_to_its_end_is_not_lag(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str, tail: str
+) -> None:
+    """A transactional producer commits offsets 0-2 (its commit marker at 3) and, for
+    ``abort``, aborts two more records (4-5, the abort marker at 6); then nothing more.
+    Once the worker has written 0-2 it is caught up: the markers and aborted records are
+    nothing a read_committed reader is given. Its lag gauge, `status` and `doctor` say 0,
+    and /readyz stays 200 past its commit-age bound. (The faust runtime counted from the
+    DB offset to the last stable offset: lag 1, or 4, for ever, and /readyz 503 once the
+    last commit was older than the bound.)"""
+    producer = _tx_producer(services, topic)
+    producer.begin_transaction()
+    for i in range(3):
+        _send_step(producer, topic, i)
+    producer.commit_transaction(30)
+    if tail == "abort":
+        producer.begin_transaction()
+        for i in range(3, 5):
+            _send_step(producer, topic, i)
+        producer.flush(30)
+        producer.abort_transaction(30)
+    bound = 3.0
+    worker = Worker(services, dsn, topic, tmp_path, runtime=runtime, ready_max_commit_age_s=bound)
+    wait_until(lambda: _next_offset(dsn, topic, 0) == 3, 90, "offsets 0-2 ingested")
+
+    def caught_up() -> bool:
+        worker.ensure_alive()
+        return _lags(worker, topic).get(0) == 0 and _readyz(worker)[0] == 200
+
+    # past the bound and two lag reports (every 5 s)
+    wait_until(caught_up, bound + 12, "lag 0 and ready on the idle partition")
+    held_until = time.monotonic() + bound + 2
+    while time.monotonic() < held_until:
+        code, body = _readyz(worker)
+        assert code == 200, body
+        assert _lags(worker, topic).get(0) == 0
+        time.sleep(0.5)
+    assert _status(services, dsn, topic)["total_lag"] == 0
+    assert _doctor_lag(services, dsn, topic) == 0
+    assert worker.stop() == 0, worker.log()[-3000:]
+
+
 def test_an_open_upstream_transaction_is_not_lag(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
@@ -183,22 +251,10 @@ def test_an_open_upstream_transaction_is_not_lag(
     read_committed reader can read that record yet), so /readyz stays 200 and its lag
     gauge 0, and `status` and `doctor` say 0 too. Once committed, the record is ingested.
     (The gauge counted up to the high watermark: lag 1 and /readyz 503 after the bound.)"""
-    producer = Producer(
-        {"bootstrap.servers": services.bootstrap, "transactional.id": f"tx-{topic}"}
-    )
-    producer.init_transactions(30)
+    producer = _tx_producer(services, topic)
 
     def send(i: int) -> None:
-        env = new_envelope(
-            "agent.step",
-            txn_id=f"run-open:{i}",
-            agent_id="agent-open",
-            request_id="open",
-            payload={"run_id": "run-open", "step": i, "thought": "plan"},
-            occurred_at=datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
-        )
-        out = prepare(env)
-        producer.produce(topic, out.value, out.key, partition=0, headers=list(out.headers))
+        _send_step(producer, topic, i)
 
     producer.begin_transaction()
     for i in range(3):

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import faust
 import pytest
@@ -13,12 +14,14 @@ from faust.types import TP, Message
 
 from ackline.core.errors import SettingsError
 from ackline.runtime.faust_app import AGENT_NAME, METADATA_MAX_AGE_MS, FaustApp, make_app
+from ackline.runtime.faust_worker import fetched_uncommitted
 from ackline.runtime.wiring import build_ingest
 from ackline.settings import load_settings
 from ackline.sinks.ingest.batch import PartitionRange
 from ackline.sinks.ingest.offsets import Claim
 from ackline.streams.faust_runtime import risk
-from ackline.streams.faust_runtime.transport import AcklineConsumer
+from ackline.streams.faust_runtime.transport import AcklineConsumer, handed_ends
+from ackline.streams.lag import partition_lag
 
 T = "events"
 
@@ -163,3 +166,17 @@ def test_an_untested_faust_is_refused_unless_the_risk_is_accepted() -> None:
     risk.check(problems, "untested-faust-version")
     with pytest.raises(SettingsError, match="unknown risk"):
         risk.check([], "lose-everything")
+
+
+def test_lag_counts_from_the_position_only_when_no_handed_record_is_uncommitted() -> None:
+    """An idle transactional partition read to its end: the DB next offset is 3, the
+    commit marker at 3 puts the last stable offset and the position at 4. Lag 0 once
+    the records handed to faust are committed; 1 while record 3 is handed and not."""
+    fetched = {TP(T, 0): [SimpleNamespace(offset=1), SimpleNamespace(offset=2)], TP(T, 1): []}
+    assert handed_ends(fetched) == {(T, 0): 3}
+    assert not fetched_uncommitted(None, 3)  # nothing handed out
+    assert not fetched_uncommitted(3, 3)  # all of it committed
+    assert fetched_uncommitted(4, 3)  # record 3 in flight
+    assert fetched_uncommitted(1, None)  # nothing committed yet
+    assert partition_lag(4, 3, 4, fetched_uncommitted(3, 3)) == 0
+    assert partition_lag(5, 3, 4, fetched_uncommitted(4, 3)) == 2
