@@ -319,8 +319,9 @@ class Settings(BaseSettings):
         description="a worker (the default runtime) that cannot connect to PostgreSQL for "
         "its pending writes or claims for longer than this leaves the consumer group, so "
         "that workers that can write take its partitions, and joins again once all its "
-        "connections answer (0: never). A server that answers but fails (a lock wait, a "
-        "full disk) does not count",
+        "connections answer (0: never). A connection the server refuses (too many "
+        "clients, starting up, in recovery) counts; a statement that fails on an open "
+        "connection (a lock wait, a full disk) does not",
     )
     faults: str = Field(
         default="",

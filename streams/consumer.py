@@ -147,6 +147,7 @@ class ConsumerRuntime:
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
         self._leave_due = False
+        self._claim_away = 0.0  # how long the assign claim that gave up could not connect
         self._probe: concurrent.futures.Future[None] | None = None
         # The partitions a rebalance callback is giving up, while it settles the writes in
         # flight (None outside one): :meth:`_not_committed` leaves them to the release.
@@ -212,8 +213,10 @@ class ConsumerRuntime:
             if slot.inflight is not None and slot.inflight.done():
                 self._complete(slot)
         self._check_database(consumer)
-        if not self._left:
-            self._check_group()
+        if self._left:
+            self._out_of_group(consumer)
+            return
+        self._check_group()
         self._retake(consumer)
         now = time.monotonic()
         ready, full = self._ready(now)
@@ -241,6 +244,24 @@ class ConsumerRuntime:
         if self.drain_and_stop and idle and self._drained(consumer):
             log.info("drained: every partition's position is at its high watermark")
             self._stop.set()
+
+    def _out_of_group(self, consumer: Consumer) -> None:
+        """A turn out of the group (left, the revoke not served yet or the probe of
+        :meth:`_rejoin` under way): no batch is dispatched and no retake claimed. The
+        partitions are being given up, and the probe runs on the writers' connections,
+        one statement at a time each: a batch dispatched beside it met asyncpg's "another
+        operation is in progress", which is not transient, and the worker died. A poll
+        serves the revoke; a record it still hands back is buffered, and the revoke
+        drops the buffers (its partition is read again from the DB offset); the revoke
+        also ends the writes in flight (:meth:`_release`)."""
+        writing = self._writing()
+        msg = consumer.poll(0 if writing else _IDLE_POLL_S)
+        if msg is not None:
+            self._accept([msg])
+        if writing:
+            self._wait_any(0.05)
+        if self._watch.due():
+            self._report(consumer)  # the gauges /readyz reads: nothing assigned, once out
 
     def _ready(self, now: float) -> tuple[Slot | None, Slot | None]:
         """The first slot whose batch leaves now; else, when the buffers are at their
@@ -694,7 +715,7 @@ class ConsumerRuntime:
         if self._left:
             self._rejoin(consumer)
             return
-        away = self._db_failing_for()
+        away = max(self._db_failing_for(), self._claim_away if self._leave_due else 0.0)
         if not self._leave_due and not 0 < self.cfg.db_leave_after_s < away:
             return
         self._leave_due, self._left = False, True
@@ -853,6 +874,7 @@ class ConsumerRuntime:
         claims = self._claims.claim(tps, starts, give_up=lambda: self._claim_overdue(start))
         if claims is None:  # stopping, or PostgreSQL away: leave (the client assigns them
             self._leave_due = not self._stop.is_set()  # itself, unowned: records dropped)
+            self._claim_away = _failing(self._control_db.unreachable_since, start, time.monotonic())
             return
         self._faults.hit("after_claim")
         self.ledger.claimed(claims)
