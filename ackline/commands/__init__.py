@@ -50,9 +50,15 @@ def _seconds(text: str, most: float) -> float:
     return value
 
 
+BIGINT_MAX = 2**63 - 1
+"""The largest count or id a command takes: PostgreSQL's bigint (asyncpg refuses a larger
+argument with a traceback)."""
+
+
 def whole_from(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``low``, refused when parsed rather
-    than by Kafka, after a wait (a partition count of 0, a negative event count)."""
+    """An argparse type: a whole number from ``low`` to :data:`BIGINT_MAX`, refused when
+    parsed rather than by Kafka after a wait (a partition count of 0, a negative event
+    count) or by asyncpg (a number past a bigint)."""
 
     def whole(text: str) -> int:
         try:
@@ -61,6 +67,10 @@ def whole_from(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, not {text}")
+        if value > BIGINT_MAX:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {BIGINT_MAX} (PostgreSQL's bigint), not {text}"
+            )
         return value
 
     return whole

@@ -309,10 +309,10 @@ def register(sub: Subparsers) -> None:
     tail.add_argument("--type", action="append", dest="types", help="event type (repeatable)")
     tail.add_argument("--agent", action="append", dest="agents", help="agent_id (repeatable)")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new batches")
-    tail.add_argument("--limit", type=int, help="stop after N events")
+    tail.add_argument("--limit", type=whole_from(1), help="stop after N events")
     tail.add_argument(
         "--batch-events",
-        type=int,
+        type=whole_from(1),
         default=5_000,
         help="events per read (bounds memory: one feed transaction, such as a large "
         "erasure, can hold millions; a read cut inside it resumes there)",
@@ -341,6 +341,6 @@ def register(sub: Subparsers) -> None:
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
     )
     disp.add_argument(
-        "--max-transactions", type=int, default=64, help="feed transactions per batch"
+        "--max-transactions", type=whole_from(1), default=64, help="feed transactions per batch"
     )
     disp.set_defaults(handler=cmd_dispatch)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.endpoints import database, endpoints
@@ -261,13 +261,6 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         name, help=f"{help} (no subcommand: list the newest {DEFAULT_LIMIT})"
@@ -276,18 +269,18 @@ def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.
     ls = actions.add_parser("list", help=f"the newest {name} of the group, and how many there are")
     ls.add_argument(
         "--limit",
-        type=_positive,
+        type=whole_from(1),
         default=DEFAULT_LIMIT,
         help=f"show at most N, newest first (default {DEFAULT_LIMIT})",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array instead of a table")
     show = actions.add_parser("show", help=f"one of the {name} in full")
-    show.add_argument("id", type=int, help=f"its id (the first column of `{name} list`)")
+    show.add_argument("id", type=whole_from(1), help=f"its id (the first column of `{name} list`)")
     show.add_argument("--json", action="store_true", help="one JSON object")
     if raw:
         show.add_argument("--raw", action="store_true", help="key and value as base64")
         show.add_argument(
-            "--max-bytes", type=int, default=4096, help="show at most N bytes (0: all)"
+            "--max-bytes", type=whole_from(0), default=4096, help="show at most N bytes (0: all)"
         )
     return p
 

@@ -382,7 +382,9 @@ def register(sub: Subparsers) -> None:
     start.add_argument(
         "--from-now", action="store_true", help="a NEW processor skips what is in the feed now"
     )
-    proc.add_argument("--batch-events", type=int, default=5_000, help="events per transaction")
+    proc.add_argument(
+        "--batch-events", type=whole_from(1), default=5_000, help="events per transaction"
+    )
     proc.add_argument(
         "--batch-bytes",
         type=whole_from(1),
@@ -391,7 +393,10 @@ def register(sub: Subparsers) -> None:
         "that passes them, and its first event is read however large)",
     )
     proc.add_argument(
-        "--max-transactions", type=int, default=16, help="ingest transactions per feed read"
+        "--max-transactions",
+        type=whole_from(1),
+        default=16,
+        help="ingest transactions per feed read",
     )
     proc.add_argument(
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"

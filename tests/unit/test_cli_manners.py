@@ -443,3 +443,33 @@ def test_a_poll_interval_that_is_not_a_positive_number_of_seconds_is_refused(
         cli.parser().parse_args([*argv, "--poll-interval", bad])
     assert exit_.value.code == 2
     assert "--poll-interval" in capsys.readouterr().err
+
+
+BIGINT_PAST = str(2**63)  # one past PostgreSQL's bigint: asyncpg refused it with a traceback
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["rejects", "list", "--limit", "99999999999999999999"], "--limit"),
+        (["conflicts", "list", "--limit", BIGINT_PAST], "--limit"),
+        (["rejects", "show", BIGINT_PAST], "id"),
+        (["conflicts", "show", "99999999999999999999"], "id"),
+        (["rejects", "show", "1", "--max-bytes", "-5"], "--max-bytes"),
+        (["process", "runs", "--until-caught-up", "--max-transactions", BIGINT_PAST], "--max"),
+        (["process", "runs", "--batch-events", "0"], "--batch-events"),
+        (["dispatch", "--max-transactions", "0"], "--max-transactions"),
+        (["tail", "--batch-events", BIGINT_PAST], "--batch-events"),
+        (["tail", "--limit", "-3"], "--limit"),
+    ],
+)
+def test_a_count_or_id_out_of_range_is_refused_naming_the_option(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number past a bigint reached asyncpg and ended in a 58-line traceback (exit 1;
+    a processor run was marked failed by it), and a negative --max-bytes showed
+    everything: refused at parse time, naming the option."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert option in capsys.readouterr().err
