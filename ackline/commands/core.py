@@ -49,7 +49,7 @@ async def _preflight(settings: Settings, dsn: str) -> None:
     import asyncpg
 
     from ackline.clients import ingest_dsn
-    from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError
+    from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError, missing_role
     from ackline.core.errors import AcklineError
 
     try:
@@ -58,7 +58,12 @@ async def _preflight(settings: Settings, dsn: str) -> None:
         return
     except asyncpg.InvalidAuthorizationSpecificationError as exc:
         if "does not exist" in str(exc):
-            raise AcklineError(f"{exc}: {MIGRATE_HINT} (it creates the ackline roles)") from exc
+            setting = (
+                "ACKLINE_DATABASE_URL"
+                if settings.database_ingest_url is None
+                else "ACKLINE_DATABASE_INGEST_URL"
+            )
+            raise AcklineError(missing_role(str(exc), setting)) from exc
         raise
     try:
         missing = await conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL")
@@ -162,7 +167,9 @@ def register(sub: Subparsers) -> None:
     run.add_argument(
         "--until-drained",
         action="store_true",
-        help="stop once every partition is read to its end and written (tests, demos)",
+        help="stop once this worker owns every partition of the topic and has read each "
+        "to its end and written it (tests, demos; it never stops while another worker of "
+        "the group holds a partition)",
     )
     run.add_argument(
         "--runtime",

@@ -174,6 +174,20 @@ def path_problem(exc: OSError, what: str = "") -> str:
     return f"{subject}: {reason(exc)}: {fix}"
 
 
+def missing_role(text: str, setting: str) -> str:
+    """What to do about PostgreSQL's 'role "X" does not exist' (``text``). Pure. `ackline
+    migrate` creates the ackline roles only: for any other name (a misspelled user in
+    ``setting``, the URL it came from) the fix is the URL, and a misspelled
+    "ackline_ingset" was sent to migrate, which would never create it."""
+    from ackline.roles import ROLES
+
+    if any(f'role "{role}" does not exist' in text for role in ROLES):
+        return f"{text}: {MIGRATE_HINT} (it creates the ackline roles)"
+    return (
+        f"{text}: check the user in {setting} (`ackline migrate` creates only {', '.join(ROLES)})"
+    )
+
+
 def _explain_database(exc: BaseException) -> str | None:
     import asyncpg
 
@@ -186,8 +200,8 @@ def _explain_database(exc: BaseException) -> str | None:
         )
     if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
         text = str(exc)
-        if 'role "ackline_' in text and "does not exist" in text:
-            return f"{text}: {MIGRATE_HINT} (it creates the ackline roles)"
+        if "does not exist" in text:
+            return missing_role(text, "ACKLINE_DATABASE_URL / ACKLINE_DATABASE_INGEST_URL")
         return f"PostgreSQL refused the login ({text}): check the user in ACKLINE_DATABASE_URL"
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return f"{exc}: create it, or fix the database name in ACKLINE_DATABASE_URL"

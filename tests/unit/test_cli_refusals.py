@@ -210,3 +210,26 @@ def test_demo_refuses_a_topic_or_group_it_would_not_use(
     assert cli.main(argv) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert f"demo does not take {named}: each run produces into a new topic" in err
+
+
+@pytest.mark.parametrize(
+    ("role", "migrate"),
+    [("ackline_ingest", True), ("ackline_ingset", False), ("nosuchuser", False)],
+)
+def test_a_missing_role_is_blamed_on_migrate_only_when_migrate_creates_it(
+    role: str, migrate: bool
+) -> None:
+    """A misspelled user in the URL ('ackline_ingset', 'nosuchuser') was told to run
+    `ackline migrate`, which creates only the ackline roles: the fix is the URL."""
+    import asyncpg
+
+    from ackline.commands.guard import explain, missing_role
+
+    text = f'role "{role}" does not exist'
+    for said in (
+        explain(asyncpg.InvalidAuthorizationSpecificationError(text)),
+        missing_role(text, "ACKLINE_DATABASE_INGEST_URL"),
+    ):
+        assert said is not None
+        assert ("run `ackline migrate`" in said) is migrate, said
+        assert migrate or "check the user in ACKLINE_DATABASE" in said, said
