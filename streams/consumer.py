@@ -148,6 +148,7 @@ class ConsumerRuntime:
         self._left = False
         self._leave_due = False
         self._claim_away = 0.0  # how long the assign claim that gave up could not connect
+        self._told_shared = False  # drain_and_stop: said once that others hold partitions
         self._probe: concurrent.futures.Future[None] | None = None
         # The partitions a rebalance callback is giving up, while it settles the writes in
         # flight (None outside one): :meth:`_not_committed` leaves them to the release.
@@ -325,6 +326,14 @@ class ConsumerRuntime:
             return False
         owned = self.ledger.owned()
         if len(owned) < self._topic_partitions or not assignment:
+            if owned and not self._told_shared:  # else it waits in silence for good
+                self._told_shared = True
+                log.info(
+                    "until drained: %d of the topic's %d partitions are this worker's; it "
+                    "stops once it owns them all (another worker of the group holds the rest)",
+                    len(owned),
+                    self._topic_partitions,
+                )
             return False
         for tp in consumer.position(assignment):
             low, high = consumer.get_watermark_offsets(tp, timeout=5)
