@@ -18,7 +18,7 @@ from ackline.clients import ingest_dsn, kafka_client_config
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
 from ackline.render import table
-from ackline.settings import Settings
+from ackline.settings import Settings, dsn_hint
 from ackline.sinks.admin.grants import (
     RolesReport,
     check_roles,
@@ -306,7 +306,8 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
         db = run_stoppable(_db_facts(dsn, group, topic, files))
         checks.append(Check("postgresql", "pass", "reachable"))
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        checks.append(Check("postgresql", "fail", f"cannot query PostgreSQL: {exc}"))
+        hint = f": {dsn_hint()}" if isinstance(exc, (OSError, TimeoutError)) else ""
+        checks.append(Check("postgresql", "fail", f"cannot query PostgreSQL: {exc}{hint}"))
     if db is not None:
         checks.append(migrations_check(files, db.applied))
         checks.append(roles_check(db.roles))

@@ -569,6 +569,13 @@ def redact_dsn(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
 
 
+def dsn_hint(setting: str = "ACKLINE_DATABASE_URL") -> str:
+    """What to check when PostgreSQL does not answer at the URL of ``setting``. Pure."""
+    return (
+        f"is PostgreSQL running there? check {setting} (or start the local stack: `ackline dev up`)"
+    )
+
+
 def dsn_address(dsn: str) -> str:
     """Where a ``postgresql://`` URL points, for messages: ``host:port/database`` (no
     user, no password). Pure."""

@@ -125,7 +125,10 @@ def partition_count(
 
 def unreachable(bootstrap: str, exc: KafkaException) -> KafkaUnavailableError:
     """The error for a client that could not reach the brokers at ``bootstrap``."""
-    return KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}")
+    return KafkaUnavailableError(
+        f"cannot reach Kafka at {bootstrap}: {exc}: is Kafka running there? check "
+        "ACKLINE_KAFKA_BOOTSTRAP (or start the local stack: `ackline dev up`)"
+    )
 
 
 def _reaching(bootstrap: str, conf: Mapping[str, Any] | None) -> AdminClient:

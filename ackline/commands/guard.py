@@ -19,25 +19,31 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ackline.core.errors import AcklineError
-from ackline.settings import dsn_address
+from ackline.settings import dsn_address, dsn_hint
 
 if TYPE_CHECKING:
     import asyncpg
 
 MIGRATE_HINT = "run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at this database)"
-DSN_HINT = (
-    "is PostgreSQL running there? check ACKLINE_DATABASE_URL (or start the local stack: "
-    "`ackline dev up`)"
-)
+
+
+DSN_HINT = dsn_hint()
 
 
 class DatabaseUnavailableError(AcklineError):
     """PostgreSQL cannot be reached at the address of the DSN."""
 
-    def __init__(self, dsn: str, cause: BaseException, waited: float | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        cause: BaseException,
+        waited: float | None = None,
+        setting: str = "ACKLINE_DATABASE_URL",
+    ) -> None:
         how = f" for {waited:.0f} s" if waited else ""
         super().__init__(
-            f"cannot connect to PostgreSQL at {dsn_address(dsn)}{how} ({reason(cause)}): {DSN_HINT}"
+            f"cannot connect to PostgreSQL at {dsn_address(dsn)}{how} ({reason(cause)}): "
+            f"{dsn_hint(setting)}"
         )
 
 
@@ -92,8 +98,16 @@ class Outage:
     and one line when it is over.
     """
 
-    def __init__(self, dsn: str, limit_s: float, give_up: bool, log: Any) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        limit_s: float,
+        give_up: bool,
+        log: Any,
+        setting: str = "ACKLINE_DATABASE_URL",
+    ) -> None:
         self._dsn = dsn
+        self._setting = setting  # the one the DSN came from, named in the hint
         self._limit = limit_s
         self._give_up = give_up
         self._log = log
@@ -127,7 +141,7 @@ class Outage:
         if waited < self._limit:
             return escalated
         if self._give_up:
-            raise DatabaseUnavailableError(self._dsn, exc, waited) from exc
+            raise DatabaseUnavailableError(self._dsn, exc, waited, self._setting) from exc
         if not escalated and not self._said:
             self._said = True
             self._log.error(
@@ -135,7 +149,7 @@ class Outage:
                 dsn_address(self._dsn),
                 waited,
                 reason(exc),
-                DSN_HINT,
+                dsn_hint(self._setting),
             )
         return True
 

@@ -165,7 +165,15 @@ async def _process(
                 wait=not args.until_caught_up,
                 shutdown_wait_s=settings.shutdown_wait_s,
                 watch_interval=min(5.0, settings.db_check_interval_s),
-                each=Outage(dsn, settings.retry_max_seconds, args.until_caught_up, log).wrap,
+                each=Outage(
+                    dsn,
+                    settings.retry_max_seconds,
+                    args.until_caught_up,
+                    log,
+                    setting="ACKLINE_DATABASE_URL"
+                    if settings.database_processor_url is None
+                    else "ACKLINE_DATABASE_PROCESSOR_URL",
+                ).wrap,
             )
             # Still under the signal handlers: a stop from here on only sets the event, so
             # a run that caught up prints its line and exits 0 (the close waits up to 0.5 s)

@@ -90,7 +90,9 @@ def test_a_refused_produce_leaves_no_folder_behind(
 
     manifest = tmp_path / "absent" / "dir" / "m.json"
     assert cli.main(["produce", "--events", "10", "--manifest", str(manifest)]) == 2
-    assert "cannot reach Kafka" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot reach Kafka" in err
+    assert "check ACKLINE_KAFKA_BOOTSTRAP" in err  # the setting to fix, named
     assert list(tmp_path.iterdir()) == []
 
 
@@ -233,3 +235,25 @@ def test_a_missing_role_is_blamed_on_migrate_only_when_migrate_creates_it(
         assert said is not None
         assert ("run `ackline migrate`" in said) is migrate, said
         assert migrate or "check the user in ACKLINE_DATABASE" in said, said
+
+
+def test_an_outage_names_the_setting_its_url_came_from() -> None:
+    """`process` with PostgreSQL away logged 'check ACKLINE_DATABASE_URL' while it
+    connects with ACKLINE_DATABASE_PROCESSOR_URL: the hint names the setting it is given."""
+    import asyncio
+    import logging
+
+    from ackline.commands.guard import DatabaseUnavailableError, Outage
+
+    async def refused() -> NoReturn:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    outage = Outage(
+        "postgresql://p@127.0.0.1:1/x",
+        0.0,
+        True,
+        logging.getLogger("t"),
+        setting="ACKLINE_DATABASE_PROCESSOR_URL",
+    )
+    with pytest.raises(DatabaseUnavailableError, match="check ACKLINE_DATABASE_PROCESSOR_URL"):
+        asyncio.run(outage.wrap(refused)())  # type: ignore[arg-type]
