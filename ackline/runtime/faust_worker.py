@@ -54,8 +54,8 @@ anyway: the default runtime's bound (its close and its connections' close, 10 s 
 
 
 class _Worker(faust.Worker):
-    """faust's Worker, leaving ackline's logging configuration alone, and stopping without
-    mode's last fixed second.
+    """faust's Worker, leaving ackline's logging configuration alone, with no terminal
+    spinner, and stopping without mode's last fixed second.
 
     mode's Worker clears the root logger's handlers and installs its own at start;
     ackline configured logging already (text or JSON lines, ``ackline.core.logs``).
@@ -64,6 +64,12 @@ class _Worker(faust.Worker):
     stop_bound_s = 3600.0  # set by run()
     _overdue: threading.Timer | None = None
     _signalled = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # faust's start-up spinner ends by writing a backspace and "show cursor" to
+        # stdout even when it is a file or a pipe; a service's stdout gets none of that
+        self.spinner = None
 
     def _setup_logging(self) -> None:
         return None

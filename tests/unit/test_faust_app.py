@@ -180,3 +180,19 @@ def test_lag_counts_from_the_position_only_when_no_handed_record_is_uncommitted(
     assert fetched_uncommitted(1, None)  # nothing committed yet
     assert partition_lag(4, 3, 4, fetched_uncommitted(3, 3)) == 0
     assert partition_lag(5, 3, 4, fetched_uncommitted(4, 3)) == 2
+
+
+def test_the_faust_worker_writes_no_terminal_control_to_its_stdout() -> None:
+    """faust's start-up spinner ends by writing a backspace and 'show cursor' (ESC [?25h)
+    to stdout whether or not it is a terminal: a `run --runtime faust > file` found them
+    in the file, where the default runtime writes nothing."""
+    import io
+
+    import faust
+
+    from ackline.runtime.faust_worker import _Worker
+
+    out = io.StringIO()
+    worker = _Worker(faust.App("t-spinner", broker="kafka://127.0.0.1:1"), quiet=True, stdout=out)
+    worker._on_startup_end_spinner()  # what faust calls once the worker has started
+    assert out.getvalue() == ""
