@@ -36,6 +36,7 @@ class Snapshot:
     db_checked: float
     not_consumed: int = 0
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
+    behind_since: float = 0.0  # first seen behind (lag > 0) without a 0 since (0: not behind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,10 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     assigns to it; PostgreSQL answered a recent check, and the worker's own operations
     have not been failing for longer than ``db_down_error_after_s`` (the check can pass
     while the worker's connections do not); and, when it is behind (lag > 0), a batch
-    committed within ``max_commit_age_s`` (counted from start until the first commit, so
-    a fresh worker gets that long).
+    committed within ``max_commit_age_s``, counted from the latest of the last commit, the
+    start (a fresh worker gets that long) and when it was first seen behind
+    (:class:`BehindClock`): a worker idle and caught up for longer than the bound, with
+    nothing to commit, was not ready the moment new records came.
     """
     reasons: list[str] = []
     if snap.assigned <= 0:
@@ -78,7 +81,7 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
             f"(db_down_error_after_s={limits.db_down_error_after_s:g})"
         )
     if snap.lag > 0:
-        since = max(snap.last_commit, snap.started)
+        since = max(snap.last_commit, snap.started, snap.behind_since)
         age = now - since
         if age > limits.max_commit_age_s:
             reasons.append(
@@ -86,6 +89,23 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
                 f"(ready_max_commit_age_s={limits.max_commit_age_s:g})"
             )
     return reasons
+
+
+class BehindClock:
+    """When the worker was first seen behind (lag > 0) since it was last seen caught up:
+    seen at each readiness check, so a stall is found one check later at most."""
+
+    def __init__(self) -> None:
+        self._since = 0.0
+
+    def seen(self, lag: float, now: float) -> float:
+        """Record a look at ``lag`` at ``now``; the time it has been behind since (0: not
+        behind)."""
+        if lag <= 0:
+            self._since = 0.0
+        elif not self._since:
+            self._since = now
+        return self._since
 
 
 def snapshot(metrics: Metrics, started: float) -> Snapshot:
