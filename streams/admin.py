@@ -200,6 +200,34 @@ def topic_shape(
     )
 
 
+KAFKA_MAX_MESSAGE_BYTES = 1_048_588
+"""Kafka's default ``message.max.bytes`` (a broker's, so its topics' ``max.message.bytes``)."""
+
+
+def max_message_bytes(shape: TopicShape | None) -> int | None:
+    """The largest record batch the topic takes (``max.message.bytes``), None when its
+    configuration could not be read."""
+    value = (shape.config or {}).get("max.message.bytes") if shape is not None else None
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def broker_max_message_bytes(
+    bootstrap: str, timeout: float = 10.0, *, conf: Mapping[str, Any] | None = None
+) -> int:
+    """A broker's ``message.max.bytes``: what a topic without its own setting takes.
+    Kafka's default when it cannot be read (describing a broker is a permission of its
+    own)."""
+    with admin_client(bootstrap, conf) as client:
+        brokers = sorted(metadata(client, bootstrap, timeout).brokers)
+        resource = ConfigResource(ResourceType.BROKER, str(brokers[0] if brokers else 0))
+        try:
+            futures = client.describe_configs([resource], request_timeout=timeout)
+            value = str(futures[resource].result(timeout=timeout)["message.max.bytes"].value)
+        except (KafkaException, KeyError, TimeoutError):
+            return KAFKA_MAX_MESSAGE_BYTES
+    return int(value) if value.isdigit() else KAFKA_MAX_MESSAGE_BYTES
+
+
 def ensure_topic(
     bootstrap: str,
     topic: str,

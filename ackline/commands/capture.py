@@ -94,7 +94,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.core.progress import Progress
     from ackline.endpoints import kafka
     from ackline.load.capture.file import CaptureReader
-    from ackline.load.capture.replay import Pace, replay
+    from ackline.load.capture.replay import Pace, needed_bytes, replay
     from ackline.load.capture.topics import open_range
 
     if bool(args.source) == bool(args.from_topic):
@@ -124,14 +124,18 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         ranges, records = open_range(bootstrap, args.from_topic, spec, conf=conf)
         total = sum(end - first for first, end in ranges.values())
         partitions = list(ranges)
-        reader = None
+        reader = largest = None
+        need = _source_limit(bootstrap, args.from_topic, conf) if args.create_topic else None
     else:
         reader = CaptureReader(Path(args.source))
         records = iter(reader)
         total = reader.trailer.records
         partitions = list(reader.header.ranges)
+        largest = reader.largest_record()
+        need = needed_bytes(largest)
     if args.create_topic:
-        _create_target(bootstrap, args.to, args.target_partitions or max(partitions) + 1, conf)
+        count = args.target_partitions or max(partitions) + 1
+        _create_target(bootstrap, args.to, count, conf, need)
     bar = None if args.quiet else Progress("replay", total, unit="records")
     try:
         summary = replay(
@@ -144,6 +148,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             conf=conf,
             on_progress=bar.update if bar is not None else None,
             stop_flush_timeout=settings.shutdown_wait_s / 2,
+            largest=largest,
         )
     finally:
         if bar is not None:
@@ -154,10 +159,32 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _create_target(bootstrap: str, topic: str, partitions: int, conf: dict[str, Any]) -> None:
-    from ackline.streams.admin import ensure_topic
+def _source_limit(bootstrap: str, topic: str, conf: dict[str, Any]) -> int | None:
+    """The live source's ``max.message.bytes``: every record in it fits that, and reading
+    them all to find the largest would cost a second pass over the range."""
+    from ackline.streams.admin import max_message_bytes, topic_shape
 
-    count = ensure_topic(bootstrap, topic, partitions, conf=conf)
+    return max_message_bytes(topic_shape(bootstrap, topic, conf=conf))
+
+
+def _create_target(
+    bootstrap: str, topic: str, partitions: int, conf: dict[str, Any], need: int | None
+) -> None:
+    """Create ``topic`` so that records of ``need`` bytes fit (None: not known). Set only
+    above the broker's own limit, which the topic inherits: never narrower than that."""
+    from ackline.streams.admin import (
+        KAFKA_MAX_MESSAGE_BYTES,
+        broker_max_message_bytes,
+        ensure_topic,
+    )
+
+    wide = (
+        need is not None
+        and need > KAFKA_MAX_MESSAGE_BYTES  # the broker is asked only when it may matter
+        and need > broker_max_message_bytes(bootstrap, conf=conf)
+    )
+    config = {"max.message.bytes": str(need)} if wide else None
+    count = ensure_topic(bootstrap, topic, partitions, config, conf=conf)
     if count != partitions:
         import logging
 
@@ -221,7 +248,8 @@ def register(sub: Subparsers) -> None:
         "--create-topic",
         action="store_true",
         help="create the target topic when missing (partitions: --partitions, else as "
-        "many as the source's highest partition needs)",
+        "many as the source's highest partition needs; max.message.bytes: room for the "
+        "file's largest record, or the source topic's)",
     )
     rep.add_argument(
         "--partitions",

@@ -352,27 +352,63 @@ class CaptureReader:
         raw = self._fh.read(length)
         if zlib.crc32(raw) != crc:
             raise self._fail("corrupt header (CRC mismatch)")
-        return CaptureHeader.from_json(raw)
+        header = CaptureHeader.from_json(raw)
+        self._first_block = self._fh.tell()
+        return header
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Every failure while reading blocks named with the file (a record's own message
+        does not know it) and as a CaptureFormatError."""
+        try:
+            yield
+        except CaptureFormatError as exc:
+            if str(exc).startswith(str(self.path)):
+                raise
+            raise self._fail(str(exc)) from exc
+        except OSError as exc:
+            raise self._unreadable(exc) from exc
+
+    def _blocks(self) -> Iterator[tuple[int, int, bytes]]:
+        """Each block's file position, record count and decompressed data, in file order,
+        its frame and CRC checked."""
+        self._fh.seek(self._first_block)
+        end = self.size - _TRAILER_SIZE
+        while self._fh.tell() < end:
+            at = self._fh.tell()
+            head = self._fh.read(_BLOCK.size)
+            if len(head) < _BLOCK.size or at + _BLOCK.size > end:
+                raise self._fail(f"truncated block frame at byte {at}")
+            kind, length, crc, count = _BLOCK.unpack(head)
+            if kind != b"B" or at + _BLOCK.size + length > end:
+                raise self._fail(f"corrupt block frame at byte {at}")
+            data = self._fh.read(length)
+            if zlib.crc32(data) != crc:
+                raise self._fail(f"corrupt block at byte {at} (CRC mismatch)")
+            try:
+                plain = zlib.decompress(data)
+            except zlib.error as exc:
+                raise self._fail(f"corrupt block at byte {at}: {exc}") from exc
+            yield at, count, plain
+
+    def largest_record(self) -> int:
+        """The largest record body in bytes (key, value, headers and a few dozen bytes of
+        framing): what a target topic must accept, known before a record is sent. A
+        pass over the blocks that reads record lengths only; iterating checks the rest."""
+        largest = 0
+        with self._reading():
+            for _, _, plain in self._blocks():
+                pos = 0
+                while pos + _RECORD.size <= len(plain):
+                    length, _ = _RECORD.unpack_from(plain, pos)
+                    largest = max(largest, length)
+                    pos += _RECORD.size + length
+        return largest
 
     def __iter__(self) -> Iterator[CapturedRecord]:
-        end = self.size - _TRAILER_SIZE
         records = blocks = 0
-        try:
-            while self._fh.tell() < end:
-                at = self._fh.tell()
-                head = self._fh.read(_BLOCK.size)
-                if len(head) < _BLOCK.size or at + _BLOCK.size > end:
-                    raise self._fail(f"truncated block frame at byte {at}")
-                kind, length, crc, count = _BLOCK.unpack(head)
-                if kind != b"B" or at + _BLOCK.size + length > end:
-                    raise self._fail(f"corrupt block frame at byte {at}")
-                data = self._fh.read(length)
-                if zlib.crc32(data) != crc:
-                    raise self._fail(f"corrupt block at byte {at} (CRC mismatch)")
-                try:
-                    plain = zlib.decompress(data)
-                except zlib.error as exc:
-                    raise self._fail(f"corrupt block at byte {at}: {exc}") from exc
+        with self._reading():
+            for at, count, plain in self._blocks():
                 before = records
                 for rec in split_records(plain, records):
                     records += 1
@@ -380,12 +416,6 @@ class CaptureReader:
                 if records - before != count:
                     raise self._fail(f"block at byte {at} holds {records - before} of {count}")
                 blocks += 1
-        except CaptureFormatError as exc:
-            if str(exc).startswith(str(self.path)):
-                raise
-            raise self._fail(str(exc)) from exc
-        except OSError as exc:
-            raise self._unreadable(exc) from exc
         if (records, blocks) != (self.trailer.records, self.trailer.blocks):
             raise self._fail(
                 f"{records} records in {blocks} blocks, the trailer says "

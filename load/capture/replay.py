@@ -27,8 +27,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from ackline.load.capture.file import CapturedRecord
 from ackline.load.capture.topics import KAFKA_LOG
 from ackline.load.errors import LoadError
-from ackline.streams.admin import partition_count
+from ackline.streams.admin import max_message_bytes, topic_shape
 from ackline.streams.errors import TopicError
+
+RECORD_OVERHEAD = 512
+"""Bytes a record takes in a batch on top of its captured body (batch header, varints):
+what :func:`needed_bytes` adds to a capture's largest record."""
+_CLIENT_MAX_MESSAGE = 1_000_000
+"""librdkafka's default ``message.max.bytes``: it refuses larger records itself."""
 
 PaceMode = Literal["original", "speed", "rate", "max"]
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)x$")
@@ -119,7 +125,17 @@ class ReplaySummary:
         )
 
 
-def producer_config(bootstrap: str, conf: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def needed_bytes(largest_record: int) -> int:
+    """The ``max.message.bytes`` a topic needs for a record body of ``largest_record``
+    bytes sent alone (a batch is not compressed smaller than random bytes)."""
+    return largest_record + RECORD_OVERHEAD
+
+
+def producer_config(
+    bootstrap: str, conf: Mapping[str, Any] | None = None, max_bytes: int = _CLIENT_MAX_MESSAGE
+) -> dict[str, Any]:
+    """``max_bytes``: the largest record the producer sends rather than refuses itself
+    (the target's limit: the broker is then the one judge); ``conf`` may allow more."""
     return {
         **(conf or {}),
         "logger": KAFKA_LOG,
@@ -130,6 +146,9 @@ def producer_config(bootstrap: str, conf: Mapping[str, Any] | None = None) -> di
         "batch.size": 1_000_000,
         "compression.type": "lz4",
         "message.timeout.ms": 120_000,
+        "message.max.bytes": max(
+            max_bytes, int((conf or {}).get("message.max.bytes", _CLIENT_MAX_MESSAGE))
+        ),
     }
 
 
@@ -148,6 +167,7 @@ def replay(
     stop_flush_timeout: float = 5.0,
     warm: int = 0,
     on_warm: Callable[[], object] | None = None,
+    largest: int | None = None,
 ) -> ReplaySummary:
     """Send ``records`` to ``target`` at ``pace``; return once all are acknowledged.
 
@@ -158,6 +178,11 @@ def replay(
     the producer's own start-up (up to a second) and count it as the consumer's latency.
     The summary then describes the paced records only.
 
+    ``largest``: the largest record body (a capture's
+    :meth:`~ackline.load.capture.file.CaptureReader.largest_record`); a target whose
+    ``max.message.bytes`` is below what it needs is refused before anything is sent,
+    not after part of the records went in.
+
     ``source_partitions`` are the partitions the records come from: when the target has
     all of them, each record keeps its partition; otherwise the key decides. ``timeout``
     bounds the wait for the broker's first answer. A stop request (SIGTERM, Ctrl-C)
@@ -165,25 +190,33 @@ def replay(
     ``stop_flush_timeout`` seconds to be acknowledged, then the stop propagates.
     """
     # An unreachable broker raises KafkaUnavailableError after ``timeout``.
-    count = partition_count(bootstrap, target, timeout, conf={**(conf or {}), "logger": KAFKA_LOG})
-    if count is None:
+    shape = topic_shape(bootstrap, target, timeout, conf={**(conf or {}), "logger": KAFKA_LOG})
+    if shape is None:
         raise TopicError(
             f"target topic {target} does not exist on {bootstrap}: create it, or pass "
             "--create-topic to `ackline replay`"
         )
+    count, limit = shape.partitions, max_message_bytes(shape)
+    need = needed_bytes(largest) if largest is not None else None
+    if need is not None and limit is not None and need > limit:
+        raise LoadError(
+            f"replay into {target}: nothing sent, its largest record needs "
+            f"max.message.bytes {need} and topic {target} has {limit}: "
+            f"{_raise_hint(target, need)}"
+        )
     keep = all(p < count for p in source_partitions)
     partitioning = "as captured" if keep else f"by key ({count} partitions)"
-    failed: list[str] = []
+    failed: list[KafkaError] = []
     acked = 0
 
     def on_delivery(err: KafkaError | None, msg: Message) -> None:
         nonlocal acked
         if err is not None:
-            failed.append(str(err))
+            failed.append(err)
         else:
             acked += 1
 
-    producer = Producer(producer_config(bootstrap, conf))
+    producer = Producer(producer_config(bootstrap, conf, max(limit or 0, need or 0)))
     started = time.monotonic()
     remaining = iter(records)
     send = functools.partial(
@@ -211,8 +244,10 @@ def replay(
             sent, size = sent + more, more_size
             left = producer.flush(flush_timeout)
     except _SendError as exc:
+        producer.flush(stop_flush_timeout)  # what went in, for the message
         raise LoadError(
             f"replay into {target} failed after {warm_sent + exc.sent} records: {exc}"
+            f"{_too_large(exc.code, target, limit, acked)}"
         ) from exc
     except BaseException:
         try:
@@ -223,7 +258,10 @@ def replay(
             )
         raise
     if failed:
-        raise LoadError(f"{len(failed)} records were not delivered to {target}: {failed[0]}")
+        raise LoadError(
+            f"{len(failed)} records were not delivered to {target}: {failed[0]}"
+            f"{_too_large(failed[0].code(), target, limit, acked)}"
+        )
     if left or acked != sent:
         raise LoadError(
             f"{sent - acked} of {sent} records not acknowledged by {bootstrap} within "
@@ -236,10 +274,33 @@ def replay(
     )
 
 
+def _raise_hint(target: str, need: int | None) -> str:
+    at_least = f" to at least {need}" if need is not None else ""
+    return (
+        f"raise topic {target}'s max.message.bytes{at_least} (kafka-configs.sh --alter "
+        f"--entity-type topics --entity-name {target} --add-config "
+        f"max.message.bytes={need or '<bytes>'}), or replay into a new topic with "
+        "--create-topic (made to fit)"
+    )
+
+
+def _too_large(code: int | None, target: str, limit: int | None, acked: int) -> str:
+    """What to do when a record was too large for the target (else nothing): the
+    librdkafka message names neither the topic's setting nor what is already in."""
+    if code != KafkaError.MSG_SIZE_TOO_LARGE:
+        return ""
+    has = f" (it has {limit})" if limit is not None else ""
+    return (
+        f"; a record is larger than topic {target} takes{has}: "
+        f"{_raise_hint(target, None)}; {acked} records were already written to {target}"
+    )
+
+
 class _SendError(Exception):
-    def __init__(self, sent: int, cause: BaseException) -> None:
+    def __init__(self, sent: int, cause: KafkaException) -> None:
         super().__init__(str(cause))
         self.sent = sent
+        self.code: int | None = cause.args[0].code() if cause.args else None
 
 
 def _send_all(
@@ -252,7 +313,7 @@ def _send_all(
     keep_timestamps: bool,
     on_delivery: Callable[[KafkaError | None, Message], None],
     on_progress: Callable[[int], None] | None,
-    failed: list[str],
+    failed: list[KafkaError],
 ) -> tuple[int, int]:
     """Produce every record at the pacer's times; stops early once a delivery failed."""
     sent = size = 0
@@ -296,4 +357,4 @@ def _produce(producer: Producer, topic: str, kwargs: dict[str, Any]) -> None:
             producer.poll(0.05)
 
 
-__all__ = ["Pace", "Pacer", "ReplaySummary", "replay"]
+__all__ = ["Pace", "Pacer", "ReplaySummary", "needed_bytes", "replay"]

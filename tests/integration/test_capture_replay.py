@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from ackline.load.capture.file import CapturedRecord, CaptureReader
 from ackline.load.capture.replay import Pace, replay
 from ackline.load.capture.topics import EmptyRangeError, RangeSpec, capture, open_range
-from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.admin import delete_topic, delete_topics, ensure_topic, partition_count
 from ackline.streams.errors import KafkaUnavailableError, TopicError
 from tests.integration.harness import Services
 
@@ -206,3 +206,57 @@ def test_an_unreachable_broker_times_out_with_a_clear_message(tmp_path: Path) ->
         capture(dead, "any", tmp_path / "x.ackcap", RangeSpec(), timeout=2)
     with pytest.raises(KafkaUnavailableError, match=f"cannot reach Kafka at {dead}"):
         replay(dead, [], "any", Pace.parse("max"), timeout=2)
+
+
+BIG = 1_100_000
+"""Over 1 MiB, above the broker's default ``max.message.bytes`` (1048588)."""
+
+
+def _fill_with_a_big_record(services: Services, topic: str) -> None:
+    """Small records around one of ``BIG`` random (incompressible) bytes."""
+    _fill(services, topic, 9)
+    producer = Producer({"bootstrap.servers": services.bootstrap, "message.max.bytes": 2 * BIG})
+    producer.produce(topic, key=b"big", value=os.urandom(BIG), partition=1)
+    assert producer.flush(30) == 0
+
+
+def _values(services: Services, topic: str) -> list[bytes | None]:
+    _, records = open_range(services.bootstrap, topic, RangeSpec())
+    return sorted((r.value for r in records), key=lambda v: (len(v or b""), v))
+
+
+def test_create_topic_makes_room_for_every_record_of_the_source(
+    services: Services, tmp_path: Path
+) -> None:
+    """The source holds a record over 1 MiB (its topic allows it): ``--create-topic``
+    made the target with the broker default, which refused it mid-replay."""
+    source = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, source, 3, {"max.message.bytes": str(2 * BIG)})
+    made = [source]
+    try:
+        _fill_with_a_big_record(services, source)
+        expected = _values(services, source)
+        whole = tmp_path / "big.ackcap"
+        assert _cli(services, "capture", source, str(whole), "--quiet").returncode == 0
+        for how in ([str(whole)], ["--from-topic", source]):
+            made.append(new := f"t-{uuid.uuid4().hex[:12]}")
+            done = _cli(services, "replay", *how, "--to", new, "--create-topic", "--quiet")
+            assert done.returncode == 0, done.stderr
+            assert "replayed 10 records" in done.stdout
+            assert _values(services, new) == expected
+
+        made.append(small := f"t-{uuid.uuid4().hex[:12]}")
+        ensure_topic(services.bootstrap, small, 3)  # the broker default: too small
+        done = _cli(services, "replay", str(whole), "--to", small, "--quiet")
+        assert done.returncode == 2
+        assert "max.message.bytes" in done.stderr and small in done.stderr, done.stderr
+        assert partition_count(services.bootstrap, small) == 3
+        with pytest.raises(EmptyRangeError):  # refused before a record was written
+            open_range(services.bootstrap, small, RangeSpec())
+        done = _cli(services, "replay", "--from-topic", source, "--to", small, "--quiet")
+        assert done.returncode == 2  # a live range's largest record is known only when met
+        assert f"raise topic {small}'s max.message.bytes" in done.stderr, done.stderr
+        assert "records were already written" in done.stderr
+    finally:
+        with contextlib.suppress(TopicError):
+            delete_topics(services.bootstrap, made)

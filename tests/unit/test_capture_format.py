@@ -65,6 +65,23 @@ def test_an_empty_capture_round_trips(tmp_path: Path) -> None:
     assert _read(_write(tmp_path / "e.ackcap", [])) == []
 
 
+def test_the_largest_record_is_found_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay sizes its target from it: never below the real key + value + headers."""
+    monkeypatch.setattr(cap, "BLOCK_BYTES", 2_000)
+    records = _records(300)
+    path = _write(tmp_path / "l.ackcap", records)
+    with CaptureReader(path) as reader:
+        largest = reader.largest_record()
+        assert list(reader) == records  # the scan leaves the reader at the first block
+    sizes = [len(cap.encode_record(r)) - 8 for r in records]  # less the length and CRC
+    assert largest == max(sizes)
+    assert largest >= max(len(r.value or b"") + len(r.key or b"") for r in records)
+    with CaptureReader(_write(tmp_path / "e.ackcap", [])) as empty:
+        assert empty.largest_record() == 0
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     st.integers(-1, 2**31 - 1),
