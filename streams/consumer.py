@@ -1068,6 +1068,7 @@ class ConsumerRuntime:
                 self._watch.lag(tp, partition_lag(end, db_next, position, tp in pending))
         assigned = [_tp_of(p) for p in consumer.assignment()]
         self._watch.not_consumed(assigned, self.ledger.owned())
+        self._metrics.note_behind(time.time())
 
     def _held_ends(self, consumer: Consumer, held: list[TP]) -> dict[TP, tuple[int, int]]:
         """The watermarks of as many ``held`` partitions as answer within

@@ -101,6 +101,26 @@ class Metrics:
             "Unix time of the last PostgreSQL health check",
             registry=r,
         )
+        self.behind_since = Gauge(
+            "ackline_behind_since_timestamp_seconds",
+            "Unix time since when the worker has been behind (lag > 0), as its lag reports "
+            "saw it (0: caught up)",
+            registry=r,
+        )
+
+    def note_behind(self, now: float) -> None:
+        """After a lag report: start the behind clock when the lag turned positive, stop it
+        at 0. While the worker owns nothing the clock is left as it is: its lag gauges
+        are gone then, and a worker cycling out of the group and back must not restart it.
+        /readyz counts the commit age from it too: a worker idle past the bound, with
+        nothing to commit, was not ready the moment records came."""
+        if not self.registry.get_sample_value("ackline_assigned_partitions"):
+            return
+        lag = sum(s.value for m in self.lag.collect() for s in m.samples)
+        if lag <= 0:
+            self.behind_since.set(0)
+        elif not self.registry.get_sample_value("ackline_behind_since_timestamp_seconds"):
+            self.behind_since.set(now)
 
     def precreate(
         self, layers: Iterable[str], reasons: Iterable[str], causes: Iterable[str]

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any, cast
 
 import faust
@@ -286,6 +287,7 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
                 partition_lag(end, done, position, pending)
             )
             shown.add((topic, partition))
+        metrics.note_behind(time.time())
 
     return report
 

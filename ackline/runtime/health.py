@@ -36,7 +36,7 @@ class Snapshot:
     db_checked: float
     not_consumed: int = 0
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
-    behind_since: float = 0.0  # first seen behind (lag > 0) without a 0 since (0: not behind)
+    behind_since: float = 0.0  # behind (lag > 0) since, as the lag reports saw it (0: not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +54,9 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     have not been failing for longer than ``db_down_error_after_s`` (the check can pass
     while the worker's connections do not); and, when it is behind (lag > 0), a batch
     committed within ``max_commit_age_s``, counted from the latest of the last commit, the
-    start (a fresh worker gets that long) and when it was first seen behind
-    (:class:`BehindClock`): a worker idle and caught up for longer than the bound, with
-    nothing to commit, was not ready the moment new records came.
+    start (a fresh worker gets that long) and when its lag reports first saw it behind
+    (:meth:`Metrics.note_behind`): a worker idle and caught up for longer than the bound,
+    with nothing to commit, was not ready the moment new records came.
     """
     reasons: list[str] = []
     if snap.assigned <= 0:
@@ -91,23 +91,6 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     return reasons
 
 
-class BehindClock:
-    """When the worker was first seen behind (lag > 0) since it was last seen caught up:
-    seen at each readiness check, so a stall is found one check later at most."""
-
-    def __init__(self) -> None:
-        self._since = 0.0
-
-    def seen(self, lag: float, now: float) -> float:
-        """Record a look at ``lag`` at ``now``; the time it has been behind since (0: not
-        behind)."""
-        if lag <= 0:
-            self._since = 0.0
-        elif not self._since:
-            self._since = now
-        return self._since
-
-
 def snapshot(metrics: Metrics, started: float) -> Snapshot:
     """Read the readiness facts from ``metrics`` (cheap: a few in-memory numbers)."""
     lag = 0.0
@@ -122,6 +105,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         db_checked=_gauge(metrics, "ackline_database_checked_timestamp_seconds"),
         not_consumed=int(_gauge(metrics, "ackline_partitions_not_consumed")),
         db_down_since=_gauge(metrics, "ackline_database_down_since_timestamp_seconds"),
+        behind_since=_gauge(metrics, "ackline_behind_since_timestamp_seconds"),
     )
 
 

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -24,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ackline.core.errors import SettingsError
 from ackline.core.metrics import Metrics
-from ackline.runtime.health import BehindClock, ReadyLimits, readiness, snapshot
+from ackline.runtime.health import ReadyLimits, readiness, snapshot
 from ackline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,6 @@ class StatusServer(HttpServer):
         self._metrics = metrics
         self._limits = limits
         self._started = started
-        self._behind = BehindClock()
 
     def _status(self, path: str) -> tuple[int, str, bytes]:
         route = path.split("?", 1)[0]
@@ -118,10 +116,8 @@ class StatusServer(HttpServer):
         if route == "/healthz":
             return 200, "application/json", json_body({"status": "alive"})
         if route == "/readyz":
-            now = time.time()
             snap = snapshot(self._metrics, self._started)
-            snap = replace(snap, behind_since=self._behind.seen(snap.lag, now))
-            reasons = readiness(snap, now, self._limits)
+            reasons = readiness(snap, time.time(), self._limits)
             body = {
                 "ready": not reasons,
                 "reasons": reasons,

@@ -22,7 +22,7 @@ from ackline.core.logs import (
     resolve_format,
 )
 from ackline.core.metrics import Metrics
-from ackline.runtime.health import BehindClock, ReadyLimits, Snapshot, readiness, snapshot
+from ackline.runtime.health import ReadyLimits, Snapshot, readiness, snapshot
 from ackline.runtime.httpserver import StatusServer
 from ackline.sinks.ingest.batch import Batch, PartitionRange
 from ackline.sinks.ingest.writer import WriteResult
@@ -226,13 +226,26 @@ def test_a_port_in_use_is_a_settings_error(served: tuple[Metrics, StatusServer])
 def test_a_worker_idle_past_the_bound_is_ready_when_records_come() -> None:
     """A worker caught up and idle for longer than ready_max_commit_age_s (nothing to
     commit) was not ready the moment new records made it behind: 'lag 2127 but no commit
-    for 63s' on the first look. The bound counts from when it was first seen behind."""
-    clock = BehindClock()
-    assert clock.seen(0.0, NOW - 30) == 0.0
-    since = clock.seen(2127.0, NOW - 5)
-    assert since == NOW - 5 and clock.seen(2000.0, NOW) == NOW - 5  # the first look counts
-    idle = {"lag": 2127.0, "last_commit": NOW - 10_000, "behind_since": since}
+    for 63s' on the first look. The bound counts from when its lag reports first saw it
+    behind; a stall is still seen on the first look, however long nothing asked."""
+    m = Metrics()
+    m.assigned.set(2)
+    m.lag.labels("t", "0").set(0)
+    m.note_behind(NOW - 30)
+    assert snapshot(m, started=NOW - 10_000).behind_since == 0.0
+    m.lag.labels("t", "0").set(2127)
+    m.note_behind(NOW - 5)
+    m.note_behind(NOW)  # still behind: the clock runs from the first report that saw it
+    assert snapshot(m, started=NOW - 10_000).behind_since == NOW - 5
+    idle = {"lag": 2127.0, "last_commit": NOW - 10_000, "behind_since": NOW - 5}
     assert readiness(snap(**idle), NOW, LIMITS) == []
-    stalled = {**idle, "behind_since": NOW - 61}
-    assert "no commit for 61s" in readiness(snap(**stalled), NOW, LIMITS)[0]
-    assert clock.seen(0.0, NOW) == 0.0  # caught up: the next lag starts a new count
+    stalled = {**idle, "behind_since": NOW - 3_600}
+    assert "no commit for 100s" in readiness(snap(**stalled), NOW, LIMITS)[0]  # from start
+    m.assigned.set(0)  # out of the group: its lag gauges go; the clock stays
+    m.lag.remove("t", "0")
+    m.note_behind(NOW + 1)
+    assert snapshot(m, started=NOW - 10_000).behind_since == NOW - 5
+    m.assigned.set(2)
+    m.lag.labels("t", "0").set(0)
+    m.note_behind(NOW + 2)  # caught up while owning partitions: stopped
+    assert snapshot(m, started=NOW - 10_000).behind_since == 0.0
