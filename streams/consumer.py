@@ -728,6 +728,7 @@ class ConsumerRuntime:
         if not self._leave_due and not 0 < self.cfg.db_leave_after_s < away:
             return
         self._leave_due, self._left = False, True
+        self._metrics.out_of_group.set(1)
         log.error(
             "cannot connect to PostgreSQL for %.0fs (ACKLINE_DB_LEAVE_AFTER_S=%g): "
             "leaving the consumer group so that workers that can write take partitions %s; "
@@ -755,6 +756,7 @@ class ConsumerRuntime:
             probe.result()  # retried through outages: what is left is fatal
         log.warning("PostgreSQL answers again: joining the consumer group again")
         self._left = self._away = self._leave_due = False
+        self._metrics.out_of_group.set(0)
         self._group = GroupWatch(grace_s=self._group.grace_s)
         self._subscribe(consumer)
 

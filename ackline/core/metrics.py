@@ -101,6 +101,12 @@ class Metrics:
             "Unix time of the last PostgreSQL health check",
             registry=r,
         )
+        self.out_of_group = Gauge(
+            "ackline_out_of_group",
+            "1 while the worker has left the consumer group because it cannot connect to "
+            "PostgreSQL (ACKLINE_DB_LEAVE_AFTER_S), until all its connections answer",
+            registry=r,
+        )
         self.behind_since = Gauge(
             "ackline_behind_since_timestamp_seconds",
             "Unix time since when the worker has been behind (lag > 0), as its lag reports "

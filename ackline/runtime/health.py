@@ -35,6 +35,7 @@ class Snapshot:
     db_up: bool
     db_checked: float
     not_consumed: int = 0
+    out_of_group: bool = False  # left the group: PostgreSQL does not answer this worker
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
     behind_since: float = 0.0  # behind (lag > 0) since, as the lag reports saw it (0: not)
 
@@ -59,7 +60,12 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     with nothing to commit, was not ready the moment new records came.
     """
     reasons: list[str] = []
-    if snap.assigned <= 0:
+    if snap.out_of_group:
+        reasons.append(
+            "left the consumer group: cannot connect to PostgreSQL (ACKLINE_DB_LEAVE_AFTER_S); "
+            "joins again once every connection of the worker answers"
+        )
+    elif snap.assigned <= 0:
         reasons.append("no partitions assigned")
     if snap.not_consumed > 0:
         reasons.append(
@@ -106,6 +112,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         not_consumed=int(_gauge(metrics, "ackline_partitions_not_consumed")),
         db_down_since=_gauge(metrics, "ackline_database_down_since_timestamp_seconds"),
         behind_since=_gauge(metrics, "ackline_behind_since_timestamp_seconds"),
+        out_of_group=_gauge(metrics, "ackline_out_of_group") >= 1,
     )
 
 

@@ -249,3 +249,15 @@ def test_a_worker_idle_past_the_bound_is_ready_when_records_come() -> None:
     m.lag.labels("t", "0").set(0)
     m.note_behind(NOW + 2)  # caught up while owning partitions: stopped
     assert snapshot(m, started=NOW - 10_000).behind_since == 0.0
+
+
+def test_a_worker_out_of_the_group_says_why() -> None:
+    """A worker that left the group because PostgreSQL does not answer it said only 'no
+    partitions assigned' on /readyz: the operator had to find the ERROR line."""
+    m = Metrics()
+    m.db_up.set(1)
+    m.db_checked.set(NOW)
+    m.out_of_group.set(1)
+    reasons = readiness(snapshot(m, started=NOW - 100), NOW, LIMITS)
+    assert reasons and "left the consumer group" in reasons[0]
+    assert "ACKLINE_DB_LEAVE_AFTER_S" in reasons[0]
