@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     import asyncpg
 
 MIGRATE_HINT = "run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at this database)"
-
-
 DSN_HINT = dsn_hint()
 
 

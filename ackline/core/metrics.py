@@ -114,6 +114,15 @@ class Metrics:
             registry=r,
         )
 
+    def total_lag(self) -> float:
+        """``ackline_partition_lag`` summed over the partitions it has now."""
+        return sum(
+            s.value
+            for family in self.lag.collect()
+            for s in family.samples
+            if s.name == "ackline_partition_lag"
+        )
+
     def note_behind(self, now: float) -> None:
         """After a lag report: start the behind clock when the lag turned positive, stop it
         at 0. While the worker owns nothing the clock is left as it is: its lag gauges
@@ -122,7 +131,7 @@ class Metrics:
         nothing to commit, was not ready the moment records came."""
         if not self.registry.get_sample_value("ackline_assigned_partitions"):
             return
-        lag = sum(s.value for m in self.lag.collect() for s in m.samples)
+        lag = self.total_lag()
         if lag <= 0:
             self.behind_since.set(0)
         elif not self.registry.get_sample_value("ackline_behind_since_timestamp_seconds"):

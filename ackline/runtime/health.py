@@ -99,12 +99,9 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
 
 def snapshot(metrics: Metrics, started: float) -> Snapshot:
     """Read the readiness facts from ``metrics`` (cheap: a few in-memory numbers)."""
-    lag = 0.0
-    for family in metrics.lag.collect():
-        lag += sum(s.value for s in family.samples if s.name == "ackline_partition_lag")
     return Snapshot(
         assigned=int(_gauge(metrics, "ackline_assigned_partitions")),
-        lag=lag,
+        lag=metrics.total_lag(),
         last_commit=_gauge(metrics, "ackline_last_commit_timestamp_seconds"),
         started=started,
         db_up=_gauge(metrics, "ackline_database_up") >= 1,
