@@ -1035,6 +1035,29 @@ def test_the_lag_and_the_head_count_an_erasure(dsn: str) -> None:
     assert after.report("runs")["applied"] == 0, after.report("runs")
 
 
+def test_erasure_notices_are_not_counted_as_applied_events(dsn: str) -> None:
+    """A processor handed an erasure's notices counted them in ``applied``, so an operator
+    read more events applied than rows stored (22,600 against 22,227 rows and 373 erased,
+    in a probe). Notices are counted apart, as ``erased``."""
+    first = ackline(dsn, "process", "runs", "--until-caught-up")  # registers it
+    assert first.code == 0, first.err[-2000:]
+    events = synthetic_runs(60, seed=7)
+    write(dsn, events)
+    applied = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert applied.code == 0, applied.err[-2000:]
+    assert applied.report("runs")["applied"] == len(events)
+    agent = Counter(e.agent_id for e in events).most_common(1)[0][0]
+    erased = ackline(dsn, "erase", "--agent", agent, "--json")
+    assert erased.code == 0, erased.err[-2000:]
+    notices = int(json.loads(erased.out)["events"])
+    assert notices > 0
+    after = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert after.code == 0, after.err[-2000:]
+    report = after.report("runs")
+    assert report["applied"] == 0, report
+    assert report["erased"] == notices, report
+
+
 def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:
     gone = ackline(dsn, "processors", "pause", "runs")
     assert gone.code == 2 and "no processor named 'runs'" in gone.err

@@ -108,6 +108,7 @@ def test_reports_and_errors_are_one_line_each() -> None:
         "processor": "p",
         "outcome": "failed",
         "applied": 5,
+        "erased": 0,
         "batches": 2,
         "lost_races": 0,
         "cursor": "12",

@@ -23,6 +23,12 @@ class ProcessorMetrics:
             label,
             registry=r,
         )
+        self.erased = Counter(
+            "ackline_processor_erasure_notices",
+            "Erasure notices handed (one per erased event; not counted as events applied)",
+            label,
+            registry=r,
+        )
         self.batches = Counter(
             "ackline_processor_batches", "Batches committed (effects + cursor)", label, registry=r
         )

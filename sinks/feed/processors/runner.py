@@ -111,12 +111,15 @@ class Report:
     lost_races: int
     cursor: str
     failure: Failure | None = None
+    erased: int = 0
+    """Erasure notices handed to the processor (keys of events erased): not events."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "processor": self.name,
             "outcome": self.outcome.value,
             "applied": self.applied,
+            "erased": self.erased,
             "batches": self.batches,
             "lost_races": self.lost_races,
             "cursor": self.cursor,
@@ -172,6 +175,7 @@ class ProcessorRunner:
         self.reader = Reader(self.name, feed, start=start, faults=faults)
         self.feed = feed  # what follow() reads, through self.reader
         self.applied = 0
+        self.erased = 0  # notices handed, counted apart: an operator compares applied with rows
         self.batches = 0
         self.paused = False
         self.cursor: Cursor = start
@@ -325,9 +329,12 @@ class ProcessorRunner:
         self.cursor = done.batch.end
         if done.batch.caught_up or work is None:
             return
-        self.applied += len(work.events)
+        notices = sum(1 for e in work.events if e.erased)
+        self.applied += len(work.events) - notices
+        self.erased += notices
         self.batches += 1
-        self.metrics.applied.labels(self.name).inc(len(work.events))
+        self.metrics.applied.labels(self.name).inc(len(work.events) - notices)
+        self.metrics.erased.labels(self.name).inc(notices)
         self.metrics.batches.labels(self.name).inc()
         self.metrics.last_commit.labels(self.name).set(time.time())
         self.metrics.failed.labels(self.name).set(0)
@@ -486,6 +493,7 @@ class ProcessorRunner:
             self.reader.stats.lost_races,
             self.cursor.encode(),
             failure,
+            self.erased,
         )
 
 
