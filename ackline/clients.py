@@ -76,6 +76,20 @@ def ingest_dsn(settings: Settings, dsn: str) -> str:
     return with_user(dsn, INGEST)
 
 
+def ingest_setting(settings: Settings) -> str:
+    """The setting :func:`ingest_dsn`'s DSN came from, for an error to name."""
+    if settings.database_ingest_url is None:
+        return "ACKLINE_DATABASE_URL"
+    return "ACKLINE_DATABASE_INGEST_URL"
+
+
+def processor_setting(settings: Settings) -> str:
+    """The setting :func:`processor_dsn`'s DSN came from, for an error to name."""
+    if settings.database_processor_url is None:
+        return "ACKLINE_DATABASE_URL"
+    return "ACKLINE_DATABASE_PROCESSOR_URL"
+
+
 def processor_dsn(settings: Settings, dsn: str) -> str:
     """The DSN `ackline process` connects with: the processor role, by the rule of
     :func:`ingest_dsn` (``database_processor_url``, else ``dsn`` as ``ackline_processor``

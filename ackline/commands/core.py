@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 
 from ackline import endpoints
@@ -12,6 +15,11 @@ from ackline.commands import Subparsers, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_PREFLIGHT_SAY_S = 30.0
+"""How often `run` says again that it waits for PostgreSQL before joining the group."""
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -43,28 +51,49 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _preflight(settings: Settings, dsn: str) -> None:
-    """Before the worker joins the group: when PostgreSQL answers, its schema must be
-    there (else one line: run `ackline migrate`). A database that does not answer is
-    left to the worker, which waits for it as it does for any outage."""
+    """Before the worker joins the group: wait until PostgreSQL answers, then its schema
+    must be there (else one line: run `ackline migrate`).
+
+    Why wait here and not in the worker: a worker that joined the group while PostgreSQL
+    did not answer held its partitions, idle, until its leave bound (90 s) handed them to
+    workers that could write; one that has not joined holds nothing. The wait logs a
+    WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds; a SIGTERM or Ctrl-C ends
+    it as it stops a running worker (exit 0: nothing was taken)."""
     import asyncpg
 
-    from ackline.clients import ingest_dsn
+    from ackline.clients import ingest_dsn, ingest_setting
     from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError, missing_role
     from ackline.core.errors import AcklineError
 
-    try:
-        conn = await connect(ingest_dsn(settings, dsn), timeout=5)
-    except DatabaseUnavailableError:
-        return
-    except asyncpg.InvalidAuthorizationSpecificationError as exc:
-        if "does not exist" in str(exc):
-            setting = (
-                "ACKLINE_DATABASE_URL"
-                if settings.database_ingest_url is None
-                else "ACKLINE_DATABASE_INGEST_URL"
-            )
-            raise AcklineError(missing_role(str(exc), setting)) from exc
-        raise
+    target = ingest_dsn(settings, dsn)
+    setting = ingest_setting(settings)
+    since = time.monotonic()
+    say_at = since
+    pause = 0.5
+    while True:
+        try:
+            conn = await connect(target, timeout=5)
+            break
+        except DatabaseUnavailableError as exc:
+            now = time.monotonic()
+            if now >= say_at:
+                waited = f" (waited {now - since:.0f} s)" if now - since >= 1 else ""
+                log.warning(
+                    "%s; not joining the consumer group until it answers%s",
+                    DatabaseUnavailableError(target, exc.__cause__ or exc, setting=setting),
+                    waited,
+                )
+                say_at = now + _PREFLIGHT_SAY_S
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        except asyncpg.InvalidAuthorizationSpecificationError as exc:
+            if "does not exist" in str(exc):
+                raise AcklineError(missing_role(str(exc), setting)) from exc
+            raise
+    if say_at > since:
+        log.info(
+            "PostgreSQL answers after %.0f s: joining the consumer group", time.monotonic() - since
+        )
     try:
         missing = await conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL")
     finally:

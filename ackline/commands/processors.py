@@ -116,6 +116,7 @@ async def _process(
     processors: list[Processor],
     start_at: Cursor | None,
 ) -> int:
+    from ackline.clients import processor_setting
     from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
@@ -170,9 +171,7 @@ async def _process(
                     settings.retry_max_seconds,
                     args.until_caught_up,
                     log,
-                    setting="ACKLINE_DATABASE_URL"
-                    if settings.database_processor_url is None
-                    else "ACKLINE_DATABASE_PROCESSOR_URL",
+                    setting=processor_setting(settings),
                 ).wrap,
             )
             # Still under the signal handlers: a stop from here on only sets the event, so

@@ -7,11 +7,16 @@ The crash windows of docs/design.md (after commit, zombies, shutdown with a writ
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from ackline.dev.netns import Forwarder
+from ackline.dev.ports import pick_free_port
 from ackline.load.verify import drained
+from ackline.streams.kafkainfo import group_members
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 from tests.integration.windows import batches, produce_worker_mix, verify_mixed_ok, wait_drained
 
@@ -131,3 +136,31 @@ def test_a_worker_writing_over_two_connections(
     ]
     assert all(len(s) == 1 for s in slots), slots  # one connection's partitions each
     assert set().union(*slots) == {0, 1}  # and both connections wrote
+
+
+def test_a_worker_started_while_postgresql_does_not_answer_waits_outside_the_group(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """`ackline run` started while PostgreSQL did not answer joined the consumer group and
+    held its partitions, idle, until its leave bound (90 s) gave them up; found by an
+    operator's probe. It waits before joining now: the group has no member while the
+    database is away (the old code had joined within seconds); once the database answers,
+    the worker joins and drains, exactly once."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 2_000, seed=23)
+    group = f"g-{topic}"
+    parts = urlsplit(dsn)
+    host, pg_port = parts.hostname or "127.0.0.1", parts.port or 5432
+    port = pick_free_port()
+    away = urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{pg_port}", f":{port}")))
+    w = Worker(services, away, topic, tmp_path, name="w")
+    quiet_until = time.monotonic() + 12  # the old code had joined within about 3 s
+    while time.monotonic() < quiet_until:
+        w.ensure_alive()
+        assert group_members(services.bootstrap, {}, group) == [], w.log()[-2000:]
+        time.sleep(0.5)
+    assert "not joining the consumer group until it answers" in w.log()
+    with Forwarder(("127.0.0.1", port), (host, pg_port)):
+        wait_drained(dsn, manifest, group, [w], 120)
+        assert w.stop() == 0
+    assert "PostgreSQL answers after" in w.log()
+    verify_mixed_ok(dsn, manifest, group)
