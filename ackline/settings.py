@@ -44,6 +44,7 @@ from pydantic_settings import (
 
 from ackline.core.errors import SettingsError
 from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
+from ackline.sinks.errors import RETRY_MAX_BACKOFF_S
 
 ENV_PREFIX = "ACKLINE_"
 CONFIG_FILE_VAR = ENV_PREFIX + "CONFIG_FILE"
@@ -627,6 +628,38 @@ def _tls_problems(s: Settings, tls: bool) -> list[tuple[str, str]]:
             ("KAFKA_SSL_CERTIFICATE_LOCATION", "required with ACKLINE_KAFKA_SSL_KEY_LOCATION")
         )
     return problems
+
+
+def assign_claim_hold_s(s: Settings) -> float | None:
+    """How long the default runtime's assign callback may hold a rebalance with its claim
+    while PostgreSQL does not answer (docs/faults.md); None when nothing bounds it by
+    leaving (ACKLINE_DB_LEAVE_AFTER_S 0) or the runtime claims outside the callback
+    (faust). Pure."""
+    if s.runtime != "confluent" or s.db_leave_after_s <= 0:
+        return None
+    return (
+        s.db_leave_after_s + s.db_statement_timeout_s + s.db_connect_timeout_s + RETRY_MAX_BACKOFF_S
+    )
+
+
+def poll_interval_advice(s: Settings) -> str | None:
+    """A warning for `ackline run` when ACKLINE_MAX_POLL_INTERVAL_MS (the group's rebalance
+    timeout) is not longer than :func:`assign_claim_hold_s`, else None. Pure.
+
+    A warning, not a refusal: past the rebalance timeout the broker goes on without the
+    worker, whose late claim then fences the new owners until they take their partitions
+    back (a stall, never a loss); tests shorten the interval on purpose."""
+    hold = assign_claim_hold_s(s)
+    if hold is None or s.max_poll_interval_ms / 1000 > hold:
+        return None
+    return (
+        f"ACKLINE_MAX_POLL_INTERVAL_MS ({s.max_poll_interval_ms / 1000:g} s) is not longer "
+        f"than an assign callback's claim may hold a rebalance while PostgreSQL does not "
+        f"answer, {hold:.0f} s (ACKLINE_DB_LEAVE_AFTER_S + ACKLINE_DB_STATEMENT_TIMEOUT_S + "
+        f"ACKLINE_DB_CONNECT_TIMEOUT_S + {RETRY_MAX_BACKOFF_S:g} s of retry backoff): then "
+        f"the broker goes on without this worker and its late claim fences the new owners "
+        f"for a while; raise it, or lower ACKLINE_DB_LEAVE_AFTER_S"
+    )
 
 
 def _cross_field_problems(s: Settings) -> list[tuple[str, str]]:

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from ackline.sinks.errors import TransientDatabaseError, WaitStoppedError
+from ackline.sinks.errors import RETRY_MAX_BACKOFF_S, TransientDatabaseError, WaitStoppedError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -426,7 +426,7 @@ class Database:
         what: str,
         operation: Callable[[asyncpg.Connection], Awaitable[T]],
         *,
-        max_backoff: float = 5.0,
+        max_backoff: float = RETRY_MAX_BACKOFF_S,
         on_retry: Callable[[BaseException], None] | None = None,
         stopping: Callable[[], bool] | None = None,
     ) -> T:

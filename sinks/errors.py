@@ -48,6 +48,11 @@ class TransientDatabaseError(SinkError):
     """A connection or server error that a retry with backoff may cure."""
 
 
+RETRY_MAX_BACKOFF_S = 5.0
+"""The longest wait between two retries of a transient error (the backoff doubles up to
+it); the settings count it in how long an assign callback's claim may hold a rebalance."""
+
+
 class FeedError(SinkError):
     """A changefeed cursor, filter or reader cannot be used as given."""
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ackline import endpoints
 from ackline.commands import Subparsers, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
-from ackline.settings import Settings
+from ackline.settings import Settings, poll_interval_advice
 
 log = logging.getLogger(__name__)
 
 _PREFLIGHT_SAY_S = 30.0
 """How often `run` says again that it waits for PostgreSQL before joining the group."""
+_STOP_POLL_S = 0.2
+"""How often the wait for PostgreSQL looks for a stop request."""
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,19 +51,29 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.runtime is not None:  # the start-up line and /metrics name the runtime in use
         settings = settings.model_copy(update={"runtime": args.runtime})
     bootstrap, dsn = endpoints.endpoints(settings)
-    run_stoppable(_preflight(settings, dsn))  # a SIGTERM meanwhile is not dropped
-    return run(settings, bootstrap, dsn, runtime=args.runtime, until_drained=args.until_drained)
+    advice = poll_interval_advice(settings)
+    if advice is not None:
+        log.warning("%s", advice)
+    return run(
+        settings,
+        bootstrap,
+        dsn,
+        runtime=args.runtime,
+        until_drained=args.until_drained,
+        before_join=functools.partial(_preflight, settings, dsn),
+    )
 
 
-async def _preflight(settings: Settings, dsn: str) -> None:
-    """Before the worker joins the group: wait until PostgreSQL answers, then its schema
-    must be there (else one line: run `ackline migrate`).
+async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) -> None:
+    """What the worker does after its topic checks and before it joins the group: wait
+    until PostgreSQL answers, then its schema must be there (else one line: run `ackline
+    migrate`). Returns early, having waited for nothing more, once ``stopped()``.
 
-    Why wait here and not in the worker: a worker that joined the group while PostgreSQL
-    did not answer held its partitions, idle, until its leave bound (90 s) handed them to
-    workers that could write; one that has not joined holds nothing. The wait logs a
-    WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds; a SIGTERM or Ctrl-C ends
-    it as it stops a running worker (exit 0: nothing was taken)."""
+    Why wait before joining: a worker that joined the group while PostgreSQL did not
+    answer held its partitions, idle, until its leave bound (90 s) handed them to workers
+    that could write; one that has not joined holds nothing. The wait logs a WARNING at
+    once and every :data:`_PREFLIGHT_SAY_S` seconds; a stop ends it within
+    :data:`_STOP_POLL_S` (the worker then exits 0: nothing was taken)."""
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting
@@ -71,8 +86,16 @@ async def _preflight(settings: Settings, dsn: str) -> None:
     say_at = since
     pause = 0.5
     while True:
+        attempt = asyncio.ensure_future(connect(target, timeout=5))
+        while not attempt.done() and not stopped():
+            await asyncio.wait({attempt}, timeout=_STOP_POLL_S)
+        if not attempt.done():
+            attempt.cancel()  # not done: no connection to close
+            with contextlib.suppress(BaseException):
+                await attempt
+            return
         try:
-            conn = await connect(target, timeout=5)
+            conn = attempt.result()
             break
         except DatabaseUnavailableError as exc:
             now = time.monotonic()
@@ -84,7 +107,11 @@ async def _preflight(settings: Settings, dsn: str) -> None:
                     waited,
                 )
                 say_at = now + _PREFLIGHT_SAY_S
-            await asyncio.sleep(pause)
+            until = time.monotonic() + pause
+            while time.monotonic() < until:
+                if stopped():
+                    return
+                await asyncio.sleep(_STOP_POLL_S)
             pause = min(pause * 2, 5.0)
         except asyncpg.InvalidAuthorizationSpecificationError as exc:
             if "does not exist" in str(exc):

@@ -262,11 +262,16 @@ class Forwarder:
         target: tuple[str, int],
         listen_ns: str | None = None,
         target_ns: str | None = None,
+        max_connections: int | None = None,
     ) -> None:
+        """``max_connections``: relay that many connections, then close each new one at
+        once (a server that took a client's first connections and then went away)."""
         self.listen = listen
         self.target = target
         self.listen_ns = listen_ns
         self.target_ns = target_ns
+        self.max_connections = max_connections
+        self.accepted = 0
         self._server: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -319,6 +324,10 @@ class Forwarder:
                 continue
             except OSError:
                 return
+            self.accepted += 1
+            if self.max_connections is not None and self.accepted > self.max_connections:
+                client.close()
+                continue
             client.settimeout(None)
             try:
                 upstream = in_namespace(self.target_ns, socket.socket)

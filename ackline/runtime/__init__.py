@@ -10,9 +10,14 @@ services are and passes them in.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from ackline.core.errors import SettingsError
 from ackline.settings import Settings
+
+BeforeJoin = Callable[[Callable[[], bool]], Awaitable[None]]
+"""What a worker awaits after its topic checks and before it joins the consumer group,
+given a ``stopped()`` to return early on (`ackline run`: wait for PostgreSQL)."""
 
 
 def run(
@@ -21,6 +26,7 @@ def run(
     dsn: str,
     runtime: str | None = None,
     until_drained: bool = False,
+    before_join: BeforeJoin | None = None,
 ) -> int:
     """`ackline run`: the runtime of ``runtime`` (else ``settings.runtime``); the status.
 
@@ -35,10 +41,19 @@ def run(
                 "ACKLINE_RUNTIME",
                 f"faust needs the [faust] extra (pip install 'ackline[faust]'): {exc}",
             ) from exc
-        return run_faust(settings, bootstrap, dsn, until_drained=until_drained)
+        return run_faust(
+            settings, bootstrap, dsn, until_drained=until_drained, before_join=before_join
+        )
     from ackline.runtime.confluent import run as run_confluent
 
     # Ctrl-C twice exits at once: nothing of `ackline run` is left to clean up
     return asyncio.run(
-        run_confluent(settings, bootstrap, dsn, until_drained=until_drained, exit_on_repeat=True)
+        run_confluent(
+            settings,
+            bootstrap,
+            dsn,
+            until_drained=until_drained,
+            exit_on_repeat=True,
+            before_join=before_join,
+        )
     )

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ackline.clients import kafka_client_config
 from ackline.core.signals import exit_now, stop_signals
+from ackline.runtime import BeforeJoin
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, decode_limits, load_payload_plugins, tune_malloc
 from ackline.settings import Settings
@@ -58,13 +59,15 @@ async def run(
     until_drained: bool = False,
     on_signal: Callable[[int], None] | None = None,
     exit_on_repeat: bool = False,
+    before_join: BeforeJoin | None = None,
 ) -> int:
     """Consume until SIGTERM/SIGINT (or until drained); return the exit status.
 
     Order of effects at start: wire the worker (:func:`build_ingest`: the ingest DSN may
     raise SettingsError) and register the payload plugins, both before anything connects;
     handle SIGTERM/SIGINT; check the topic exists and create the dead-letter topic if
-    missing; serve /metrics, /healthz, /readyz (when metrics_port is set); start the
+    missing; ``before_join`` (`ackline run`: wait for PostgreSQL); serve /metrics,
+    /healthz, /readyz (when metrics_port is set); start the
     PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
     SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
@@ -106,7 +109,9 @@ async def run(
             ),
             stopping,
         )
-        if partitions is None:
+        if partitions is not None and before_join is not None:
+            await before_join(stopping.is_set)
+        if partitions is None or stopping.is_set():
             await ingest.close(CLOSE_WAIT_S)
             log.info("stopped before the worker started")
             return 0

@@ -33,7 +33,8 @@ from faust.types import TP
 from ackline.core.errors import Terminated
 from ackline.core.logs import exit_flushed
 from ackline.core.metrics import Metrics
-from ackline.core.signals import exit_now, stops_between
+from ackline.core.signals import exit_now, run_stoppable, stops_between
+from ackline.runtime import BeforeJoin
 from ackline.runtime.faust_app import FaustApp, make_app
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, load_payload_plugins, tune_malloc
@@ -116,8 +117,15 @@ class _Worker(faust.Worker):
         await asyncio.sleep(SENTINEL_S)
 
 
-def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = False) -> int:
+def run(
+    settings: Settings,
+    bootstrap: str,
+    dsn: str,
+    until_drained: bool = False,
+    before_join: BeforeJoin | None = None,
+) -> int:
     """Run the faust worker until SIGTERM/SIGINT (or until drained); return the status.
+    ``before_join`` runs after the topic checks, before faust starts (and joins).
 
     Refuses to start (SettingsError) on a faust-streaming it was not proven on, unless
     ``ACKLINE_FAUST_ACCEPT_RISK`` names that risk (:mod:`.risk`).
@@ -146,6 +154,8 @@ def run(settings: Settings, bootstrap: str, dsn: str, until_drained: bool = Fals
         partitions = prepare_topics(
             bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf, stop.pending
         )
+        if before_join is not None and not stop.pending():
+            run_stoppable(before_join(stop.pending))
     metrics.topic_partitions.set(partitions)
     ingest.serve()
 

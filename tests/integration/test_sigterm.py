@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,10 +22,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from confluent_kafka import Producer
 
+from ackline.dev.netns import Forwarder
 from ackline.streams.admin import delete_topic, ensure_topic, partition_count
 from ackline.streams.errors import TopicError
 from ackline.streams.producer import ActivityProducer, prepare
@@ -350,35 +351,40 @@ def test_a_stopped_chaos_run_leaves_no_worker_behind(services: Services, tmp_pat
 
 @pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_a_worker_claiming_through_a_database_outage_stops(
-    services: Services, topic: str, tmp_path: Path, runtime: str
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
 ) -> None:
     """The operator's report: with PostgreSQL unreachable, `ackline run` retried its claim
     (in the assign callback, on the consumer thread) for 15 minutes and ignored SIGTERM
-    and SIGINT; only SIGKILL ended it. The claim retry now gives up at a stop request."""
-    with socket.socket() as s:  # a port nothing listens on: every connect is refused
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    and SIGINT; only SIGKILL ended it. The claim retry now gives up at a stop request.
+    The database answers the worker's check before it joins the group (one connection)
+    and then drops every new connection at once, so the claim is what retries."""
+    parts = urlsplit(dsn)
+    pg_port = parts.port or 5432
     log = tmp_path / f"run-{runtime}.log"
-    env = _env(
-        ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
-        ACKLINE_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{closed}/ackline",
-        ACKLINE_TOPIC=topic,
-        ACKLINE_GROUP_ID=f"g-{topic}",
-        ACKLINE_DLQ_TOPIC=f"{topic}.dlq",
-        ACKLINE_METRICS_PORT="0",
-        ACKLINE_RUNTIME=runtime,
-    )
-    proc = _spawn(["run"], env, log)
-    status = _stop_when(
-        proc,
-        log,
-        lambda: (
-            "claim" in log.read_text(errors="replace")
-            and "retrying" in log.read_text(errors="replace")
-        ),
-        90,
-        "the worker to retry its claim against the closed port",
-    )
+    with Forwarder(
+        ("127.0.0.1", 0), (parts.hostname or "127.0.0.1", pg_port), max_connections=1
+    ) as gate:
+        netloc = parts.netloc.replace(f":{pg_port}", f":{gate.port}")
+        env = _env(
+            ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
+            ACKLINE_DATABASE_URL=urlunsplit(parts._replace(netloc=netloc)),
+            ACKLINE_TOPIC=topic,
+            ACKLINE_GROUP_ID=f"g-{topic}",
+            ACKLINE_DLQ_TOPIC=f"{topic}.dlq",
+            ACKLINE_METRICS_PORT="0",
+            ACKLINE_RUNTIME=runtime,
+        )
+        proc = _spawn(["run"], env, log)
+        status = _stop_when(
+            proc,
+            log,
+            lambda: (
+                "claim" in log.read_text(errors="replace")
+                and "retrying" in log.read_text(errors="replace")
+            ),
+            90,
+            "the worker to retry its claim against the closed port",
+        )
     # the faust runtime stops with faust's own status; either way it stopped, not killed
     assert status >= 0, log.read_text(errors="replace")[-3000:]
 

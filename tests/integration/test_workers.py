@@ -138,27 +138,36 @@ def test_a_worker_writing_over_two_connections(
     assert set().union(*slots) == {0, 1}  # and both connections wrote
 
 
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_a_worker_started_while_postgresql_does_not_answer_waits_outside_the_group(
-    services: Services, dsn: str, topic: str, tmp_path: Path
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
 ) -> None:
     """`ackline run` started while PostgreSQL did not answer joined the consumer group and
     held its partitions, idle, until its leave bound (90 s) gave them up; found by an
-    operator's probe. It waits before joining now: the group has no member while the
-    database is away (the old code had joined within seconds); once the database answers,
-    the worker joins and drains, exactly once."""
+    operator's probe. It waits before joining now (after its topic checks): the group has
+    no member while the database is away (the old code had joined within seconds); once
+    the database answers, the worker joins and drains, exactly once. A second worker,
+    stopped while it waits, exits 0 at once."""
     manifest = produce_worker_mix(services, topic, tmp_path, 2_000, seed=23)
     group = f"g-{topic}"
     parts = urlsplit(dsn)
     host, pg_port = parts.hostname or "127.0.0.1", parts.port or 5432
     port = pick_free_port()
     away = urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{pg_port}", f":{port}")))
-    w = Worker(services, away, topic, tmp_path, name="w")
+    w = Worker(services, away, topic, tmp_path, name="w", runtime=runtime)
     quiet_until = time.monotonic() + 12  # the old code had joined within about 3 s
     while time.monotonic() < quiet_until:
         w.ensure_alive()
         assert group_members(services.bootstrap, {}, group) == [], w.log()[-2000:]
         time.sleep(0.5)
     assert "not joining the consumer group until it answers" in w.log()
+
+    stopped = Worker(services, away, topic, tmp_path, name="s", runtime=runtime)
+    wait_until(lambda: "not joining" in stopped.log(), 60, "the second worker to wait")
+    began = time.monotonic()
+    assert stopped.stop(timeout=30) == 0, stopped.log()[-2000:]
+    assert time.monotonic() - began < 10, stopped.log()[-2000:]
+
     with Forwarder(("127.0.0.1", port), (host, pg_port)):
         wait_drained(dsn, manifest, group, [w], 120)
         assert w.stop() == 0

@@ -11,7 +11,7 @@ import pytest
 from ackline.cli import main
 from ackline.core.errors import SettingsError
 from ackline.runtime.httpserver import HttpServer
-from ackline.settings import bootstrap_problem, dsn_problem, load_settings
+from ackline.settings import bootstrap_problem, dsn_problem, load_settings, poll_interval_advice
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -107,6 +107,30 @@ def test_a_poll_interval_below_the_session_timeout_stops_at_start(
     with pytest.raises(SettingsError) as caught:
         load_settings()
     assert "ACKLINE_MAX_POLL_INTERVAL_MS" in str(caught.value), str(caught.value)
+
+
+def test_a_poll_interval_shorter_than_the_assign_claims_hold_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default runtime's assign callback may hold the rebalance while its claim
+    cannot reach PostgreSQL, up to the leave bound plus a statement timeout, a connect
+    timeout and a retry's backoff (135 s with the defaults); past
+    ACKLINE_MAX_POLL_INTERVAL_MS (the rebalance timeout) the broker goes on without the
+    worker. It was documented, not checked; `run` now warns (a stall, not a loss: the
+    interval is shortened on purpose in tests)."""
+    assert poll_interval_advice(load_settings()) is None  # the defaults: 300 s > 135 s
+    monkeypatch.setenv("ACKLINE_MAX_POLL_INTERVAL_MS", "120000")
+    advice = poll_interval_advice(load_settings())
+    assert advice is not None
+    assert advice.startswith("ACKLINE_MAX_POLL_INTERVAL_MS (120 s)") and "135 s" in advice
+    monkeypatch.setenv("ACKLINE_MAX_POLL_INTERVAL_MS", "136000")
+    assert poll_interval_advice(load_settings()) is None
+    monkeypatch.setenv("ACKLINE_MAX_POLL_INTERVAL_MS", "60000")
+    monkeypatch.setenv("ACKLINE_DB_LEAVE_AFTER_S", "0")  # never leaves: documented apart
+    assert poll_interval_advice(load_settings()) is None
+    monkeypatch.setenv("ACKLINE_DB_LEAVE_AFTER_S", "90")
+    monkeypatch.setenv("ACKLINE_RUNTIME", "faust")  # claims outside the rebalance callback
+    assert poll_interval_advice(load_settings()) is None
 
 
 @pytest.mark.parametrize(
