@@ -1,7 +1,8 @@
 """The `ackline` command line. Thin: parse, load settings, call one handler, exit.
 
 Global options (``-v``, ``--config``, ``--log-format``, ``--topic``, ``--group-id``) are
-accepted before or after the subcommand. An expected failure is one line on stderr
+accepted before or after the subcommand; ``--topic`` and ``--group-id`` only by a command
+that reads that setting (:func:`misapplied`). An expected failure is one line on stderr
 naming the problem and the fix (``ackline.commands.guard``) and a non-zero status,
 never a traceback; SIGTERM stops a command as Ctrl-C does (cleanup runs, status 143).
 """
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ackline.commands import MODULES, Handler
+from ackline.commands import MODULES, Handler, Uses
 from ackline.commands.guard import explain
 from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import KAFKA_LOGGER, configure_logging
@@ -32,6 +33,8 @@ RUN_TO_END = ("once", "until_caught_up")
 """The options that make a service a job that ends once caught up (`dispatch --once`,
 `process --until-caught-up`): a stop before then is not success (130/143), as for the
 commands that end on their own."""
+GLOBAL_SETTINGS = (("--topic", "global_topic", "topic"), ("--group-id", "group_id", "group_id"))
+"""(option, its dest, the setting it overrides) of the global options a command may not read."""
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -54,8 +57,17 @@ def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="override ACKLINE_LOG_FORMAT (auto: text on a terminal, else JSON lines)",
         **default,
     )
-    p.add_argument("--topic", dest="global_topic", help="override ACKLINE_TOPIC", **default)
-    p.add_argument("--group-id", help="override ACKLINE_GROUP_ID", **default)
+    p.add_argument(
+        "--topic",
+        dest="global_topic",
+        help="override ACKLINE_TOPIC (a command that does not read it refuses it)",
+        **default,
+    )
+    p.add_argument(
+        "--group-id",
+        help="override ACKLINE_GROUP_ID (a command that does not read it refuses it)",
+        **default,
+    )
 
 
 def _subparsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -75,7 +87,29 @@ def parser() -> argparse.ArgumentParser:
         importlib.import_module(f"ackline.commands.{name}").register(sub)
     for child in _subparsers(p):
         _global_options(child, suppress=True)
+        # set on each parser, so that a subcommand never inherits its group's: an
+        # undeclared one refuses both options (misapplied)
+        child.set_defaults(global_uses=child.get_default("global_uses"), command_prog=child.prog)
     return p
+
+
+def misapplied(args: argparse.Namespace) -> str | None:
+    """The error line for ``--topic`` / ``--group-id`` given to a command that does not
+    read that setting (:func:`ackline.commands.uses`), or None. The command would have
+    run as if the option were not there. ACKLINE_TOPIC or a config file's topic is not
+    refused: a deployment sets it for every command. Pure."""
+    declared: Uses | None = getattr(args, "global_uses", None)
+    reads = declared.settings if declared is not None else frozenset()
+    given = [
+        option
+        for option, dest, setting in GLOBAL_SETTINGS
+        if getattr(args, dest, None) is not None and setting not in reads
+    ]
+    if not given:
+        return None
+    verb = "does" if len(given) == 1 else "do"
+    why = f" ({declared.why})" if declared is not None and declared.why else ""
+    return f"{' and '.join(given)} {verb} not apply to `{args.command_prog}`{why}"
 
 
 def _quiet_stdout() -> None:
@@ -96,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None  # a Ctrl-C in the parser: before anything ran
     try:
         args = parser().parse_args(argv)  # it imports every command: ~0.3 s
+        refused = misapplied(args)
+        if refused is not None:
+            return _fail(refused)
         overrides: dict[str, Any] = {
             "topic": args.global_topic,
             "group_id": args.group_id,

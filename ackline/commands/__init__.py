@@ -2,6 +2,8 @@
 
 A handler takes ``(args, settings)`` and returns the exit status. Modules import their
 heavy dependencies inside the handler so `ackline --help` and `ackline dev` stay fast.
+Each parser a command line can end at declares, with :func:`uses`, which of the settings
+the global ``--topic`` and ``--group-id`` set its handler reads.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from ackline.settings import Settings
 
@@ -22,6 +25,26 @@ MODULES = (
     "retention",
     "erase",
 )
+
+GlobalSetting = Literal["topic", "group_id"]
+"""A setting a global option sets for one command line (``--topic``, ``--group-id``)."""
+
+
+@dataclass(frozen=True)
+class Uses:
+    """What a command reads of the :data:`GlobalSetting` s, and why not the others (said
+    when one of them is given)."""
+
+    settings: frozenset[GlobalSetting]
+    why: str | None = None
+
+
+def uses(p: argparse.ArgumentParser, *settings: GlobalSetting, why: str | None = None) -> None:
+    """Declare the settings of ``--topic`` / ``--group-id`` that ``p``'s handler reads
+    (itself or through what it calls). ackline.cli refuses the other options: a command
+    that ignored them let the user believe they had taken effect. A parser that declares
+    nothing refuses both."""
+    p.set_defaults(global_uses=Uses(frozenset(settings), why))
 
 
 def positive_seconds(text: str) -> float:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers, seconds_up_to, whole_from
+from ackline.commands import Subparsers, seconds_up_to, uses, whole_from
 from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
@@ -229,6 +229,7 @@ def register(sub: Subparsers) -> None:
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
     cap.add_argument("--force", action="store_true", help="replace an existing output file")
     cap.set_defaults(handler=cmd_capture)
+    uses(cap, why="it reads the topic given as its argument, in no consumer group")
 
     rep = sub.add_parser(
         "replay", help="re-produce a capture file (or a live topic range) into a topic"
@@ -266,3 +267,4 @@ def register(sub: Subparsers) -> None:
     _range_options(rep)
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(handler=cmd_replay)
+    uses(rep, "topic", why="it joins no consumer group")  # topic: --to must not be it

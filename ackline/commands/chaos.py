@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.settings import Settings
 
 
@@ -174,3 +174,4 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--state-dir", default=None, help="the chaos stack's state directory")
     p.add_argument("--keep", action="store_true", help="leave the chaos stack running")
     p.set_defaults(handler=cmd_chaos)
+    uses(p, why="it runs on its own stack, topic and group")

@@ -28,7 +28,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.core.errors import AcklineError
 from ackline.render import table
 from ackline.settings import ENV_PREFIX, Settings, redact_dsn
@@ -187,3 +187,6 @@ def register(sub: Subparsers) -> None:
         help="rewrite the generated settings block of PAGE (docs/operating.md) instead",
     )
     p.set_defaults(handler=cmd_config)
+    for shows in (p, show):  # the settings as this command line sets them
+        uses(shows, "topic", "group_id")
+    uses(ref, why="it documents the settings, not their values")

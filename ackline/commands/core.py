@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ackline import endpoints
-from ackline.commands import Subparsers, whole_from
+from ackline.commands import Subparsers, uses, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings, poll_interval_advice
@@ -195,29 +195,17 @@ def cmd_schema(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.core.errors import AcklineError
     from ackline.demo import demo
 
-    given = [
-        option
-        for option, value in (("--topic", args.global_topic), ("--group-id", args.group_id))
-        if value is not None
-    ]
-    if given:
-        # the demo verifies its own run only: a fresh topic and group each time
-        raise AcklineError(
-            f"demo does not take {' or '.join(given)}: each run produces into a new topic "
-            "and consumes with a new group (demo-YYYYMMDD-HHMMSS), so that its verify "
-            "counts only that run's events; to use your own topic and group, run "
-            "`ackline produce`, `ackline run --until-drained` and `ackline verify`"
-        )
     return demo(settings, events=args.events, keep=args.keep)
 
 
 def register(sub: Subparsers) -> None:
-    sub.add_parser(
+    mig = sub.add_parser(
         "migrate", help="apply pending SQL migrations (PostgreSQL only; Kafka is not needed)"
-    ).set_defaults(handler=cmd_migrate)
+    )
+    mig.set_defaults(handler=cmd_migrate)
+    uses(mig, why="the schema serves every topic and group")
 
     run = sub.add_parser("run", help="consume the topic into PostgreSQL until SIGTERM")
     run.add_argument(
@@ -234,6 +222,7 @@ def register(sub: Subparsers) -> None:
         "faust needs the [faust] extra, docs/faust.md",
     )
     run.set_defaults(handler=cmd_run)
+    uses(run, "topic", "group_id")
 
     prod = sub.add_parser(
         "produce",
@@ -292,6 +281,7 @@ def register(sub: Subparsers) -> None:
     )
     prod.add_argument("--quiet", action="store_true", help="no progress bar")
     prod.set_defaults(handler=cmd_produce)
+    uses(prod, "topic", why="it joins no consumer group")
 
     ver = sub.add_parser("verify", help="compare a produce manifest with the database")
     ver.add_argument(
@@ -301,12 +291,14 @@ def register(sub: Subparsers) -> None:
     )
     ver.add_argument("--json", action="store_true", help="print one JSON object")
     ver.set_defaults(handler=cmd_verify)
+    uses(ver, "group_id", why="the manifest names the topic")
 
     sch = sub.add_parser("schema", help="export the event JSON Schema")
     sch.add_argument(
         "output", nargs="?", default="-", help="file to write (default -: standard output)"
     )
     sch.set_defaults(handler=cmd_schema)
+    uses(sch, why="it only writes the event JSON Schema")
 
     demo = sub.add_parser("demo", help="end to end: stack, migrate, produce, run, verify")
     demo.add_argument(
@@ -314,3 +306,11 @@ def register(sub: Subparsers) -> None:
     )
     demo.add_argument("--keep", action="store_true", help="leave the stack running")
     demo.set_defaults(handler=cmd_demo)
+    # the demo verifies its own run only: a fresh topic and group each time
+    uses(
+        demo,
+        why="each run produces into a new topic and consumes with a new group, "
+        "demo-YYYYMMDD-HHMMSS, so that its verify counts only that run's events; to use "
+        "your own topic and group, run `ackline produce`, `ackline run --until-drained` "
+        "and `ackline verify`",
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.core.errors import AcklineError
 from ackline.settings import Settings
 
@@ -44,3 +44,4 @@ def register(sub: Subparsers) -> None:
         help="up: start (idempotent); down: stop everything; status: what runs, as JSON",
     )
     dev.set_defaults(handler=cmd_dev)
+    uses(dev, why="it manages the local stack only")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.endpoints import endpoints
 from ackline.settings import Settings
 
@@ -26,3 +26,4 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("doctor", help="check the services, schema, grants and topic settings")
     p.add_argument("--json", action="store_true", help="one JSON object: every check")
     p.set_defaults(handler=cmd_doctor)
+    uses(p, "topic", "group_id")

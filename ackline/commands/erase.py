@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
@@ -84,3 +84,4 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(handler=cmd_erase)
+    uses(p, why="it erases from every topic and group ingested")

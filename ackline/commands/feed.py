@@ -24,7 +24,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from ackline.commands import Subparsers, positive_seconds, whole_from
+from ackline.commands import Subparsers, positive_seconds, uses, whole_from
 from ackline.commands.guard import guarded_connect
 from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("ackline.feed")
 Connect = Callable[[], Awaitable["asyncpg.Connection"]]
+FOLLOWS_THE_FEED = "it follows the changefeed: every topic and group ingested"
+"""Why the changefeed's readers (tail, dispatch, process) refuse --topic and --group-id."""
 
 
 def _dsn(settings: Settings) -> str:
@@ -328,6 +330,7 @@ def register(sub: Subparsers) -> None:
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
     )
     tail.set_defaults(handler=cmd_tail)
+    uses(tail, why=FOLLOWS_THE_FEED)
 
     disp = sub.add_parser(
         "dispatch",
@@ -344,3 +347,4 @@ def register(sub: Subparsers) -> None:
         "--max-transactions", type=whole_from(1), default=64, help="feed transactions per batch"
     )
     disp.set_defaults(handler=cmd_dispatch)
+    uses(disp, why=FOLLOWS_THE_FEED)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from ackline.commands import Subparsers, whole_from
+from ackline.commands import Subparsers, uses, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.endpoints import database, endpoints
@@ -282,6 +282,8 @@ def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.
         show.add_argument(
             "--max-bytes", type=whole_from(0), default=4096, help="show at most N bytes (0: all)"
         )
+    for each in (p, ls, show):
+        uses(each, "group_id", why=f"it shows the group's {name} on every topic")
     return p
 
 
@@ -291,6 +293,7 @@ def register(sub: Subparsers) -> None:
     )
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(handler=cmd_status)
+    uses(st, "topic", "group_id")
     _list_or_show(sub, "conflicts", "replays whose body changed", raw=False).set_defaults(
         handler=cmd_conflicts
     )

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers, positive_seconds, whole_from
+from ackline.commands import Subparsers, positive_seconds, uses, whole_from
+from ackline.commands.feed import FOLLOWS_THE_FEED
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable, stop_signals, stopped_status, work_done
@@ -409,6 +410,7 @@ def register(sub: Subparsers) -> None:
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"
     )
     proc.set_defaults(handler=cmd_process)
+    uses(proc, why=FOLLOWS_THE_FEED)
 
     p = sub.add_parser("processors", help="stream processors: list, status, pause, resume, reset")
     actions = p.add_subparsers(dest="action", required=True)
@@ -421,6 +423,7 @@ def register(sub: Subparsers) -> None:
     st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(handler=cmd_status)
+    pauses = []
     for action, text in (
         ("pause", "stop applying at the next batch boundary"),
         ("resume", "undo pause"),
@@ -428,6 +431,7 @@ def register(sub: Subparsers) -> None:
         a = actions.add_parser(action, help=text)
         a.add_argument("name", help="processor name")
         a.set_defaults(handler=cmd_pause)
+        pauses.append(a)
     cs = actions.add_parser(
         "clear-superseded",
         help="let a filter replaced before take over again (a deliberate rollback)",
@@ -448,3 +452,5 @@ def register(sub: Subparsers) -> None:
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")
     su.add_argument("name", help="processor name, entry point or module:attribute")
     su.set_defaults(handler=cmd_setup)
+    for each in (lst, st, *pauses, cs, rs, su):
+        uses(each, why="processors follow the changefeed: every topic and group ingested")

@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
@@ -223,3 +223,5 @@ def register(sub: Subparsers) -> None:
     ens.add_argument("--interval", choices=("day", "week"), help="ACKLINE_PARTITION_INTERVAL")
     ens.add_argument("--ahead", type=int, help="ACKLINE_PARTITIONS_AHEAD")
     ens.set_defaults(handler=cmd_ensure)
+    for each in (apply, show, lst, ens):
+        uses(each, why="the activity partitions hold every topic and group ingested")

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from ackline.clients import ingest_dsn
-from ackline.commands import Subparsers
+from ackline.commands import Subparsers, uses
 from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
@@ -165,3 +165,5 @@ def register(sub: Subparsers) -> None:
         help="the password of ACKLINE_DATABASE_INGEST_URL (role ackline_ingest)",
     )
     setp.set_defaults(handler=cmd_set_password)
+    for each in (p, show, setp):
+        uses(each, why="PostgreSQL's roles serve every topic and group")

@@ -193,9 +193,9 @@ def test_set_password_with_no_password_to_read_says_so(
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--topic", "demo1", "--group-id", "demo1", "demo"], "--topic or --group-id"),
-        (["demo", "--topic", "demo1"], "--topic"),
-        (["--group-id", "demo1", "demo"], "--group-id"),
+        (["--topic", "demo1", "--group-id", "demo1", "demo"], "--topic and --group-id do"),
+        (["demo", "--topic", "demo1"], "--topic does"),
+        (["--group-id", "demo1", "demo"], "--group-id does"),
     ],
 )
 def test_demo_refuses_a_topic_or_group_it_would_not_use(
@@ -211,7 +211,7 @@ def test_demo_refuses_a_topic_or_group_it_would_not_use(
     monkeypatch.setattr(ackline.demo, "demo", ran)
     assert cli.main(argv) == cli.EXIT_ERROR
     err = capsys.readouterr().err
-    assert f"demo does not take {named}: each run produces into a new topic" in err
+    assert f"{named} not apply to `ackline demo` (each run produces into a new topic" in err
 
 
 @pytest.mark.parametrize(
