@@ -213,6 +213,8 @@ class Verdict:
     """Ingested winners whose row an erasure removed (a tombstone holds their key)."""
     dropped_by_retention: int = 0
     """Ingested winners whose row went with a partition retention dropped."""
+    lost_at: tuple[str, ...] = ()
+    """Where the lost winners were, and the batches around them (ackline.load.losses)."""
 
     @property
     def ok(self) -> bool:
@@ -283,6 +285,7 @@ def render_summary(verdict: Verdict) -> str:
             f"note: {verdict.shared_duplicates:,} expected duplicates sit in batches shared "
             "with records outside this manifest; left out of the duplicate counts"
         )
+    lines.extend(verdict.lost_at)
     lines.append(
         "verdict: OK, exactly once" if verdict.ok else "verdict: FAILED (see MISMATCH rows)"
     )
@@ -311,13 +314,14 @@ CREATE TEMP TABLE load_coord (
 # Per winner: its row is there; else it was erased; else its key is stored and its batch's
 # rows went with a partition that retention dropped after the batch committed. (Joins on
 # event_id with the hash compared after: the planner cannot estimate both columns at once,
-# and anti-joins planned on such estimates went quadratic on 100k winners.)
-_INGESTED = """
+# and anti-joins planned on such estimates went quadratic on 100k winners.) The retention
+# check runs only for a winner neither present nor erased (CASE evaluates lazily).
+FATE = """
 WITH stored AS (
     SELECT DISTINCT a.event_id, a.body_hash FROM activity a
     JOIN load_winner w ON w.event_id = a.event_id
-), c AS (
-    SELECT w.event_id,
+), f AS (
+    SELECT w.event_id, w.src_partition, w.src_offset,
            s.event_id IS NOT NULL AS present,
            e.body_hash IS NOT NULL AND e.body_hash = w.body_hash AS erased,
            CASE WHEN k.body_hash = w.body_hash THEN k.batch_id END AS batch_id
@@ -325,20 +329,31 @@ WITH stored AS (
     LEFT JOIN stored s ON s.event_id = w.event_id AND s.body_hash = w.body_hash
     LEFT JOIN erased_events e ON e.event_id = w.event_id
     LEFT JOIN event_keys k ON k.event_id = w.event_id
+), c AS (
+    SELECT f.*,
+           CASE WHEN f.present OR f.erased OR f.batch_id IS NULL THEN false
+                ELSE EXISTS (
+                    SELECT 1 FROM ingest_batches b, retention_drops d
+                    WHERE b.batch_id = f.batch_id
+                      AND pg_visible_in_snapshot(b.commit_xid, d.snap)
+                      AND b.committed_at < d.ends_before
+                      AND b.committed_at >= (d.lower_day::timestamp AT TIME ZONE 'UTC'))
+           END AS dropped
+    FROM f
 )
+"""
+"""Each winner's fate (the CTE ``c``): present, erased, dropped by retention, or none
+(lost); ``batch_id`` is the batch that stored its key, if any."""
+
+_INGESTED = (
+    FATE
+    + """
 SELECT count(*) FILTER (WHERE present) AS present,
        count(*) FILTER (WHERE NOT present AND erased) AS erased,
-       count(*) FILTER (
-           WHERE NOT present AND NOT erased AND batch_id IS NOT NULL
-             AND EXISTS (
-               SELECT 1 FROM ingest_batches b, retention_drops d
-               WHERE b.batch_id = c.batch_id
-                 AND pg_visible_in_snapshot(b.commit_xid, d.snap)
-                 AND b.committed_at < d.ends_before
-                 AND b.committed_at >= (d.lower_day::timestamp AT TIME ZONE 'UTC'))
-       ) AS dropped
+       count(*) FILTER (WHERE dropped) AS dropped
 FROM c
 """
+)
 
 # Rows of this run that are not exactly a winner: any row read from one of the
 # manifest's coordinates on the topic, or carrying one of the run's event_ids or
@@ -477,6 +492,12 @@ async def _compare(
     batches = [(json.loads(r["ranges"]), int(r["dropped"])) for r in rows]
     dropped, shared = attribute_duplicates(batches, topic, exp)
     drained = is_drained(exp.max_offsets, await _next_offsets(conn, group_id, topic))
+    lost = exp.unique_expected - ingested
+    lost_at: tuple[str, ...] = ()
+    if lost > 0:
+        from ackline.load.losses import explain_losses  # it builds on this module
+
+        lost_at = await explain_losses(conn, exp, topic, group_id)
     return Verdict(
         run_id=run_id,
         topic=topic,
@@ -485,7 +506,7 @@ async def _compare(
         aborted=exp.aborted,
         unique_expected=exp.unique_expected,
         ingested=ingested,
-        lost=exp.unique_expected - ingested,
+        lost=lost,
         duplicated=duplicated,
         duplicates_expected=exp.duplicates_expected - shared,
         duplicates_dropped=dropped,
@@ -505,6 +526,7 @@ async def _compare(
         shared_duplicates=shared,
         erased=erased,
         dropped_by_retention=by_retention,
+        lost_at=lost_at,
     )
 
 
