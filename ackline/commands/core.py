@@ -10,8 +10,9 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ackline import endpoints
 from ackline.commands import Subparsers, uses, whole_from
@@ -20,6 +21,7 @@ from ackline.core.signals import run_stoppable
 from ackline.settings import Settings, poll_interval_advice
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _PREFLIGHT_SAY_S = 30.0
 """How often `run` says again that it waits for PostgreSQL before joining the group."""
@@ -71,9 +73,12 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
 
     Why wait before joining: a worker that joined the group while PostgreSQL did not
     answer held its partitions, idle, until its leave bound (90 s) handed them to workers
-    that could write; one that has not joined holds nothing. The wait logs a WARNING at
-    once and every :data:`_PREFLIGHT_SAY_S` seconds; a stop ends it within
-    :data:`_STOP_POLL_S` (the worker then exits 0: nothing was taken)."""
+    that could write; one that has not joined holds nothing. Waited for: a connection
+    refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``, as the worker's own), refused
+    for too many clients, or lost during the schema check (bounded by
+    ``ACKLINE_DB_STATEMENT_TIMEOUT_S``). The wait logs a WARNING at once and every
+    :data:`_PREFLIGHT_SAY_S` seconds; a stop ends it within :data:`_STOP_POLL_S` (the
+    worker then exits 0: nothing was taken)."""
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting
@@ -86,18 +91,34 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
     say_at = since
     pause = 0.5
     while True:
-        attempt = asyncio.ensure_future(connect(target, timeout=5))
-        while not attempt.done() and not stopped():
-            await asyncio.wait({attempt}, timeout=_STOP_POLL_S)
-        if not attempt.done():
-            attempt.cancel()  # not done: no connection to close
-            with contextlib.suppress(BaseException):
-                await attempt
-            return
         try:
-            conn = attempt.result()
+            conn = await _or_stop(connect(target, timeout=settings.db_connect_timeout_s), stopped)
+            if conn is None:
+                return
+            try:
+                missing = await _or_stop(
+                    conn.fetchval(
+                        "SELECT to_regclass('consumer_offsets') IS NULL",
+                        timeout=settings.db_statement_timeout_s,
+                    ),
+                    stopped,
+                )
+            finally:
+                conn.terminate()  # a check's connection: nothing to wait for
+            if missing is None:
+                return
             break
-        except DatabaseUnavailableError as exc:
+        except asyncpg.InvalidAuthorizationSpecificationError as exc:
+            if "does not exist" in str(exc):
+                raise AcklineError(missing_role(str(exc), setting)) from exc
+            raise
+        except (
+            DatabaseUnavailableError,
+            asyncpg.TooManyConnectionsError,
+            asyncpg.PostgresConnectionError,
+            asyncpg.InterfaceError,
+            OSError,
+        ) as exc:
             now = time.monotonic()
             if now >= say_at:
                 waited = f" (waited {now - since:.0f} s)" if now - since >= 1 else ""
@@ -107,29 +128,33 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
                     waited,
                 )
                 say_at = now + _PREFLIGHT_SAY_S
-            until = time.monotonic() + pause
-            while time.monotonic() < until:
-                if stopped():
-                    return
-                await asyncio.sleep(_STOP_POLL_S)
+            if await _or_stop(asyncio.sleep(pause, result=True), stopped) is None:
+                return
             pause = min(pause * 2, 5.0)
-        except asyncpg.InvalidAuthorizationSpecificationError as exc:
-            if "does not exist" in str(exc):
-                raise AcklineError(missing_role(str(exc), setting)) from exc
-            raise
     if say_at > since:
         log.info(
             "PostgreSQL answers after %.0f s: joining the consumer group", time.monotonic() - since
         )
-    try:
-        missing = await conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL")
-    finally:
-        await conn.close()
     if missing:
         raise AcklineError(
             f"the database at {_address(dsn)} has no ackline schema (no consumer_offsets "
             f"table): {MIGRATE_HINT}"
         )
+
+
+async def _or_stop(aw: Awaitable[T], stopped: Callable[[], bool]) -> T | None:
+    """``aw``'s result (or its exception), or None once ``stopped()``: then it is
+    cancelled. Looked at every :data:`_STOP_POLL_S`: the worker's stop handler only
+    records the request (the faust runtime's too, at that point)."""
+    task = asyncio.ensure_future(aw)
+    while not task.done() and not stopped():
+        await asyncio.wait({task}, timeout=_STOP_POLL_S)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    return None
 
 
 def _address(dsn: str) -> str:

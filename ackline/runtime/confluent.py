@@ -66,8 +66,8 @@ async def run(
     Order of effects at start: wire the worker (:func:`build_ingest`: the ingest DSN may
     raise SettingsError) and register the payload plugins, both before anything connects;
     handle SIGTERM/SIGINT; check the topic exists and create the dead-letter topic if
-    missing; ``before_join`` (`ackline run`: wait for PostgreSQL); serve /metrics,
-    /healthz, /readyz (when metrics_port is set); start the
+    missing; serve /metrics, /healthz, /readyz (when metrics_port is set);
+    ``before_join`` (`ackline run`: wait for PostgreSQL); start the
     PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
     SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
@@ -109,14 +109,15 @@ async def run(
             ),
             stopping,
         )
-        if partitions is not None and before_join is not None:
-            await before_join(stopping.is_set)
+        if partitions is not None:
+            ingest.metrics.topic_partitions.set(partitions)
+            ingest.serve()  # /healthz answers while before_join waits for PostgreSQL
+            if before_join is not None:
+                await before_join(stopping.is_set)
         if partitions is None or stopping.is_set():
             await ingest.close(CLOSE_WAIT_S)
             log.info("stopped before the worker started")
             return 0
-        ingest.metrics.topic_partitions.set(partitions)
-        ingest.serve()
         done: asyncio.Future[None] = loop.create_future()
 
         def body() -> None:

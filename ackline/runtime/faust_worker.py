@@ -154,10 +154,11 @@ def run(
         partitions = prepare_topics(
             bootstrap, settings.topic, settings.dlq_topic, ingest.kafka_conf, stop.pending
         )
-        if before_join is not None and not stop.pending():
-            run_stoppable(before_join(stop.pending))
     metrics.topic_partitions.set(partitions)
-    ingest.serve()
+    ingest.serve()  # /healthz answers while before_join waits for PostgreSQL
+    if before_join is not None:
+        # a stop meanwhile is recorded (run_stoppable) and the wait returns: raised after it
+        run_stoppable(before_join(lambda: False))
 
     async def probe() -> None:
         await probe_database(ingest.dsn, metrics, settings.db_check_interval_s, settings.worker_id)

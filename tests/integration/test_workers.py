@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -161,6 +162,9 @@ def test_a_worker_started_while_postgresql_does_not_answer_waits_outside_the_gro
         assert group_members(services.bootstrap, {}, group) == [], w.log()[-2000:]
         time.sleep(0.5)
     assert "not joining the consumer group until it answers" in w.log()
+    # its endpoints answer meanwhile: /healthz 200, so a liveness probe does not restart it
+    with urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}/healthz", timeout=5) as r:
+        assert r.status == 200
 
     stopped = Worker(services, away, topic, tmp_path, name="s", runtime=runtime)
     wait_until(lambda: "not joining" in stopped.log(), 60, "the second worker to wait")
