@@ -84,6 +84,7 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
     from ackline.clients import ingest_dsn, ingest_setting
     from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError, missing_role
     from ackline.core.errors import AcklineError
+    from ackline.sinks.errors import RETRY_MAX_BACKOFF_S
 
     target = ingest_dsn(settings, dsn)
     setting = ingest_setting(settings)
@@ -130,7 +131,7 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
                 say_at = now + _PREFLIGHT_SAY_S
             if await _or_stop(asyncio.sleep(pause, result=True), stopped) is None:
                 return
-            pause = min(pause * 2, 5.0)
+            pause = min(pause * 2, RETRY_MAX_BACKOFF_S)
     if say_at > since:
         log.info(
             "PostgreSQL answers after %.0f s: joining the consumer group", time.monotonic() - since
