@@ -20,7 +20,7 @@ from datetime import datetime
 
 import asyncpg
 
-from ackline.load.verify import FATE, Expected
+from ackline.load.verify import FATE, Expected, LossWindow
 
 SHOWN = 5
 """At most this many runs are described (the largest first)."""
@@ -89,11 +89,31 @@ def lost_runs(
     return runs
 
 
-def describe(run: LostRun, written: Sequence[Written]) -> str:
-    """One line: the run, and the batches on its partition around it. Pure."""
+def _around(
+    run: LostRun, written: Sequence[Written]
+) -> tuple[Written | None, Written | None, list[Written]]:
+    """The batches on the run's partition just before it, just after it, and over it."""
     before = max((w for w in written if w.end <= run.first), key=lambda w: w.end, default=None)
     after = min((w for w in written if w.first > run.last), key=lambda w: w.first, default=None)
     across = [w for w in written if w.first <= run.last and w.end > run.first]
+    return before, after, across
+
+
+def window(run: LostRun, written: Sequence[Written]) -> LossWindow:
+    """When the run was lost: from the first commit to the last of the batches before it,
+    over it and after it ("" on a side with none of them). Pure."""
+    before, after, across = _around(run, written)
+    times = [w.committed_at for w in (before, *across, after) if w is not None]
+    return LossWindow(
+        partition=run.partition,
+        since=min(times).isoformat() if times else "",
+        until=max(times).isoformat() if times else "",
+    )
+
+
+def describe(run: LostRun, written: Sequence[Written]) -> str:
+    """One line: the run, and the batches on its partition around it. Pure."""
+    before, after, across = _around(run, written)
     line = (
         f"lost on partition {run.partition}: {run.count:,} winners at offsets "
         f"{run.first}..{run.last}, {run.keys_stored:,} of them with their keys stored"
@@ -119,9 +139,10 @@ def _batch(w: Written) -> str:
 
 async def explain_losses(
     conn: asyncpg.Connection, exp: Expected, topic: str, group_id: str
-) -> tuple[str, ...]:
-    """The lines of :func:`describe` for the largest runs of lost winners; read in the
-    verifier's transaction (its temporary tables)."""
+) -> tuple[tuple[str, ...], tuple[LossWindow, ...]]:
+    """The lines of :func:`describe` for the largest runs of lost winners, and each
+    described run's :func:`window`; read in the verifier's transaction (its temporary
+    tables)."""
     rows = await conn.fetch(_LOST)
     cut = len(rows) > GROUPED
     rows = rows[:GROUPED]
@@ -134,7 +155,7 @@ async def explain_losses(
         ((int(r["src_partition"]), int(r["src_offset"]), bool(r["key_stored"])) for r in rows),
         winners,
     )
-    lines = []
+    lines, windows = [], []
     for run in runs[:SHOWN]:
         found = await conn.fetch(_BATCHES_ON, group_id, f"{topic}:{run.partition}")
         written = [
@@ -142,6 +163,7 @@ async def explain_losses(
             for b in found
         ]
         lines.append(describe(run, written))
+        windows.append(window(run, written))
     if len(runs) > SHOWN:
         lines.append(f"... and {len(runs) - SHOWN} smaller runs of lost winners")
     if cut:
@@ -149,7 +171,7 @@ async def explain_losses(
             f"(only the first {GROUPED:,} lost winners, in partition and offset order, "
             "were grouped: the run that reaches that limit may go on)"
         )
-    return tuple(lines)
+    return tuple(lines), tuple(windows)
 
 
 def _bounds(text: str) -> tuple[int, int]:

@@ -174,6 +174,18 @@ def is_drained(max_offsets: Mapping[int, int], next_offsets: Mapping[int, int | 
 # --- the verdict ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class LossWindow:
+    """When a run of lost winners on ``partition`` was lost (ackline.load.losses): from
+    the first commit (``since``) to the last (``until``) of the batches before, over and
+    after it on that partition, ISO 8601; "" when there is none. The chaos harness prints
+    what the workers logged then."""
+
+    partition: int
+    since: str
+    until: str
+
+
 @dataclass(frozen=True)
 class Verdict:
     run_id: str
@@ -215,6 +227,8 @@ class Verdict:
     """Ingested winners whose row went with a partition retention dropped."""
     lost_at: tuple[str, ...] = ()
     """Where the lost winners were, and the batches around them (ackline.load.losses)."""
+    lost_windows: tuple[LossWindow, ...] = ()
+    """When each run described in ``lost_at`` was skipped."""
 
     @property
     def ok(self) -> bool:
@@ -494,10 +508,11 @@ async def _compare(
     drained = is_drained(exp.max_offsets, await _next_offsets(conn, group_id, topic))
     lost = exp.unique_expected - ingested
     lost_at: tuple[str, ...] = ()
+    lost_windows: tuple[LossWindow, ...] = ()
     if lost > 0:
         from ackline.load.losses import explain_losses  # it builds on this module
 
-        lost_at = await explain_losses(conn, exp, topic, group_id)
+        lost_at, lost_windows = await explain_losses(conn, exp, topic, group_id)
     return Verdict(
         run_id=run_id,
         topic=topic,
@@ -527,6 +542,7 @@ async def _compare(
         erased=erased,
         dropped_by_retention=by_retention,
         lost_at=lost_at,
+        lost_windows=lost_windows,
     )
 
 

@@ -49,7 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, TextIO, TypeVar
@@ -57,6 +57,7 @@ from typing import IO, Any, TextIO, TypeVar
 import asyncpg
 
 from ackline.core.signals import raise_if_stop_lost, run_stoppable
+from ackline.load.chaos import loss_logs
 from ackline.load.chaos.model import ChaosConfig, ChaosReport, Counts
 from ackline.load.chaos.pacing import Pacer
 from ackline.load.chaos.plan import Fault, plan
@@ -73,7 +74,7 @@ from ackline.load.chaos.workers import (
 from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs, Send
 from ackline.load.manifest import read_manifest
-from ackline.load.verify import expected_outcome, is_drained, verify
+from ackline.load.verify import LossWindow, expected_outcome, is_drained, verify
 
 T = TypeVar("T")
 
@@ -117,6 +118,8 @@ FAULT_SPACING_S = 0.5
 ZOMBIE_STALL_S = 8.0
 """How long a zombie-to-be stalls after fetching: it is SIGSTOPped within this."""
 STALL_BEFORE_COMMIT_S = 5.0
+SHOWN_LOSSES = 2
+"""The largest lost runs whose workers' logs are printed (each up to loss_logs.LIMIT lines)."""
 HEAD_START = 0.1
 """The workers start once this share of the records is in the topic: the backlog lasts
 (ingest runs about as fast as production), so late faults still meet work in flight."""
@@ -746,6 +749,7 @@ class _Run:
         runs = self._finish_runs()
         self.say("verifying against the manifest")
         verdict = run_stoppable(verify(self.dsn, self.manifest, self.name))
+        self._show_loss_logs(pool, verdict.lost_windows)
         watch = self.watch
         return ChaosReport(
             seed=self.seed,
@@ -759,6 +763,20 @@ class _Run:
             duration_s=time.monotonic() - self.started,
             runs=runs,
         )
+
+    def _show_loss_logs(self, pool: WorkerPool, windows: Sequence[LossWindow]) -> None:
+        """Print what the workers logged around the largest lost runs (the verdict below
+        names them): CI keeps this output and nothing else of a failed run."""
+        for window in windows[:SHOWN_LOSSES]:
+            self.say(
+                f"what the workers logged around the loss on partition {window.partition} "
+                f"(from {loss_logs.LEAD_S:g} s before the batches around it to "
+                f"{loss_logs.TAIL_S:g} s after them)"
+            )
+            logs = ((i.worker_id, i.log().splitlines()) for i in pool.incarnations)
+            for line in loss_logs.context(logs, window):
+                print(f"    {line}", file=self.out)
+        self.out.flush()
 
     def _finish_runs(self) -> RunsCheck | None:
         """Stop the following processor (SIGTERM), let one catch up to the drained feed,

@@ -186,6 +186,7 @@ def test_a_verdict_with_lost_events_says_where_they_were(
     only how many events were lost (78, once, on the faust runtime). It now names each run
     of lost winners, whether their keys were stored, and the batches around it. Here 20
     neighbouring winners of partition 1 lose their rows and keys after a clean drain."""
+    from ackline.load.chaos.loss_logs import context
     from ackline.load.manifest import read_manifest
     from ackline.load.verify import expected_outcome, verify
 
@@ -214,3 +215,8 @@ def test_a_verdict_with_lost_events_says_where_they_were(
         "0 of them with their keys stored; before: "
     ), line
     assert "over it: batch " in line and " by w [" in line, line
+    # the chaos harness prints what the workers logged then: here the batch over the run
+    (window,) = verdict.lost_windows
+    assert window.partition == 1 and window.since and window.until, window
+    logged = context([("w", w.log().splitlines())], window)
+    assert any(" w batch " in x and "committed on partition 1: [" in x for x in logged), logged

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ackline.load.losses import LostRun, Written, describe, lost_runs
+from ackline.load.losses import LostRun, Written, describe, lost_runs, window
+from ackline.load.verify import LossWindow
 
 AT = datetime(2026, 12, 5, 7, 55, 12, 345678, tzinfo=UTC)
 
@@ -43,3 +44,14 @@ def test_a_run_inside_a_batch_names_that_batch_and_no_skip() -> None:
     line = describe(run, [Written(3, "w", AT, 0, 100)])
     assert "before: none; after: none; over it: batch 3 by w [0, 100)" in line
     assert "nobody wrote" not in line
+
+
+def test_a_window_runs_from_the_batch_before_to_the_batch_after() -> None:
+    later = datetime(2026, 12, 5, 7, 55, 20, tzinfo=UTC)
+    run = LostRun(5, 41203, 41290, 78, 0)
+    written = [Written(812, "w2-3", AT, 41100, 41203), Written(830, "w1-4", later, 41292, 41400)]
+    assert window(run, written) == LossWindow(5, AT.isoformat(), later.isoformat())
+    assert window(run, []) == LossWindow(5, "", "")
+    # a run inside a batch: that batch's commit
+    over = [Written(3, "w", later, 41000, 41400)]
+    assert window(run, over) == LossWindow(5, later.isoformat(), later.isoformat())
