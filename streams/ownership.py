@@ -26,6 +26,14 @@ are not contiguous, so it cannot ask for equality) would let it commit: the drop
 records would be lost. After the seek back to the DB next offset, the first record
 fetched is at or below the highest offset taken before (the dropped batch's records
 exist), while every record fetched before the seek is above it: that is the mark.
+
+A claim sets the same mark when records of its partition were refused before it for
+want of a claim (stamped with another generation, or of a partition not held), at or past
+its DB offset. faust can let records flow between an assignment and its claim's seek (its
+recovery resumes the flow after a seek that a revoke overtook): those records are refused,
+aiokafka's position moves past them, and the ones fetched after them, still queued when
+the claim lands, would start the first batch past them. The re-read after the seek
+reaches back to the highest refused record, so the mark always clears.
 """
 
 from __future__ import annotations
@@ -88,6 +96,10 @@ class Ledger:
         self.generation = NO_GENERATION
         self._owned: dict[TP, _Owned] = {}
         self._kafka: dict[TP, int] = {}
+        # Per partition, the highest offset refused while no claim of this ledger covered
+        # its record (another generation, or a partition not held): the mark of the next
+        # claim of that partition (:meth:`claimed`). Only records that carry a generation.
+        self._early: dict[TP, int] = {}
 
     # ---- ownership -------------------------------------------------------------------
 
@@ -98,10 +110,18 @@ class Ledger:
 
         ``replace``: the claims are the whole assignment (faust rebalances eagerly), so
         partitions missing from them are no longer owned. Otherwise they add to (or renew)
-        what is owned (cooperative rebalances, a re-claim).
+        what is owned (cooperative rebalances, a re-claim). A partition whose records were
+        refused before the claim at or past its DB offset starts with a rewind mark (the
+        module docstring).
         """
         self.generation = generation
         fresh = {(c.topic, c.partition): _Owned(c.epoch, c.next_offset) for c in claims}
+        for tp, owned in fresh.items():
+            early = self._early.pop(tp, None)
+            if early is not None and (owned.next_offset is None or owned.next_offset <= early):
+                owned.rewound_below = early
+        if replace:
+            self._early.clear()
         self._owned = fresh if replace else {**self._owned, **fresh}
         self._kafka = {tp: off for tp, off in self._kafka.items() if tp in self._owned}
 
@@ -176,6 +196,7 @@ class Ledger:
         """Decide whether the record at ``tp``/``offset`` may enter a batch; TAKE marks it
         taken, so a repeated delivery of it (or of anything before it) is refused."""
         if generation != self.generation:
+            self._fetched_early(tp, offset)
             return Admit.STALE
         owned = self._owned.get(_tp(tp))
         if owned is None or not owned.consumed():
@@ -183,6 +204,8 @@ class Ledger:
                 # suspended or blocked, fetched all the same: a retake or an unblock must
                 # refuse what came before its seek
                 owned.refused = offset if owned.refused is None else max(owned.refused, offset)
+            elif generation != NO_GENERATION:
+                self._fetched_early(tp, offset)
             return Admit.UNOWNED
         if owned.rewound_below is not None:
             if offset > owned.rewound_below:
@@ -194,6 +217,14 @@ class Ledger:
             return Admit.REPEAT
         owned.taken = offset
         return Admit.TAKE
+
+    def _fetched_early(self, tp: TP, offset: int) -> None:
+        """A record refused for want of a claim: fetched before the seek of whatever claim
+        of its partition comes next, which must refuse what follows it until the re-read
+        reaches back (:meth:`claimed`)."""
+        tp = _tp(tp)
+        early = self._early.get(tp)
+        self._early[tp] = offset if early is None else max(early, offset)
 
     def committed(self, ranges: Iterable[PartitionRange]) -> None:
         """The batch covering ``ranges`` committed in PostgreSQL: advance the DB next
