@@ -31,11 +31,10 @@ from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
 from ackline.load.paths import check_target
 from ackline.streams.admin import ensure_topic
 from ackline.streams.errors import StreamError
-from ackline.streams.producer import ActivityProducer
+from ackline.streams.producer import LIBRDKAFKA_MESSAGE_MAX_BYTES, ActivityProducer
 
 __all__ = ["Knobs", "ProduceSummary", "produce"]
 
-_KAFKA_DEFAULT_MAX_MESSAGE = 1_000_000
 _HEADROOM = 64 * 1024
 
 
@@ -185,7 +184,8 @@ def produce(
         plan = extend(plan)
     check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
     transactional_id = transactional_id or f"ackline-load-{run_id}"
-    message_max = max(_KAFKA_DEFAULT_MAX_MESSAGE, knobs.oversize_bytes + _HEADROOM)
+    # the topic takes at least what a client left at librdkafka's default sends
+    message_max = max(LIBRDKAFKA_MESSAGE_MAX_BYTES, knobs.oversize_bytes + _HEADROOM)
     topic_config = {"max.message.bytes": str(message_max)} if knobs.poison > 0 else None
     try:
         actual = ensure_topic(bootstrap, topic, partitions, topic_config, conf=client_conf)

@@ -379,16 +379,19 @@ class Database:
         server that answers: a lock wait, a statement timeout, a full disk."""
         return self._unreachable_since
 
-    def failed(self, what: str, exc: BaseException, retry_in: float) -> None:
+    def failed(self, what: str, exc: BaseException, retry_in: float, quiet: bool = False) -> None:
         """Count a transient failure of ``what`` and log it at the level its age calls for:
         WARNING while the outage is younger than ``down_error_after_s``, then ERROR (once,
-        then once per ``down_error_after_s``; DEBUG in between)."""
+        then once per ``down_error_after_s``; DEBUG in between). ``quiet``: counted, not
+        logged (the caller says what is to be said)."""
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
             self._last_error_log = 0.0
             if self._on_down is not None:
                 self._on_down(time.time())
+        if quiet:
+            return
         age = now - self._down_since
         limit = self.bounds.down_error_after_s
         if age < limit:
@@ -411,13 +414,14 @@ class Database:
         else:
             log.debug("%s: still failing, retrying in %.2fs: %s", what, retry_in, describe(exc))
 
-    def succeeded(self) -> None:
-        """End the current run of failures, if any."""
+    def succeeded(self, quiet: bool = False) -> None:
+        """End the current run of failures, if any (logged unless ``quiet``)."""
         if self._down_since is None:
             return
         age = time.monotonic() - self._down_since
         self._down_since = None
-        log.info("PostgreSQL answers again after %.1fs of failures", age)
+        if not quiet:
+            log.info("PostgreSQL answers again after %.1fs of failures", age)
         if self._on_down is not None:
             self._on_down(None)
 
@@ -429,6 +433,7 @@ class Database:
         max_backoff: float = RETRY_MAX_BACKOFF_S,
         on_retry: Callable[[BaseException], None] | None = None,
         stopping: Callable[[], bool] | None = None,
+        quiet: bool = False,
     ) -> T:
         """Run ``operation`` until it succeeds, reconnecting with jittered backoff.
 
@@ -437,7 +442,9 @@ class Database:
         during an attempt too: once it is true the attempt is cancelled, the connection
         dropped and :class:`WaitStoppedError` raised. Cancellation propagates at once.
         Failures are logged by :meth:`failed` (WARNING, then ERROR past
-        ``down_error_after_s``).
+        ``down_error_after_s``) and then told to ``on_retry``; with ``quiet`` they are
+        only told to ``on_retry``, which says what is to be said, and when (`ackline
+        run`'s wait before it joins its group: a WARNING every 30 s).
         """
         delay = 0.05
         while True:
@@ -453,14 +460,14 @@ class Database:
                 if not isinstance(exc, TransientDatabaseError) and not is_transient(exc, conn):
                     raise
                 pause = delay * (0.5 + random.random())
-                self.failed(what, exc, pause)
+                self.failed(what, exc, pause, quiet)
                 if on_retry is not None:
                     on_retry(exc)
                 await self.discard()
                 await self.pause(pause, stopping, what)
                 delay = min(delay * 2, max_backoff)
             else:
-                self.succeeded()
+                self.succeeded(quiet)
                 return result
 
     async def answers(self) -> None:

@@ -54,11 +54,15 @@ Headers = tuple[tuple[str, bytes], ...]
 CONTENT_TYPE = b"application/json"
 RETRY_PAUSE_S = 0.1
 """Pause between two attempts of a transactional call that failed retriably."""
+LIBRDKAFKA_MESSAGE_MAX_BYTES: Final = 1_000_000
+"""librdkafka's own default ``message.max.bytes``: the largest record a client left at its
+default sends (it refuses larger ones itself, before the broker sees them). Not Kafka's
+topic default (:data:`ackline.streams.admin.KAFKA_MAX_MESSAGE_BYTES`, 1,048,588)."""
 SDK_MESSAGE_MAX_BYTES: Final = DEFAULT_LIMITS.max_bytes + 65_536
 """librdkafka's ``message.max.bytes`` in the SDK's producers: every value ackline's decoder
 accepts by default (1 MiB) fits with its key and headers. librdkafka's own default
-(1,000,000) refused, before they reached the broker, events that :func:`prepare` had
-accepted."""
+(:data:`LIBRDKAFKA_MESSAGE_MAX_BYTES`) refused, before they reached the broker, events
+that :func:`prepare` had accepted."""
 _TRANSIENT: Final = frozenset(
     {
         KafkaError._MSG_TIMED_OUT,

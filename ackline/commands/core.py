@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from ackline import endpoints
 from ackline.commands import Subparsers, uses, whole_from
@@ -21,12 +18,9 @@ from ackline.core.signals import run_stoppable
 from ackline.settings import Settings, poll_interval_advice
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _PREFLIGHT_SAY_S = 30.0
 """How often `run` says again that it waits for PostgreSQL before joining the group."""
-_STOP_POLL_S = 0.2
-"""How often the wait for PostgreSQL looks for a stop request."""
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -73,65 +67,62 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
 
     Why wait before joining: a worker that joined the group while PostgreSQL did not
     answer held its partitions, idle, until its leave bound (90 s) handed them to workers
-    that could write; one that has not joined holds nothing. Waited for: a connection
-    refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``, as the worker's own), refused
-    for too many clients, or lost during the schema check (bounded by
-    ``ACKLINE_DB_STATEMENT_TIMEOUT_S``). The wait logs a WARNING at once and every
-    :data:`_PREFLIGHT_SAY_S` seconds; a stop ends it within :data:`_STOP_POLL_S` (the
-    worker then exits 0: nothing was taken)."""
+    that could write; one that has not joined holds nothing. The wait is the worker's own
+    retry loop (:meth:`~ackline.sinks.connection.Database.retrying`, on one connection
+    like the worker's): it waits out what that loop takes for transient — a connection
+    refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
+    or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
+    it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds. A
+    stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
+    nothing was taken). The check's connection is dropped: nothing to wait for."""
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting
     from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError, missing_role
     from ackline.core.errors import AcklineError
-    from ackline.sinks.errors import RETRY_MAX_BACKOFF_S
+    from ackline.sinks.connection import Database
+    from ackline.sinks.errors import WaitStoppedError
 
     target = ingest_dsn(settings, dsn)
     setting = ingest_setting(settings)
+    database = Database(
+        target,
+        connect_timeout=settings.db_connect_timeout_s,
+        statement_timeout=settings.db_statement_timeout_s,
+        application_name=f"ackline-wait:{settings.worker_id}"[:63],
+    )
     since = time.monotonic()
     say_at = since
-    pause = 0.5
-    while True:
-        try:
-            conn = await _or_stop(connect(target, timeout=settings.db_connect_timeout_s), stopped)
-            if conn is None:
-                return
-            try:
-                missing = await _or_stop(
-                    conn.fetchval(
-                        "SELECT to_regclass('consumer_offsets') IS NULL",
-                        timeout=settings.db_statement_timeout_s,
-                    ),
-                    stopped,
-                )
-            finally:
-                conn.terminate()  # a check's connection: nothing to wait for
-            if missing is None:
-                return
-            break
-        except asyncpg.InvalidAuthorizationSpecificationError as exc:
-            if "does not exist" in str(exc):
-                raise AcklineError(missing_role(str(exc), setting)) from exc
-            raise
-        except (
-            DatabaseUnavailableError,
-            asyncpg.TooManyConnectionsError,
-            asyncpg.PostgresConnectionError,
-            asyncpg.InterfaceError,
-            OSError,
-        ) as exc:
-            now = time.monotonic()
-            if now >= say_at:
-                waited = f" (waited {now - since:.0f} s)" if now - since >= 1 else ""
-                log.warning(
-                    "%s; not joining the consumer group until it answers%s",
-                    DatabaseUnavailableError(target, exc.__cause__ or exc, setting=setting),
-                    waited,
-                )
-                say_at = now + _PREFLIGHT_SAY_S
-            if await _or_stop(asyncio.sleep(pause, result=True), stopped) is None:
-                return
-            pause = min(pause * 2, RETRY_MAX_BACKOFF_S)
+
+    def waiting(exc: BaseException) -> None:
+        nonlocal say_at
+        now = time.monotonic()
+        if now < say_at:
+            return
+        waited = f" (waited {now - since:.0f} s)" if now - since >= 1 else ""
+        log.warning(
+            "%s; not joining the consumer group until it answers%s",
+            DatabaseUnavailableError(target, exc.__cause__ or exc, setting=setting),
+            waited,
+        )
+        say_at = now + _PREFLIGHT_SAY_S
+
+    try:
+        missing = await database.retrying(
+            "the wait for PostgreSQL before joining",
+            lambda conn: conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL"),
+            on_retry=waiting,
+            stopping=stopped,
+            quiet=True,
+        )
+    except WaitStoppedError:
+        return
+    except asyncpg.InvalidAuthorizationSpecificationError as exc:
+        if "does not exist" in str(exc):
+            raise AcklineError(missing_role(str(exc), setting)) from exc
+        raise
+    finally:
+        await database.discard()
     if say_at > since:
         log.info(
             "PostgreSQL answers after %.0f s: joining the consumer group", time.monotonic() - since
@@ -141,21 +132,6 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
             f"the database at {_address(dsn)} has no ackline schema (no consumer_offsets "
             f"table): {MIGRATE_HINT}"
         )
-
-
-async def _or_stop(aw: Awaitable[T], stopped: Callable[[], bool]) -> T | None:
-    """``aw``'s result (or its exception), or None once ``stopped()``: then it is
-    cancelled. Looked at every :data:`_STOP_POLL_S`: the worker's stop handler only
-    records the request (the faust runtime's too, at that point)."""
-    task = asyncio.ensure_future(aw)
-    while not task.done() and not stopped():
-        await asyncio.wait({task}, timeout=_STOP_POLL_S)
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    return None
 
 
 def _address(dsn: str) -> str:

@@ -266,7 +266,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     else:
         now = time.time()
         print(
-            f"{'processor':<20} {'state':<7} {'applied':>10} {'lag events':>11} "
+            f"{'processor':<20} {'state':<7} {'applied':>10} {'erased':>8} {'lag events':>11} "
             f"{'lag s':>8} {'last commit':>12}  cursor"
         )
         for s in found:
@@ -276,7 +276,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 else f"{now - s.last_commit_at.timestamp():.0f}s ago"
             )
             print(
-                f"{s.name:<20} {s.state:<7} {s.delivered:>10,} {s.lag_events:>11,} "
+                f"{s.name:<20} {s.state:<7} {s.applied:>10,} {s.erased:>8,} {s.lag_events:>11,} "
                 f"{s.lag_seconds:>8.1f} {ago:>12}  {s.cursor or '-'}"
             )
             if s.filter is not None:

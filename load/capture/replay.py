@@ -29,12 +29,11 @@ from ackline.load.capture.topics import KAFKA_LOG
 from ackline.load.errors import LoadError
 from ackline.streams.admin import max_message_bytes, topic_shape
 from ackline.streams.errors import TopicError
+from ackline.streams.producer import LIBRDKAFKA_MESSAGE_MAX_BYTES
 
 RECORD_OVERHEAD = 512
 """Bytes a record takes in a batch on top of its captured body (batch header, varints):
 what :func:`needed_bytes` adds to a capture's largest record."""
-_CLIENT_MAX_MESSAGE = 1_000_000
-"""librdkafka's default ``message.max.bytes``: it refuses larger records itself."""
 
 PaceMode = Literal["original", "speed", "rate", "max"]
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?)x$")
@@ -132,7 +131,9 @@ def needed_bytes(largest_record: int) -> int:
 
 
 def producer_config(
-    bootstrap: str, conf: Mapping[str, Any] | None = None, max_bytes: int = _CLIENT_MAX_MESSAGE
+    bootstrap: str,
+    conf: Mapping[str, Any] | None = None,
+    max_bytes: int = LIBRDKAFKA_MESSAGE_MAX_BYTES,
 ) -> dict[str, Any]:
     """``max_bytes``: the largest record the producer sends rather than refuses itself
     (the target's limit: the broker is then the one judge); ``conf`` may allow more."""
@@ -147,7 +148,7 @@ def producer_config(
         "compression.type": "lz4",
         "message.timeout.ms": 120_000,
         "message.max.bytes": max(
-            max_bytes, int((conf or {}).get("message.max.bytes", _CLIENT_MAX_MESSAGE))
+            max_bytes, int((conf or {}).get("message.max.bytes", LIBRDKAFKA_MESSAGE_MAX_BYTES))
         ),
     }
 

@@ -198,7 +198,7 @@ _ADVANCE = """
 UPDATE feed_cursors
 SET position = $3::xid8, within_batch = $4, within_partition = $5, within_offset = $6,
     within_topic = $7, version = version + 1, transactions = transactions + $8,
-    delivered = delivered + $9, updated_at = now()
+    delivered = delivered + $9, erased = erased + $10, updated_at = now()
 WHERE reader = $1 AND version = $2
 """
 
@@ -485,15 +485,22 @@ class Reader:
         if batch.end == batch.start:
             return batch
         w = batch.end.within
-        status = await conn.execute(
-            _ADVANCE,
-            self.name,
-            row["version"],
-            batch.end.xid,
-            *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
-            batch.transactions,
-            len(batch.events),
-        )
+        try:
+            status = await conn.execute(
+                _ADVANCE,
+                self.name,
+                row["version"],
+                batch.end.xid,
+                *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
+                batch.transactions,
+                len(batch.events),
+                sum(1 for e in batch.events if e.erased),
+            )
+        except asyncpg.UndefinedColumnError as exc:
+            raise FeedError(
+                f"reader {self.name!r}: feed_cursors.erased is missing ({exc}); run `ackline "
+                "migrate` (0013_feed_cursor_erased.sql) before starting readers of this version"
+            ) from exc
         if status != "UPDATE 1":
             raise _RaceLost()
         return batch

@@ -1056,6 +1056,35 @@ def test_erasure_notices_are_not_counted_as_applied_events(dsn: str) -> None:
     report = after.report("runs")
     assert report["applied"] == 0, report
     assert report["erased"] == notices, report
+    # `processors status` too: its applied column showed the cursor's delivered count,
+    # which holds the notices (61 events applied and 19 notices showed 80)
+    before = first.report("runs")["applied"]
+    table = ackline(dsn, "processors", "status", "runs")
+    assert table.code == 0, table.err[-2000:]
+    row = next(line for line in table.out.splitlines() if line.startswith("runs "))
+    assert row.split()[2:4] == [f"{before + len(events):,}", f"{notices:,}"], table.out
+    shown = status(dsn, "runs")
+    assert (shown["applied"], shown["erased"]) == (before + len(events), notices), shown
+    assert shown["delivered"] == before + len(events) + notices, shown
+
+
+def test_a_reader_on_a_database_without_the_erased_column_says_to_migrate(dsn: str) -> None:
+    """The cursor's erasure-notice count is migration 0013's column: a processor or
+    `processors status` of this version on a database migrated up to 0012 (a rollout that
+    started the code first) stops with one line naming the migration, not an undefined
+    column at the processor's first batch."""
+    first = ackline(dsn, "process", "runs", "--until-caught-up")  # registers it
+    assert first.code == 0, first.err[-2000:]
+    db(dsn, "ALTER TABLE feed_cursors DROP COLUMN erased")
+    db(dsn, "DELETE FROM schema_migrations WHERE version = 13")
+    write(dsn, synthetic_runs(5, seed=3))
+    stopped = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert stopped.code == 1, stopped.err[-2000:]
+    assert "0013_feed_cursor_erased.sql" in stopped.report("runs")["error"], stopped.summary
+    shown = ackline(dsn, "processors", "status", "runs")
+    assert shown.code == 2, shown.err[-2000:]
+    assert "run `ackline migrate` (0013_feed_cursor_erased.sql)" in shown.err, shown.err
+    assert "Traceback" not in shown.err, shown.err[-2000:]
 
 
 def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:

@@ -123,6 +123,41 @@ def test_retrying_stops_before_any_attempt_when_stopping() -> None:
         asyncio.run(database.retrying("claim", never, stopping=lambda: True))
 
 
+def test_a_quiet_retry_logs_nothing_and_tells_each_failure_to_its_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`ackline run`'s wait before it joins its group says itself when it waits (a WARNING
+    every 30 s, ackline.commands.core): the retry loop, quiet, logs none of its lines (with
+    ``down_error_after`` 0 it would log an ERROR at every failure), still counts the
+    outage, and hands each failure to ``on_retry``. Nothing listens on the port."""
+    from ackline.dev.ports import pick_free_port
+
+    caplog.set_level(logging.DEBUG, logger="ackline.sinks.connection")
+    downs: list[float | None] = []
+    database = Database(
+        f"postgresql://ackline_ingest@127.0.0.1:{pick_free_port()}/none",
+        down_error_after=0.0,
+        on_down=downs.append,
+    )
+    told: list[BaseException] = []
+
+    async def never(conn: asyncpg.Connection) -> None:
+        raise AssertionError("no connection, no operation")
+
+    with pytest.raises(WaitStoppedError):
+        asyncio.run(
+            database.retrying(
+                "wait", never, on_retry=told.append, stopping=lambda: len(told) >= 2, quiet=True
+            )
+        )
+    assert len(told) == 2, told
+    assert all(isinstance(exc, TransientDatabaseError) for exc in told), told
+    assert caplog.records == [], caplog.text
+    assert database.down_since is not None and len(downs) == 1
+    database.succeeded(quiet=True)
+    assert caplog.records == [] and downs[-1] is None
+
+
 def test_pause_ends_early_on_a_stop_request() -> None:
     database = _database(60, [])
     asked = time.monotonic() + 0.05

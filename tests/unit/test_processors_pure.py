@@ -130,6 +130,9 @@ def test_status_states() -> None:
         "delivered": 3, "lag_events": 0, "lag_seconds": 0.0,
     }  # fmt: skip
     assert Status(**base).state == "ok"
+    # applied leaves out the erasure notices the cursor's delivered count holds
+    counted = Status(**{**base, "erased": 1}).to_json()
+    assert (counted["applied"], counted["erased"], counted["delivered"]) == (2, 1, 3)
     assert Status(**{**base, "paused": True}).state == "paused"
     failed = Status(**{**base, "paused": True, "failed_at": now, "error": "boom"})
     assert failed.state == "failed"  # a failure shows first: it needs a person

@@ -116,7 +116,7 @@ SELECT p.name, p.paused, p.paused_at, p.failed_at, p.error, p.error_event_id, p.
        p.last_instance, p.last_seen_at, p.registered_at,
        p.filter, p.filter_at, p.filter_instance, p.superseded_filters,
        c.position::text AS position, c.within_batch, c.within_partition, c.within_offset,
-       c.within_topic, c.transactions, c.delivered, c.updated_at AS last_commit_at,
+       c.within_topic, c.transactions, c.delivered, c.erased, c.updated_at AS last_commit_at,
        coalesce(l.events, 0) AS lag_events,
        coalesce(extract(epoch FROM now() - l.oldest), 0)::float8 AS lag_seconds
 FROM processors AS p
@@ -149,7 +149,7 @@ _LOCK_CURSOR = "SELECT version FROM feed_cursors WHERE reader = $1 FOR UPDATE"
 _REWIND = """
 UPDATE feed_cursors
 SET position = $2::xid8, within_batch = $3, within_partition = $4, within_offset = $5,
-    within_topic = $6, version = version + 1, transactions = 0, delivered = 0,
+    within_topic = $6, version = version + 1, transactions = 0, delivered = 0, erased = 0,
     updated_at = now()
 WHERE reader = $1
 """
@@ -351,6 +351,15 @@ class Status:
     filter_at: datetime | None = None
     filter_instance: str | None = None
     superseded_filters: tuple[str, ...] = ()  # replaced filters: they never take over again
+    erased: int = 0
+    """Erasure notices among ``delivered`` (feed_cursors.erased, counted from migration
+    0013 on): not events."""
+
+    @property
+    def applied(self) -> int:
+        """Events applied since the cursor was made or reset: ``delivered`` less the
+        erasure notices (the runner's own ``applied`` does the same)."""
+        return self.delivered - self.erased
 
     @property
     def state(self) -> str:
@@ -369,6 +378,8 @@ class Status:
             "state": self.state,
             "paused": self.paused,
             "cursor": self.cursor,
+            "applied": self.applied,
+            "erased": self.erased,
             "delivered": self.delivered,
             "transactions": self.transactions,
             "lag_events": self.lag_events,
@@ -403,7 +414,13 @@ def _cursor_text(r: asyncpg.Record) -> str | None:
 
 async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> list[Status]:
     """Read-only; any role that may read the tables (the reader role included)."""
-    rows = await conn.fetch(_STATUS, names)
+    try:
+        rows = await conn.fetch(_STATUS, names)
+    except asyncpg.UndefinedColumnError as exc:
+        raise FeedError(
+            f"{exc}: run `ackline migrate` (0013_feed_cursor_erased.sql) before the "
+            "processors status of this version"
+        ) from exc
     return [
         Status(
             name=str(r["name"]),
@@ -418,6 +435,7 @@ async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> 
             cursor=_cursor_text(r),
             transactions=int(r["transactions"] or 0),
             delivered=int(r["delivered"] or 0),
+            erased=int(r["erased"] or 0),
             lag_events=int(r["lag_events"]),
             lag_seconds=float(r["lag_seconds"]),
             filter=r["filter"],

@@ -1,0 +1,11 @@
+-- A reader's cursor counts the erasure notices it was handed (docs/changefeed.md: one per
+-- erased event, keys only) apart from the events: `delivered` counts both, `erased` the
+-- notices among them, in the same compare-and-set. `ackline processors status` shows the
+-- events applied (delivered - erased) and the notices; before, its applied column was
+-- delivered, and an operator read more events applied than rows stored.
+--
+-- Rows that exist start at 0: the notices they were handed before this migration stay in
+-- their delivered count (nothing tells them apart now), until a `processors reset`.
+-- Table-level grants (0004, 0010) cover the new column; adding it with a constant default
+-- rewrites nothing.
+ALTER TABLE feed_cursors ADD COLUMN erased bigint NOT NULL DEFAULT 0;
