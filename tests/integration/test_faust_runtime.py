@@ -1,13 +1,18 @@
 """The faust runtime (`ackline run --runtime faust`) held to the default runtime's proof:
 the mixed workload, a SIGKILL mid-stream, a crash between the DB commit and the ack, and
-a zombie that is fenced — each ends with `verify` ok (nothing lost, nothing twice)."""
+a zombie that is fenced, a claim that lands after its generation was revoked — each ends
+with `verify` ok (nothing lost, nothing twice)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import asyncpg
 
 from ackline.load.verify import drained
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
@@ -227,4 +232,118 @@ def test_a_revoke_cancels_a_write_that_outlasts_revoke_wait(
     wait_drained(dsn, manifest, group, [a, b], 120)
     assert a.stop() == 0, a.log()[-3000:]
     assert b.stop() == 0, b.log()[-3000:]
+    verify_mixed_ok(dsn, manifest, group)
+
+
+class _OffsetRowsHeld:
+    """A session of the test's own holding the group's offset rows FOR UPDATE: a claim
+    (one statement over all its partitions) waits in PostgreSQL until :meth:`release`."""
+
+    def __init__(self, dsn: str, group: str) -> None:
+        self._held = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._hold(dsn, group),))
+        self._thread.start()
+        if not self._held.wait(30):
+            raise AssertionError("could not lock the offset rows")
+
+    async def _hold(self, dsn: str, group: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM consumer_offsets WHERE group_id = $1 FOR UPDATE", group
+                )
+                self._held.set()
+                while not self._release.is_set():
+                    await asyncio.sleep(0.05)
+        finally:
+            await conn.close()
+
+    def release(self) -> None:
+        self._release.set()
+        self._thread.join(30)
+
+
+def _logged(worker: Worker, text: str, since: int, timeout: float) -> bool:
+    """Whether ``text`` is in the worker's log past ``since`` within ``timeout`` seconds: for
+    a step the current code logs and a fixed one may not, so the wait is bounded, not
+    asserted."""
+    deadline = time.monotonic() + timeout
+    while text not in worker.log()[since:]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_claim_that_lands_after_its_revoke_loses_nothing(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker a's claim for generation G1 (b's join) is slow (after_claim stall); meanwhile c
+    joins (G2): a revokes (the ledger releases everything), and G2's join stays open for b,
+    stopped (SIGSTOP). a's G1 claim lands during that join: the ledger owns the G1
+    partitions again and faust's recovery, which checks nothing after the seek, resumes the
+    flow. b is continued and G2 is assigned; a's claim for G2 waits in PostgreSQL (the test
+    holds the offset rows) while faust, un-pausing the partitions before its seek, hands a
+    the records fetched from Kafka's committed offsets, stamped G2: the ledger, still on G1,
+    refuses them as stale and remembers nothing. When the claim lands (a fresh ledger entry,
+    no mark), records fetched before its seek were taken and a batch committed past the
+    refused ones (the fence passes: they are after the DB offset), so the re-read of the
+    refused ones was refused as committed (hundreds to thousands lost). Every event exactly
+    once."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 30_000, seed=40)
+    group = f"g-{topic}"
+    small: dict[str, Any] = {"batch_max_events": 100, "fault_stall_seconds": 120}
+    a = _faust(services, dsn, topic, tmp_path, "a", faults="after_claim=stall@2", **small)
+    wait_until(lambda: batches(dsn, "a") >= 2, 90, "worker a to commit")
+    # b's join is G1: a's second claim and b's first stall after their statements (the
+    # ledgers not yet told), so b holds no row lock and takes no record
+    b = _faust(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        "b",
+        faults="after_claim=stall@1",
+        session_timeout_ms=20_000,
+        **small,
+    )
+    wait_until(lambda: fired(a, "after_claim"), 60, "a's claim for b's join (G1) to stall")
+    wait_until(lambda: fired(b, "after_claim"), 60, "b's claim for G1 to stall")
+    b.signal(signal.SIGSTOP)  # G2's join will wait for b (its session: 20 s)
+    stopped = time.monotonic()
+    rows = _OffsetRowsHeld(dsn, group)  # G2's claims will wait in PostgreSQL
+    try:
+        mark = len(a.log())
+        c = _faust(services, dsn, topic, tmp_path, "c", **small)
+        wait_until(
+            lambda: "Revoking previously assigned partitions" in a.log()[mark:],
+            60,
+            "c's join (G2) to revoke a's partitions",
+        )
+        # b's next heartbeat (every 4 s: a fifth of its session) must be overdue, so that b
+        # rejoins at once when continued: G2's join then ends right after a's claim lands,
+        # before a's Kafka commit timer (1 s) sends the late claim's offsets into the join
+        # (they would fail with IllegalGeneration and make a rejoin: one more rebalance)
+        time.sleep(max(0.0, stopped + 6 - time.monotonic()))
+        a.release_stall()  # a's G1 claim lands while G2's join is open
+        wait_until(
+            lambda: "fault stall at after_claim released" in a.log()[mark:],
+            30,
+            "a's G1 claim to go on",
+            0.02,
+        )
+        _logged(a, "Resuming flow", mark, 1.0)  # the current code resumes a's flow at once
+        landed = len(a.log())
+        b.signal(signal.SIGCONT)  # b rejoins: G2 is assigned
+        wait_until(lambda: "Setting newly assigned" in a.log()[landed:], 30, "G2's assignment to a")
+        # the current code refuses a's first records of G2 as stale while its claim waits
+        _logged(a, "dropped {'stale'", landed, 10.0)
+    finally:
+        rows.release()
+    wait_drained(dsn, manifest, group, [a, b, c], 180)
+    assert a.stop() == 0, a.log()[-3000:]
+    assert b.stop() == 0, b.log()[-3000:]
+    assert c.stop() == 0, c.log()[-3000:]
     verify_mixed_ok(dsn, manifest, group)
