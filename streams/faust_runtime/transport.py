@@ -228,6 +228,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self._read_offset = _NoReadOffsets()
         self._seek_lock = asyncio.Lock()  # one claim per generation, one seek at a time
+        self._revokes = 0  # revokes begun: a claim or seek that one overtook is void
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return AcklineConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -310,9 +311,18 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         and it gives up on a seek after ``broker_request_timeout``, so the claim has a
         shorter deadline of its own and exits the process when it passes
         (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
+
+        A revoke that began meanwhile (the claim waits on PostgreSQL, the marks on the
+        broker) makes it void: faust's recovery checks nothing after the seek and would
+        resume the flow while the next generation joins, with the revoked partitions owned
+        again by this late claim. So the ledger releases what it holds and this raises
+        IllegalStateError, which the recovery takes for "rebalance again": the flow stays
+        stopped until the next assignment is claimed and sought. Its epochs stay bumped
+        (the next owner bumps them again).
         """
         own = self._ownership()
         async with self._seek_lock:
+            revokes = self._revokes
             generation = self.app.consumer_generation_id
             if own.ledger.generation != generation:
                 assigned = sorted(
@@ -321,6 +331,14 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                 await own.claim(assigned, generation, await self._marks(assigned), own.start_from)
             positions = own.ledger.resume_offsets()
             await self.seek_positions(positions)
+            if self._revokes != revokes:
+                own.ledger.release(own.ledger.tracked())
+                log.warning(
+                    "a revoke came while partitions %s were claimed and sought: released; "
+                    "the next assignment claims again",
+                    sorted(p for _, p in positions),
+                )
+                raise IllegalStateError("a revoke overtook the claim and seek")
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
     async def seek_positions(self, offsets: Mapping[tuple[str, int], int | None]) -> None:
@@ -375,6 +393,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         every case; the recovery resumes it after :meth:`seek_to_committed`, as it does
         for a worker that held partitions.
         """
+        self._revokes += 1  # first: a claim or seek under way is void (seek_to_committed)
         if not self.assignment():
             self.stop_flow()
             self.app.flow_control.suspend()
