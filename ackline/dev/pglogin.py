@@ -38,7 +38,7 @@ class LoginBytes:
                 if len(self._head) < 8:
                     continue
                 length, code = struct.unpack("!ii", self._head)
-                self._left = length - 8
+                self._left = max(0, length - 8)  # not PostgreSQL's (a Kafka relay): ends here
                 if length == 8 and code in _ENCRYPTION_REQUESTS:
                     self._head, self._left = b"", None  # the startup message follows
                     continue

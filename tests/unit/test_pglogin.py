@@ -31,3 +31,11 @@ def test_nothing_after_the_login_is_taken() -> None:
     follow = LoginBytes()
     assert follow.take(STARTUP) == len(STARTUP)
     assert follow.take(QUERY) == 0
+
+
+def test_bytes_that_are_no_login_end_it_at_once() -> None:
+    """A relay of another protocol (Kafka) follows its bytes too: a length below the
+    header's never makes the count go back."""
+    follow = LoginBytes()
+    assert follow.take(struct.pack("!ii", 3, 0) + b"rest") == 8
+    assert follow.done
