@@ -289,7 +289,10 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         le=300,
-        description="bound on connecting to PostgreSQL (TCP, TLS and start-up)",
+        description=(
+            "bound on connecting to PostgreSQL (TCP, TLS, start-up and the answer to the "
+            "connection's first read)"
+        ),
     )
     db_statement_timeout_s: float = Field(
         default=30.0,
@@ -321,8 +324,10 @@ class Settings(BaseSettings):
         "its pending writes or claims for longer than this leaves the consumer group, so "
         "that workers that can write take its partitions, and joins again once all its "
         "connections answer (0: never). A connection the server refuses (too many "
-        "clients, starting up, in recovery) counts; a statement that fails on an open "
-        "connection (a lock wait, a full disk) does not",
+        "clients, starting up, in recovery) counts, and so does one that opens but whose "
+        "first read gets no answer (a pooler or a link that logs the worker in and "
+        "carries nothing after); a statement that fails on an open connection (a lock "
+        "wait, a full disk) does not",
     )
     faults: str = Field(
         default="",

@@ -5,7 +5,8 @@ A PostgreSQL host can vanish without a reset (a crash, a failover, a firewall th
 dropping): then nothing ever answers and nothing is ever closed, in either direction, and a
 wait without a bound lasts for ever. So every wait here has one (:class:`Bounds`):
 
-- the connect (TCP, TLS, startup) is bounded by ``connect_s``;
+- the connect (TCP, TLS, startup, and the answer to the connection's first read) is
+  bounded by ``connect_s`` (the read by at least a second);
 - every statement by asyncpg's ``command_timeout`` (``statement_s``), which also bounds
   asyncpg's own CancelRequest after a timeout (without it a cancel that never gets an
   answer would leave ``close()`` waiting for ever); the writer bounds COMMIT apart
@@ -257,22 +258,26 @@ class Database:
         """The connection, made when there is none; a dropped session is ended first.
 
         Order of effects on a (re)connect: connect (bounded); set the socket options;
-        read this session's start time; end the dropped session, if any, and wait until
-        it is gone (bounded). A failure at any step drops the new connection and keeps
-        the old session on the list, so the next call tries again.
+        read this session's start time (bounded), the first answer the server gives
+        this connection; end the dropped session, if any, and wait until it is gone
+        (bounded). A failure at any step drops the new connection and keeps the old
+        session on the list, so the next call tries again. PostgreSQL counts as reached
+        (:attr:`unreachable_since`) once that first read answers: a connect, or a first
+        read, that gets no answer leaves it unreached.
         """
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         self._conn = self._session = None
+        began = time.monotonic()
         try:
             conn = await self._open()
+            started = await self._first_answer(conn, began)
         except TransientDatabaseError:
             if self._unreachable_since is None:
                 self._unreachable_since = time.monotonic()
             raise
         self._unreachable_since = None
         try:
-            started = await conn.fetchval(_BACKEND_START)
             await self._end_orphan(conn)
         except BaseException:
             drop(conn)
@@ -280,6 +285,26 @@ class Database:
         self._conn = conn
         self._session = Session(conn.get_server_pid(), started)
         return conn
+
+    async def _first_answer(self, conn: asyncpg.Connection, began: float) -> datetime:
+        """This session's start time, read on the new connection ``conn``, opened at
+        ``began`` (dropped on any failure). It is part of connecting: bounded by what is
+        left of ``connect_s`` (at least a second), and no answer in time, or the
+        connection lost, is a failure to connect (:class:`TransientDatabaseError`): a
+        connection pooler that logs clients in while its server is gone, or a link that
+        goes dark after the handshake, accepts every connect and answers nothing. An
+        error the server sends is its answer and propagates as it is."""
+        left = max(1.0, self.bounds.connect_s - (time.monotonic() - began))
+        try:
+            started: datetime = await conn.fetchval(_BACKEND_START, timeout=left)
+        except BaseException as exc:
+            drop(conn)
+            if isinstance(exc, (TimeoutError, OSError, asyncpg.InterfaceError)):
+                raise TransientDatabaseError(
+                    f"cannot connect to PostgreSQL: connected, then no answer: {describe(exc)}"
+                ) from exc
+            raise
+        return started
 
     async def _open(self) -> asyncpg.Connection:
         """A new connection with this database's settings and bounds."""
@@ -375,7 +400,8 @@ class Database:
     @property
     def unreachable_since(self) -> float | None:
         """Monotonic time since which every connect has failed (None: the last one
-        succeeded, or none failed). Unlike :attr:`down_since` it leaves out failures of a
+        succeeded, or none failed); a connect succeeds once the new connection's first
+        read answers (:meth:`get`). Unlike :attr:`down_since` it leaves out failures of a
         server that answers: a lock wait, a statement timeout, a full disk."""
         return self._unreachable_since
 

@@ -764,9 +764,10 @@ class ConsumerRuntime:
         """How long this worker has been unable to connect to PostgreSQL for the work it
         waits on: a batch in flight (its writer's connection) or a retake claim under way
         (the control connection), each counted from when that work started at the
-        earliest. Only failures to connect count: a server that answers (a lock wait, a
-        statement timeout, a full disk) answers every worker alike, and leaving would
-        only bring the worker back, to wait again."""
+        earliest. Only failures to connect count (a connect, or the new connection's first
+        read, that gets no answer or is refused: :meth:`Database.get`): a server that
+        answers (a lock wait, a statement timeout, a full disk) answers every worker
+        alike, and leaving would only bring the worker back, to wait again."""
         now = time.monotonic()
         pending = [
             (s.writer.unreachable_since, s.started) for s in self._slots if s.inflight is not None

@@ -46,6 +46,7 @@ from typing import TypeVar
 
 from ackline.dev import _proc
 from ackline.dev.errors import DevStackError
+from ackline.dev.pglogin import LoginBytes
 from ackline.dev.postgres import PostgresNode
 
 T = TypeVar("T")
@@ -254,6 +255,7 @@ class Forwarder:
     ``None`` is this process's own namespace. Each accepted connection gets one outgoing
     connection; bytes are copied both ways by two threads, and an EOF is passed on as a
     half-close. :meth:`close` stops accepting and closes every relayed connection.
+    :meth:`mute` makes it carry a PostgreSQL client's login and nothing after it.
     """
 
     def __init__(
@@ -276,6 +278,7 @@ class Forwarder:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._muted = threading.Event()
 
     def __enter__(self) -> Forwarder:
         self.start()
@@ -304,6 +307,18 @@ class Forwarder:
         except OSError as exc:
             raise NetnsError(f"cannot listen on {self.listen} in {self.listen_ns}: {exc}") from exc
         threading.Thread(target=self._accept, name="forwarder-accept", daemon=True).start()
+
+    def mute(self, muted: bool = True) -> None:
+        """While muted, a PostgreSQL client's bytes after its login (ackline.dev.pglogin)
+        are dropped, on open connections and new ones alike; both TCP legs stay open and
+        the server's bytes still pass. The client connects and logs in, then no statement
+        ever gets an answer: a connection pooler that logs clients in itself while its
+        server is gone, or a link that goes dark right after each handshake. What was
+        dropped is not sent when unmuted."""
+        if muted:
+            self._muted.set()
+        else:
+            self._muted.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -343,15 +358,20 @@ class Forwarder:
                     upstream.close()
                     return
                 self._open.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
+            for src, dst, login in ((client, upstream, LoginBytes()), (upstream, client, None)):
                 threading.Thread(
-                    target=self._pump, args=(src, dst), name="forwarder-pump", daemon=True
+                    target=self._pump, args=(src, dst, login), name="forwarder-pump", daemon=True
                 ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, login: LoginBytes | None) -> None:
+        """Copy ``src`` to ``dst``; ``login`` follows a client's bytes (for :meth:`mute`)."""
         try:
             while chunk := src.recv(65536):
-                dst.sendall(chunk)
+                part = login.take(chunk) if login is not None else len(chunk)
+                if self._muted.is_set():
+                    chunk = chunk[:part]
+                if chunk:
+                    dst.sendall(chunk)
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             for sock in (src, dst):
