@@ -27,13 +27,15 @@ records would be lost. After the seek back to the DB next offset, the first reco
 fetched is at or below the highest offset taken before (the dropped batch's records
 exist), while every record fetched before the seek is above it: that is the mark.
 
-A claim sets the same mark when records of its partition were refused before it for
-want of a claim (stamped with another generation, or of a partition not held), at or past
-its DB offset. faust can let records flow between an assignment and its claim's seek (its
-recovery resumes the flow after a seek that a revoke overtook): those records are refused,
-aiokafka's position moves past them, and the ones fetched after them, still queued when
-the claim lands, would start the first batch past them. The re-read after the seek
-reaches back to the highest refused record, so the mark always clears.
+A claim sets the same mark when records of its partition and of its generation were
+refused before it for want of a claim (the ledger still on an older claim, or the
+partition not held), at or past its DB offset. faust can let records flow between an
+assignment and its claim's seek (its recovery resumed the flow after a seek that a revoke
+overtook): those records are refused, aiokafka's position moves past them, and the ones
+fetched after them, still queued when the claim lands, would start the first batch past
+them. The re-read after the seek reaches back to the highest refused record, so the mark
+clears (unless Kafka's retention deleted it meanwhile: then the partition waits, as after
+any rewind of this runtime, until its next assignment claims it again).
 """
 
 from __future__ import annotations
@@ -96,10 +98,11 @@ class Ledger:
         self.generation = NO_GENERATION
         self._owned: dict[TP, _Owned] = {}
         self._kafka: dict[TP, int] = {}
-        # Per partition, the highest offset refused while no claim of this ledger covered
-        # its record (another generation, or a partition not held): the mark of the next
-        # claim of that partition (:meth:`claimed`). Only records that carry a generation.
-        self._early: dict[TP, int] = {}
+        # Per partition, the newest generation whose records were refused while no claim
+        # of this ledger covered them (a generation not claimed yet, or a partition not
+        # held), and the highest such offset: the mark of a claim of that partition in that
+        # generation (:meth:`claimed`). Only records that carry a generation.
+        self._early: dict[TP, tuple[int, int]] = {}
 
     # ---- ownership -------------------------------------------------------------------
 
@@ -117,8 +120,10 @@ class Ledger:
         self.generation = generation
         fresh = {(c.topic, c.partition): _Owned(c.epoch, c.next_offset) for c in claims}
         for tp, owned in fresh.items():
-            early = self._early.pop(tp, None)
-            if early is not None and (owned.next_offset is None or owned.next_offset <= early):
+            refused_in, early = self._early.pop(tp, (NO_GENERATION, -1))
+            if refused_in != generation or generation == NO_GENERATION:
+                continue  # records of another generation are refused after the claim anyway
+            if owned.next_offset is None or owned.next_offset <= early:
                 owned.rewound_below = early
         if replace:
             self._early.clear()
@@ -196,7 +201,7 @@ class Ledger:
         """Decide whether the record at ``tp``/``offset`` may enter a batch; TAKE marks it
         taken, so a repeated delivery of it (or of anything before it) is refused."""
         if generation != self.generation:
-            self._fetched_early(tp, offset)
+            self._fetched_early(tp, offset, generation)
             return Admit.STALE
         owned = self._owned.get(_tp(tp))
         if owned is None or not owned.consumed():
@@ -205,7 +210,7 @@ class Ledger:
                 # refuse what came before its seek
                 owned.refused = offset if owned.refused is None else max(owned.refused, offset)
             elif generation != NO_GENERATION:
-                self._fetched_early(tp, offset)
+                self._fetched_early(tp, offset, generation)
             return Admit.UNOWNED
         if owned.rewound_below is not None:
             if offset > owned.rewound_below:
@@ -218,13 +223,19 @@ class Ledger:
         owned.taken = offset
         return Admit.TAKE
 
-    def _fetched_early(self, tp: TP, offset: int) -> None:
-        """A record refused for want of a claim: fetched before the seek of whatever claim
-        of its partition comes next, which must refuse what follows it until the re-read
-        reaches back (:meth:`claimed`)."""
+    def _fetched_early(self, tp: TP, offset: int, generation: int) -> None:
+        """A record of ``generation`` refused for want of a claim: fetched before the seek
+        of that generation's claim of its partition, if one comes, which must refuse what
+        follows it until the re-read reaches back (:meth:`claimed`). Within a generation
+        a partition's records come in offset order from one position, so the highest
+        refused bounds the ones still queued from below; a leftover of an older
+        generation says nothing about them (it is refused after the claim anyway)."""
         tp = _tp(tp)
-        early = self._early.get(tp)
-        self._early[tp] = offset if early is None else max(early, offset)
+        refused_in, early = self._early.get(tp, (NO_GENERATION, -1))
+        if generation == refused_in:
+            self._early[tp] = (generation, max(early, offset))
+        elif generation > refused_in:
+            self._early[tp] = (generation, offset)
 
     def committed(self, ranges: Iterable[PartitionRange]) -> None:
         """The batch covering ``ranges`` committed in PostgreSQL: advance the DB next

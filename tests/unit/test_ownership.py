@@ -105,6 +105,25 @@ def test_records_refused_before_a_claim_cannot_let_its_first_batch_skip_them() -
     assert ledger.marks() == {}
 
 
+def test_only_records_of_the_claims_own_generation_make_its_mark() -> None:
+    """Leftovers of an older generation refused after a claim (1000..1500) must not set
+    the next claim's mark: it would be above the records that claim's generation had
+    refused (1000..1080), and the first record queued after those (1081, fetched before
+    the seek) would clear it and be taken (a review)."""
+    ledger = _ledger(generation=5, p3=1000)
+    assert {ledger.admit((T, 3), o, 4) for o in range(1000, 1501)} == {Admit.STALE}
+    assert {ledger.admit((T, 3), o, 6) for o in range(1000, 1081)} == {Admit.STALE}
+    ledger.claimed([Claim(T, 3, 1000, epoch=9)], 6, replace=True)
+    assert ledger.marks() == {(T, 3): 1080}
+    assert ledger.admit((T, 3), 1081, 6) is Admit.STALE
+    # and leftovers older than what was refused in the claim's generation change nothing
+    ledger = _ledger(generation=5, p3=1000)
+    assert ledger.admit((T, 3), 1050, 6) is Admit.STALE
+    assert ledger.admit((T, 3), 1400, 4) is Admit.STALE
+    ledger.claimed([Claim(T, 3, 1000, epoch=9)], 6, replace=True)
+    assert ledger.marks() == {(T, 3): 1050}
+
+
 def test_records_refused_below_a_claims_db_offset_leave_no_mark() -> None:
     """What was refused lies below the DB offset: what is queued after it runs on, with no
     gap, into the claimed range, so it is taken at once (no re-read is waited for)."""
@@ -116,13 +135,14 @@ def test_records_refused_below_a_claims_db_offset_leave_no_mark() -> None:
 
 
 def test_records_of_a_partition_not_owned_yet_mark_its_next_claim() -> None:
-    """The same for a partition the ledger does not hold at all under its generation."""
+    """The same for a partition the ledger does not hold at all under its generation,
+    claimed in that generation."""
     ledger = _ledger(generation=2, p0=5)
     assert ledger.admit((T, 3), 1040, 2) is Admit.UNOWNED
-    ledger.claimed([Claim(T, 3, 1000, epoch=8)], 3, replace=True)
+    ledger.claimed([Claim(T, 3, 1000, epoch=8)], 2, replace=True)
     assert ledger.marks() == {(T, 3): 1040}
-    assert ledger.admit((T, 3), 1041, 3) is Admit.STALE
-    assert ledger.admit((T, 3), 1000, 3) is Admit.TAKE
+    assert ledger.admit((T, 3), 1041, 2) is Admit.STALE
+    assert ledger.admit((T, 3), 1000, 2) is Admit.TAKE
 
 
 def test_the_confluent_runtime_notes_nothing_before_a_claim() -> None:
