@@ -229,6 +229,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         self._read_offset = _NoReadOffsets()
         self._seek_lock = asyncio.Lock()  # one claim per generation, one seek at a time
         self._revokes = 0  # revokes begun: a claim or seek that one overtook is void
+        self._claimed_at = 0  # _revokes when the last claim was sought: the flow may resume
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return AcklineConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -324,7 +325,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         async with self._seek_lock:
             revokes = self._revokes
             generation = self.app.consumer_generation_id
-            if own.ledger.generation != generation:
+            claimed = own.ledger.generation != generation
+            if claimed:
                 assigned = sorted(
                     (tp.topic, tp.partition) for tp in self.assignment() if tp.topic == own.topic
                 )
@@ -339,7 +341,21 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                     sorted(p for _, p in positions),
                 )
                 raise IllegalStateError("a revoke overtook the claim and seek")
+            if claimed:
+                self._claimed_at = revokes
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
+
+    def resume_flow(self) -> None:
+        """faust's resume of the flow, unless a revoke began after the last claim was
+        sought. The recovery resumes the flow a loop turn or two after the seek returns; a
+        revoke that began in between (its first step stops the flow) would otherwise see
+        the flow running through the next join, and the next generation's records reach
+        the agent before its claim. Then the flow stays stopped until the next
+        assignment's claim and seek (faust resumes it after them)."""
+        if self._revokes != self._claimed_at:
+            log.info("a revoke began after the last claim: the flow resumes after the next one")
+            return
+        super().resume_flow()
 
     async def seek_positions(self, offsets: Mapping[tuple[str, int], int | None]) -> None:
         """Seek each partition to its offset; None: to the log start."""

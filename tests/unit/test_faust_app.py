@@ -111,6 +111,30 @@ def test_acks_never_make_an_offset_committable(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_a_revoke_after_the_last_claim_keeps_the_flow_stopped(tmp_path: Path) -> None:
+    """faust's recovery resumes the flow a loop turn or two after the claim's seek
+    returned; a revoke that began in between stopped the flow, and the resume ran it again
+    through the next join (a review). The flow now resumes only after the claim that
+    followed the last revoke."""
+    app = _app(tmp_path)
+
+    async def go() -> None:
+        consumer = app.consumer
+        assert isinstance(consumer, AcklineConsumer)
+        try:
+            consumer.stop_flow()
+            consumer._revokes += 1  # what on_partitions_revoked counts first
+            consumer.resume_flow()
+            assert not consumer.flow_active
+            consumer._claimed_at = consumer._revokes  # the next assignment's claim, sought
+            consumer.resume_flow()
+            assert consumer.flow_active
+        finally:
+            consumer._thread.thread_loop.close()
+
+    asyncio.run(go())
+
+
 def test_stock_faust_commits_past_an_in_flight_message_ackline_does_not(tmp_path: Path) -> None:
     """faust #606, reproduced on the installed faust: offset 100 is still being processed,
     101-104 are acked, and faust's own arithmetic makes 105 committable (100 would be
