@@ -26,10 +26,12 @@ from ackline.load.verify import LossWindow
 
 LEAD_S = 60.0
 """Lines this long before the batch before the lost run count (its claim, a rebalance)."""
-TAIL_S = 5.0
-"""...and this long after the batch after it."""
-LIMIT = 160
-"""At most this many lines per lost run: the first third and the last two thirds."""
+TAIL_S = 30.0
+"""...and this long after the batch after it: a batch's time is its transaction's start,
+and a held COMMIT (a fault, a revoke's wait) can end seconds later."""
+LIMIT = 240
+"""At most this many lines per lost run: the first third and the last two thirds (the
+claim that started the batch after the run is near its end)."""
 MESSAGE_CHARS = 400
 """A longer message is cut (faust logs whole assignment tables)."""
 
