@@ -45,6 +45,7 @@ from faust.types.transports import TPorTopicSet, TransportT
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
+from ackline.core.faults import DISARMED, Faults
 from ackline.streams.errors import StreamError
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.ownership import Ledger
@@ -75,7 +76,8 @@ class Ownership:
     and records the claims in ``ledger`` (see
     :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is the
     context faust's revoke runs in (the revoke_in_flight fault point, and the bound on
-    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`).
+    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`); ``faults`` holds
+    the ``after_assign`` point (:meth:`AcklineConsumer.seek_to_committed`).
     """
 
     topic: str
@@ -86,6 +88,7 @@ class Ownership:
         Awaitable[None],
     ]
     revoking: Callable[[], AbstractAsyncContextManager[None]]
+    faults: Faults = DISARMED
 
 
 class _NoReadOffsets(dict[TP, int | None]):
@@ -211,6 +214,12 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         self.tp_last_committed_at.update({TP(tp.topic, tp.partition): now for tp in wanted})
         return True
 
+    async def request_rejoin(self) -> None:
+        """Make aiokafka rejoin the group (the ``after_assign=rejoin`` fault), as its own
+        OffsetCommit answered REBALANCE_IN_PROGRESS or a metadata change does. On this
+        thread's loop, where the group coordinator runs."""
+        self._ensure_consumer()._coordinator.request_rejoin()
+
     async def on_start(self) -> None:
         await super().on_start()
         fetcher = getattr(self._consumer, "_fetcher", None)
@@ -304,10 +313,12 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         (epochs bumped, the start_from end stored where no offset is) once per consumer
         generation — never again within one, so a seek during a revoke cannot take back
         partitions being handed over; seek each owned partition to its DB next offset (a
-        partition whose claim stored nothing, to the log start); return the DB offsets. A
-        crash after the claim leaves only a higher epoch (the next claim bumps it again);
-        records fetched before the seek carry an older generation or offset and the ledger
-        refuses them. faust resumes the flow only after this returns (``Recovery._resume_streams``),
+        partition whose claim stored nothing, to the log start); the ``after_assign``
+        fault point, after a claim (``rejoin`` there makes aiokafka rejoin the group);
+        return the DB offsets. A crash after the claim leaves only a higher epoch (the
+        next claim bumps it again); records fetched before the seek carry an older
+        generation or offset and the ledger refuses them.
+        faust resumes the flow only after this returns (``Recovery._resume_streams``),
         and it gives up on a seek after ``broker_request_timeout``, so the claim has a
         shorter deadline of its own and exits the process when it passes
         (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
@@ -324,7 +335,8 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         async with self._seek_lock:
             revokes = self._revokes
             generation = self.app.consumer_generation_id
-            if own.ledger.generation != generation:
+            claiming = own.ledger.generation != generation
+            if claiming:
                 assigned = sorted(
                     (tp.topic, tp.partition) for tp in self.assignment() if tp.topic == own.topic
                 )
@@ -339,6 +351,9 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                     sorted(p for _, p in positions),
                 )
                 raise IllegalStateError("a revoke overtook the claim and seek")
+            if claiming and await own.faults.ahit("after_assign"):
+                thread = cast(AcklineConsumerThread, self._thread)
+                await thread.call_thread(thread.request_rejoin)
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
     async def seek_positions(self, offsets: Mapping[tuple[str, int], int | None]) -> None:
