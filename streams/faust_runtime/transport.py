@@ -243,22 +243,23 @@ class AcklineRebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
     getmany's check, the streams' stale skip, the recovery, the claim (once per number,
     :meth:`AcklineConsumer.seek_to_committed`). But the broker gives a follower that
     rejoins a stable group with unchanged metadata the generation it has (classic
-    protocol), and aiokafka rejoins a follower alone (an OffsetCommit answered
-    REBALANCE_IN_PROGRESS after its SyncGroup was sent, a partition count change) and
-    still revokes and assigns: the revoke released every partition, the assignment in
-    the same generation claimed none, and the worker dropped its partitions' records as
-    unowned until the next real rebalance (in a stable group, for good). Here every
-    assignment gets the previous number + 1, so all of the above changes at each one:
-    it is claimed, and records fetched before it are stale. aiokafka's own requests
-    (commits, heartbeats) use its coordinator's generation, which this does not touch.
+    protocol), and aiokafka, which rejoins a follower alone when its rejoin flag is set
+    after its SyncGroup was sent (an OffsetCommit answered REBALANCE_IN_PROGRESS, a
+    partition count change), still revokes and assigns: the revoke released every
+    partition, the assignment in the same generation claimed none, and the worker
+    dropped its partitions' records as unowned until the next real rebalance (in a
+    stable group, for good). Here every assignment gets the previous number + 1, so all
+    of the above changes at each one: it is claimed, and records fetched before it are
+    stale. aiokafka's own requests (commits, heartbeats) use its coordinator's
+    generation, which this does not touch.
     """
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        """Order of effects, on the consumer thread's loop: the new assignment number is
-        set on the app (before faust stamps a record of this assignment: its fetches
-        run on this loop too, and the flow is stopped until the seek); logged with
-        Kafka's generation; then faust's assignment callbacks get it. Nothing durable:
-        a crash leaves nothing of it."""
+        """Order of effects, on the consumer thread's loop, where faust sets Kafka's
+        generation: the new assignment number is set on the app (records converted from
+        here on are stamped with it; the flow stays stopped until the seek); logged with
+        Kafka's generation; then faust's assignment callbacks get it. Nothing durable: a
+        crash leaves nothing of it."""
         app = self._thread.app
         number = app.consumer_generation_id + 1
         app.consumer_generation_id = number
