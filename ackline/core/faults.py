@@ -8,7 +8,12 @@ action on the n-th time the point is reached (default the first). Actions:
   ``release_file``, a stall ends early once that file exists, and removes it, so a test
   can end a stall as soon as what the stall waits for has happened (one file: one stall;
   a file that names a point releases a stall at that point only);
-- ``fail``: raise :class:`InjectedFault` there.
+- ``fail``: raise :class:`InjectedFault` there;
+- ``rejoin`` (only at ``after_assign``, the faust runtime): the caller asks its real Kafka
+  client to rejoin the group, as the client does by itself when an offset commit is
+  answered REBALANCE_IN_PROGRESS or the topic's partition count changes. A follower whose
+  metadata did not change gets the generation it has again (the broker's answer, not a
+  fake): the window ``after_assign`` proves.
 
 Disarmed (the default), a point costs one dict lookup. An armed point logs a warning
 ``fault point <point> fired: <action>`` when it fires (before a kill), so tests and the
@@ -38,6 +43,7 @@ POINTS = frozenset(
         "commit_reply_lost",  # COMMIT done on the server; fail = its reply lost with the link
         "after_commit",  # DB committed, Kafka offsets not yet stored
         "after_claim",  # epochs bumped in the DB, partitions not yet assigned
+        "after_assign",  # faust: an assignment claimed and sought, the flow not yet resumed
         "revoke_in_flight",  # revoke callback entered while a batch is in flight
         "lost_in_flight",  # lost callback (session or poll interval expired) with a batch in flight
         "shutdown",  # shutdown requested, in-flight batch not yet finished
@@ -47,7 +53,9 @@ POINTS = frozenset(
         "processor_before_commit",  # a processor's effects and cursor update not committed
     }
 )
-ACTIONS = frozenset({"kill", "stall", "fail"})
+ACTIONS = frozenset({"kill", "stall", "fail", "rejoin"})
+REJOIN_POINTS = frozenset({"after_assign"})
+"""The points whose caller can make its Kafka client rejoin (the ``rejoin`` action)."""
 
 
 class InjectedFault(AcklineError):
@@ -116,12 +124,15 @@ class Faults:
             while (pause := self._stall_left(point, deadline)) > 0:
                 time.sleep(pause)
 
-    async def ahit(self, point: str) -> None:
-        """Reach ``point`` from the event loop (a stall blocks only this task)."""
-        if self._arms and self._fire(point) == "stall":
+    async def ahit(self, point: str) -> bool:
+        """Reach ``point`` from the event loop (a stall blocks only this task). True when
+        ``rejoin`` fired there: the caller's to do."""
+        action = self._fire(point) if self._arms else None
+        if action == "stall":
             deadline = time.monotonic() + self.stall_seconds
             while (pause := self._stall_left(point, deadline)) > 0:
                 await asyncio.sleep(pause)
+        return action == "rejoin"
 
 
 def parse(spec: str) -> dict[str, _Arm]:
@@ -134,6 +145,10 @@ def parse(spec: str) -> dict[str, _Arm]:
                 "ACKLINE_FAULTS",
                 f"{part!r} is not point=action[@n] with point in {sorted(POINTS)} "
                 f"and action in {sorted(ACTIONS)}",
+            )
+        if action == "rejoin" and point not in REJOIN_POINTS:
+            raise SettingsError(
+                "ACKLINE_FAULTS", f"{part!r}: rejoin only at {sorted(REJOIN_POINTS)}"
             )
         if nth and not (nth.isdigit() and int(nth) >= 1):
             raise SettingsError("ACKLINE_FAULTS", f"{part!r}: @n must be a whole number >= 1")

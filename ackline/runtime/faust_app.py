@@ -155,6 +155,7 @@ def make_app(ingest: Ingest) -> FaustApp:
         ledger=sink.ledger,
         claim=sink.claim,
         revoking=sink.revoking,
+        faults=ingest.faults,
     )
     app.parts = Parts(sink, ingest)
     sink.kafka = _kafka_side(app)

@@ -136,6 +136,7 @@ def run(
         faust_aiokafka.AIOKafkaConsumerThread,
         faust.Stream,
         faust.App,
+        faust_aiokafka.ConsumerRebalanceListener,
     )
     risk.check(problems, settings.faust_accept_risk)
     if problems:

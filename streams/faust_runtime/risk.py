@@ -8,7 +8,9 @@
   read-offset and seek paths; if faust renamed one, faust's own path would run again —
   the paths that commit past an in-flight message (#606) or seek to Kafka's offsets —
   or, for the fetch, the lag would count records in flight as done. It
-  also names the stream methods the byte-bounded take calls and the app's queue factory.
+  also names the stream methods the byte-bounded take calls, the app's queue factory, and
+  the rebalance listener's assignment callback that numbers every assignment (without
+  it faust's own would set Kafka's generation, which a lone rejoin repeats).
   Names only: a change of what they do, or of mode-streaming's queue internals that
   ByteBoundQueue relies on (every insert through ``_put``), goes unseen here.
 
@@ -33,8 +35,12 @@ CONSUMER_OVERRIDES = (
     "seek_to_committed",
     "on_partitions_revoked",
     "_new_consumer_thread",
+    "RebalanceListener",
 )
+# The thread methods overridden, then those AcklineRebalanceListener calls on the thread.
 THREAD_OVERRIDES = ("_create_worker_consumer", "_commit", "on_start", "_fetch_records")
+THREAD_USES = ("on_partitions_assigned", "_ensure_consumer")
+LISTENER_OVERRIDES = ("on_partitions_assigned",)
 # The byte-bounded take (bytebound.take_batches) drives the stream by these, as faust's
 # noack_take does; the app's channel queues are made by FlowControlQueue, which AcklineApp
 # replaces with a byte-bounded one. Renamed, the take would fail, or the bound be lost.
@@ -52,7 +58,12 @@ def accepted(spec: str) -> set[str]:
 
 
 def version_problems(
-    version: str, consumer_base: type, thread_base: type, stream_base: type, app_base: type
+    version: str,
+    consumer_base: type,
+    thread_base: type,
+    stream_base: type,
+    app_base: type,
+    listener_base: type,
 ) -> list[str]:
     """Why the installed faust is not the one this runtime was proven on ([]: it is)."""
     problems = []
@@ -65,9 +76,10 @@ def version_problems(
         problems.append(f"faust-streaming {version} is not {PROVEN_SERIES[0]}.{PROVEN_SERIES[1]}.x")
     for base, names in (
         (consumer_base, CONSUMER_OVERRIDES),
-        (thread_base, THREAD_OVERRIDES),
+        (thread_base, THREAD_OVERRIDES + THREAD_USES),
         (stream_base, STREAM_USES),
         (app_base, APP_OVERRIDES),
+        (listener_base, LISTENER_OVERRIDES),
     ):
         for name in names:
             if not callable(getattr(base, name, None)):

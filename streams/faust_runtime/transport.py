@@ -19,6 +19,10 @@ removes one path by which faust could commit, skip or re-read an offset on its o
 - :meth:`AcklineConsumer.seek_to_committed`, which faust calls (``perform_seek``) after
   each assignment before it resumes the flow, claims the partitions in PostgreSQL and
   seeks them to the DB next offsets instead of Kafka's committed offsets;
+- :class:`AcklineRebalanceListener` numbers every assignment anew: faust's
+  ``consumer_generation_id`` is Kafka's generation, which the broker repeats when a
+  follower rejoins a stable group alone, and an assignment that repeats it was never
+  claimed (the claim is once per number) though its revoke had released everything;
 - :class:`AcklineConsumerThread` fetches with ``isolation_level=read_committed`` (faust
   reads uncommitted records unless processing_guarantee is exactly_once, whose
   transactional commit path this runtime does not use) and checks it after start.
@@ -39,12 +43,14 @@ import faust.tables
 from aiokafka.consumer.fetcher import READ_COMMITTED
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 from faust.types.transports import TPorTopicSet, TransportT
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
+from ackline.core.faults import DISARMED, Faults
 from ackline.streams.errors import StreamError
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.ownership import Ledger
@@ -75,7 +81,8 @@ class Ownership:
     and records the claims in ``ledger`` (see
     :meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`); ``revoking()`` is the
     context faust's revoke runs in (the revoke_in_flight fault point, and the bound on
-    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`).
+    its wait for the batch in flight: :meth:`~.sink.FaustSink.revoking`); ``faults`` holds
+    the ``after_assign`` point (:meth:`AcklineConsumer.seek_to_committed`).
     """
 
     topic: str
@@ -86,6 +93,7 @@ class Ownership:
         Awaitable[None],
     ]
     revoking: Callable[[], AbstractAsyncContextManager[None]]
+    faults: Faults = DISARMED
 
 
 class _NoReadOffsets(dict[TP, int | None]):
@@ -211,6 +219,12 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         self.tp_last_committed_at.update({TP(tp.topic, tp.partition): now for tp in wanted})
         return True
 
+    async def request_rejoin(self) -> None:
+        """Make aiokafka rejoin the group (the ``after_assign=rejoin`` fault), as its own
+        OffsetCommit answered REBALANCE_IN_PROGRESS or a metadata change does. On this
+        thread's loop, where the group coordinator runs."""
+        self._ensure_consumer()._coordinator.request_rejoin()
+
     async def on_start(self) -> None:
         await super().on_start()
         fetcher = getattr(self._consumer, "_fetcher", None)
@@ -221,8 +235,43 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             raise UnboundedFetchError("aiokafka's fetch_max_bytes is not the app's byte bound")
 
 
+class AcklineRebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
+    """faust's rebalance listener, with a number of ackline's own for each assignment.
+
+    faust sets ``app.consumer_generation_id`` to Kafka's generation at every assignment,
+    and everything that tells one assignment from the next compares it: message stamps,
+    getmany's check, the streams' stale skip, the recovery, the claim (once per number,
+    :meth:`AcklineConsumer.seek_to_committed`). But the broker gives a follower that
+    rejoins a stable group with unchanged metadata the generation it has (classic
+    protocol), and aiokafka, which rejoins a follower alone when its rejoin flag is set
+    after its SyncGroup was sent (an OffsetCommit answered REBALANCE_IN_PROGRESS, a
+    partition count change), still revokes and assigns: the revoke released every
+    partition, the assignment in the same generation claimed none, and the worker
+    dropped its partitions' records as unowned until the next real rebalance (in a
+    stable group, for good). Here every assignment gets the previous number + 1, so all
+    of the above changes at each one: it is claimed, and records fetched before it are
+    stale. aiokafka's own requests (commits, heartbeats) use its coordinator's
+    generation, which this does not touch.
+    """
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        """Order of effects, on the consumer thread's loop, where faust sets Kafka's
+        generation: the new assignment number is set on the app (records converted from
+        here on are stamped with it; the flow stays stopped until the seek); logged with
+        Kafka's generation; then faust's assignment callbacks get it. Nothing durable: a
+        crash leaves nothing of it."""
+        app = self._thread.app
+        number = app.consumer_generation_id + 1
+        app.consumer_generation_id = number
+        kafka = self._thread._ensure_consumer()._coordinator.generation
+        log.info("assignment %d (Kafka generation %d)", number, kafka)
+        await self._thread.on_partitions_assigned(ensure_TPset(assigned), number)
+
+
 class AcklineConsumer(faust_aiokafka.Consumer):
     """faust's aiokafka consumer with ackline's offsets; see the module docstring."""
+
+    RebalanceListener = AcklineRebalanceListener
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -302,13 +351,15 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         faust calls this through ``perform_seek`` after every assignment, before it
         resumes the flow, and again when a fetch returns while the flow is stopped.
         Order of effects, under a lock: read the partitions' (log start, log end); claim
-        (epochs bumped, the start_from end stored where no offset is) once per consumer
-        generation — never again within one, so a seek during a revoke cannot take back
-        partitions being handed over; seek each owned partition to its DB next offset (a
-        partition whose claim stored nothing, to the log start); return the DB offsets. A
-        crash after the claim leaves only a higher epoch (the next claim bumps it again);
-        records fetched before the seek carry an older generation or offset and the ledger
-        refuses them. faust resumes the flow only after this returns (``Recovery._resume_streams``),
+        (epochs bumped, the start_from end stored where no offset is) once per assignment
+        (its number: :class:`AcklineRebalanceListener`) — never again within one, so a
+        seek during a revoke cannot take back partitions being handed over; seek each
+        owned partition to its DB next offset (a partition whose claim stored nothing, to
+        the log start); the ``after_assign`` fault point, after a claim (``rejoin`` there
+        makes aiokafka rejoin the group); return the DB offsets. A crash after the claim
+        leaves only a higher epoch (the next claim bumps it again); records fetched before
+        the seek carry an older assignment number or offset and the ledger refuses them.
+        faust resumes the flow only after this returns (``Recovery._resume_streams``),
         and it gives up on a seek after ``broker_request_timeout``, so the claim has a
         shorter deadline of its own and exits the process when it passes
         (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
@@ -343,6 +394,9 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                 raise IllegalStateError("a revoke overtook the claim and seek")
             if claimed:
                 self._claimed_at = revokes
+            if claimed and await own.faults.ahit("after_assign"):
+                thread = cast(AcklineConsumerThread, self._thread)
+                await thread.call_thread(thread.request_rejoin)
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
     def resume_flow(self) -> None:

@@ -1,11 +1,13 @@
 """The faust runtime (`ackline run --runtime faust`) held to the default runtime's proof:
 the mixed workload, a SIGKILL mid-stream, a crash between the DB commit and the ack, and
-a zombie that is fenced, a claim that lands after its generation was revoked — each ends
-with `verify` ok (nothing lost, nothing twice)."""
+a zombie that is fenced, a claim that lands after its generation was revoked, a follower
+re-assigned in the generation it had — each ends with `verify` ok (nothing lost, nothing
+twice)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import threading
 import time
@@ -348,4 +350,41 @@ def test_a_claim_that_lands_after_its_revoke_loses_nothing(
     assert a.stop() == 0, a.log()[-3000:]
     assert b.stop() == 0, b.log()[-3000:]
     assert c.stop() == 0, c.log()[-3000:]
+    verify_mixed_ok(dsn, manifest, group)
+
+
+def _synced(worker: Worker) -> list[int]:
+    """The Kafka generations aiokafka synced with, in order, from the worker's log."""
+    return [
+        int(g)
+        for g in re.findall(r"Successfully synced group \S+ with generation (\d+)", worker.log())
+    ]
+
+
+def test_a_follower_reassigned_in_the_same_generation_claims_again(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Worker b (a follower: a leads) rejoins the stable group alone right after its first
+    claim and seek (``after_assign=rejoin``: aiokafka's own rejoin, as when an OffsetCommit
+    is answered REBALANCE_IN_PROGRESS or the partition count changes). The broker answers
+    with the generation b has, and aiokafka revokes and assigns all the same. The old
+    runtime claimed once per Kafka generation: the revoke released b's partition and the
+    assignment claimed nothing, so its records were dropped as unowned, for good (the
+    group stays stable). Now every assignment has a number of its own and is claimed."""
+    group = f"g-{topic}"
+    a = _faust(services, dsn, topic, tmp_path, "a", batch_max_events=300)
+    wait_until(lambda: "assigned (generation" in a.log(), 60, "a's claim (a leads the group)")
+    b = _faust(
+        services, dsn, topic, tmp_path, "b", batch_max_events=300, faults="after_assign=rejoin"
+    )
+    wait_until(lambda: fired(b, "after_assign"), 60, "b's first claim and seek, then its rejoin")
+    wait_until(lambda: len(_synced(b)) >= 2, 30, "b's rejoin to be assigned")
+    first, again = _synced(b)[:2]
+    assert first == again, b.log()[-3000:]  # the same generation: the case under test
+    # produced now, so that every partition, b's included, has records left to drain
+    manifest = produce_worker_mix(services, topic, tmp_path, 3_000, seed=41)
+    wait_drained(dsn, manifest, group, [a, b], 60)
+    assert b.log().count("assigned (generation") == 2, b.log()[-3000:]
+    assert a.stop() == 0, a.log()[-3000:]
+    assert b.stop() == 0, b.log()[-3000:]
     verify_mixed_ok(dsn, manifest, group)

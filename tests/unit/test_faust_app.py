@@ -171,6 +171,7 @@ def test_the_installed_faust_is_the_proven_one() -> None:
         faust_aiokafka.AIOKafkaConsumerThread,
         faust.Stream,
         faust.App,
+        faust_aiokafka.ConsumerRebalanceListener,
     )
     assert problems == []
     risk.check(problems, "")  # starts without accepting anything
@@ -180,11 +181,13 @@ def test_an_untested_faust_is_refused_unless_the_risk_is_accepted() -> None:
     class Bare:
         pass
 
-    problems = risk.version_problems("0.16.0", Bare, Bare, Bare, Bare)
+    problems = risk.version_problems("0.16.0", Bare, Bare, Bare, Bare, Bare)
     assert any("0.16.0 is not 0.15.x" in p for p in problems)
     assert any("Bare.ack no longer exists" in p for p in problems)
     assert any("Bare._enable_passive no longer exists" in p for p in problems)
     assert any("Bare.FlowControlQueue no longer exists" in p for p in problems)
+    assert any("Bare.RebalanceListener no longer exists" in p for p in problems)
+    assert any("Bare.on_partitions_assigned no longer exists" in p for p in problems)
     with pytest.raises(SettingsError, match="ACKLINE_FAUST_ACCEPT_RISK"):
         risk.check(problems, "")
     risk.check(problems, "untested-faust-version")

@@ -79,7 +79,15 @@ def test_a_stall_without_its_release_lasts_stall_seconds(tmp_path: Path) -> None
     assert time.monotonic() - started >= 0.3
 
 
-@pytest.mark.parametrize("spec", ["nowhere=kill", "mid_copy=explode", "mid_copy=kill@0"])
+def test_a_rejoin_is_left_to_the_caller_once() -> None:
+    f = Faults("after_assign=rejoin@2")
+    assert [asyncio.run(f.ahit("after_assign")) for _ in range(3)] == [False, True, False]
+    assert asyncio.run(Faults("after_commit=stall@2").ahit("after_commit")) is False
+
+
+@pytest.mark.parametrize(
+    "spec", ["nowhere=kill", "mid_copy=explode", "mid_copy=kill@0", "after_commit=rejoin"]
+)
 def test_bad_fault_spec(spec: str) -> None:
     with pytest.raises(SettingsError, match="ACKLINE_FAULTS"):
         parse(spec)
