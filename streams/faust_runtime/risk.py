@@ -34,6 +34,8 @@ CONSUMER_OVERRIDES = (
     "_commit_offsets",
     "seek_to_committed",
     "on_partitions_revoked",
+    "on_partitions_assigned",
+    "resume_flow",
     "_new_consumer_thread",
     "RebalanceListener",
 )

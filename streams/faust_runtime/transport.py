@@ -279,6 +279,9 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         self._seek_lock = asyncio.Lock()  # one claim per generation, one seek at a time
         self._revokes = 0  # revokes begun: a claim or seek that one overtook is void
         self._claimed_at = 0  # _revokes when the last claim was sought: the flow may resume
+        # (assignment number, _revokes) when the main loop took the last assignment: a
+        # claim is of that assignment, and void if a revoke began since
+        self._assigned_at = (0, 0)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return AcklineConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -364,8 +367,9 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         shorter deadline of its own and exits the process when it passes
         (:meth:`ackline.streams.faust_runtime.sink.FaustSink.claim`).
 
-        A revoke that began meanwhile (the claim waits on PostgreSQL, the marks on the
-        broker) makes it void: faust's recovery checks nothing after the seek and would
+        A revoke that began since the main loop took the assignment (before the seek
+        started, or while the claim waits on PostgreSQL and the marks on the broker)
+        makes it void: faust's recovery checks nothing after the seek and would
         resume the flow while the next generation joins, with the revoked partitions owned
         again by this late claim. So the ledger releases what it holds and this raises
         IllegalStateError, which the recovery takes for "rebalance again": the flow stays
@@ -374,8 +378,10 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         """
         own = self._ownership()
         async with self._seek_lock:
-            revokes = self._revokes
-            generation = self.app.consumer_generation_id
+            generation, revokes = self._assigned_at
+            if generation != self.app.consumer_generation_id:
+                # numbered on the consumer thread, not yet taken here: its own recovery claims
+                raise IllegalStateError("an assignment not yet taken: no claim before it")
             claimed = own.ledger.generation != generation
             if claimed:
                 assigned = sorted(
@@ -448,6 +454,13 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         consumer = thread._ensure_consumer()
         parts = [faust_aiokafka.ensure_aiokafka_TP(tp) for tp in tps]
         await thread.call_thread(consumer.seek_to_beginning, *parts)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """faust's assignment, on the main loop, after noting its number and the revokes
+        begun so far: its claim is void if another revoke begins before it is sought,
+        however early (:meth:`seek_to_committed`)."""
+        self._assigned_at = (generation_id, self._revokes)
+        await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revoke (stop the flow, wait for the in-flight batch to be acked, commit
