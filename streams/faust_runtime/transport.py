@@ -276,7 +276,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_offset = _NoReadOffsets()
-        self._seek_lock = asyncio.Lock()  # one claim per generation, one seek at a time
+        self._seek_lock = asyncio.Lock()  # one claim per assignment, one seek at a time
         self._revokes = 0  # revokes begun: a claim or seek that one overtook is void
         self._claimed_at = 0  # _revokes when the last claim was sought: the flow may resume
         # (assignment number, _revokes) when the main loop took the last assignment: a
@@ -400,9 +400,9 @@ class AcklineConsumer(faust_aiokafka.Consumer):
                 raise IllegalStateError("a revoke overtook the claim and seek")
             if claimed:
                 self._claimed_at = revokes
-            if claimed and await own.faults.ahit("after_assign"):
-                thread = cast(AcklineConsumerThread, self._thread)
-                await thread.call_thread(thread.request_rejoin)
+                if await own.faults.ahit("after_assign"):
+                    thread = cast(AcklineConsumerThread, self._thread)
+                    await thread.call_thread(thread.request_rejoin)
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
     def resume_flow(self) -> None:
