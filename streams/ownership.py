@@ -34,8 +34,7 @@ assignment and its claim's seek (its recovery resumed the flow after a seek that
 overtook): those records are refused, aiokafka's position moves past them, and the ones
 fetched after them, still queued when the claim lands, would start the first batch past
 them. The re-read after the seek reaches back to the highest refused record, so the mark
-clears (unless Kafka's retention deleted it meanwhile: then the partition waits, as after
-any rewind of this runtime, until its next assignment claims it again).
+clears (unless Kafka's retention deleted it meanwhile: :func:`marks_past_retention`).
 """
 
 from __future__ import annotations
@@ -394,6 +393,18 @@ class Ledger:
         for tp, offset in offsets.items():
             if _tp(tp) in self._owned:
                 self._kafka[_tp(tp)] = offset
+
+
+def marks_past_retention(marks: Mapping[TP, int], log_starts: Mapping[TP, int]) -> dict[TP, int]:
+    """The partitions of ``marks`` (:meth:`Ledger.marks`) whose log start is past their
+    rewind mark: partition → log start. Pure.
+
+    Nothing at or below such a mark can be fetched again (the log start only moves up),
+    so the mark never clears and every record is refused. The default runtime re-reads
+    from the log start (:meth:`Ledger.past_retention`); the faust runtime cannot tell a
+    record queued before its seek from one after, so it rejoins the group and its next
+    assignment claims the partition afresh."""
+    return {tp: log_starts[tp] for tp, mark in marks.items() if log_starts.get(tp, -1) > mark}
 
 
 def past_log_end(tp: TP, next_offset: int, end: int) -> str:

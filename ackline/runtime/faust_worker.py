@@ -45,6 +45,7 @@ from ackline.streams.faust_runtime.headers import install_lenient_headers
 from ackline.streams.faust_runtime.sink import FaustSink
 from ackline.streams.faust_runtime.transport import AcklineConsumer
 from ackline.streams.lag import partition_lag
+from ackline.streams.ownership import marks_past_retention
 
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
@@ -243,7 +244,8 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     transactional topic showed lag 1 or more for ever, and ``/readyz`` 503;
     ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
-    sought there and consumed again; fenced partitions due a retake are taken back.
+    sought there and consumed again; fenced partitions due a retake are taken back; a
+    rewind mark that retention passed makes the worker rejoin the group.
 
     A retake or a log-end read that fails (a claim refused, the broker away past its
     request timeout) is logged with its traceback and tried again at the next tick, the
@@ -253,6 +255,8 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     connection retries), and the gauges with it."""
     shown: set[tuple[str, int]] = set()
 
+    retention = RetentionWatch()
+
     async def report() -> None:
         sink = app.parts.sink
         try:
@@ -261,6 +265,10 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
             log.warning(
                 "taking back fenced partitions failed; again in %g s", LAG_INTERVAL_S, exc_info=True
             )
+        try:
+            await retention.check(app, sink)
+        except Exception:
+            log.warning("the retention check failed; again in %g s", LAG_INTERVAL_S, exc_info=True)
         try:
             await gauges(sink)
         except Exception:
@@ -302,6 +310,54 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
         metrics.note_behind(time.time())
 
     return report
+
+
+class RetentionWatch:
+    """Rejoins the group for a rewind mark that retention passed. Such a mark never
+    clears here: faust's queues keep what was fetched before the seek back, so nothing
+    above the mark can be taken. The next assignment claims the partition from its DB
+    offset, which aiokafka resets to the log start.
+
+    A mark counts as passed once two ticks in a row saw the log start past it, the same
+    mark under the same claim: records at or below it fetched after the seek may still
+    be queued behind older ones (their admission clears the mark), and a rejoin then
+    would drop them to be read again, and past the log start, never. One rejoin per mark
+    (a rebalance costs the whole group: the leader's JoinGroup revokes every member)."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[tuple[str, int], int, int]] = set()  # (tp, mark, generation)
+        self._rejoined: set[tuple[tuple[str, int], int, int]] = set()
+
+    async def check(self, app: FaustApp, sink: FaustSink) -> None:
+        """Order of effects: read the marked partitions' log starts (bounded by one tick);
+        read the marks again (a claim or the re-read may have moved them meanwhile); log
+        the partitions whose mark is passed the second tick in a row; ask aiokafka to
+        rejoin, and remember the marks only once it was asked. The revoke that follows
+        releases every partition; the claim after it reads the DB offsets. Nothing is
+        written or acked here, so a crash at any step leaves the DB offsets to decide."""
+        ledger = sink.ledger
+        if not ledger.marks():
+            self._seen.clear()
+            self._rejoined.clear()
+            return
+        async with asyncio.timeout(LAG_INTERVAL_S):
+            starts = await app.consumer.earliest_offsets(*(TP(t, p) for t, p in ledger.marks()))
+        marks = ledger.marks()
+        passed = marks_past_retention(
+            marks, {(tp.topic, tp.partition): o for tp, o in starts.items()}
+        )
+        now = {(tp, marks[tp], ledger.generation) for tp in passed}
+        due = (now & self._seen) - self._rejoined
+        self._seen = now
+        if not due:
+            return
+        log.warning(
+            "retention deleted the re-read of %s past its rewind mark (partition, mark, log "
+            "start): nothing there can be taken again until a new claim; rejoining the group",
+            sorted((tp[1], mark, passed[tp]) for tp, mark, _ in due),
+        )
+        await cast(AcklineConsumer, app.consumer).rejoin()
+        self._rejoined |= due
 
 
 def fetched_uncommitted(handed: int | None, db_next: int | None) -> bool:

@@ -362,11 +362,13 @@ class FaustSink:
     async def _not_committed(self, batch: Batch) -> None:
         """Re-position the partitions of a batch that did not commit.
 
-        Order of effects: read its offset rows FOR SHARE (the rolled-back transaction has
-        ended); the ledger suspends the partitions whose epoch moved and rewinds the
-        others to their DB next offsets (records fetched before the seek back are refused
-        from now on); seek those; take back the fenced ones Kafka still assigns here.
+        Order of effects: the before_reread point; read its offset rows FOR SHARE (the
+        rolled-back transaction has ended); the ledger suspends the partitions whose epoch
+        moved and rewinds the others to their DB next offsets (records fetched before the
+        seek back are refused from now on); seek those; take back the fenced ones Kafka
+        still assigns here.
         """
+        await self._faults.ahit("before_reread")
         tps = [(r.topic, r.partition) for r in batch.ranges]
         async with self._control_lock:
             rows = await self._control_db.retrying(

@@ -296,6 +296,12 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         (:meth:`AcklineConsumerThread.lag_marks`)."""
         return await cast(AcklineConsumerThread, self._thread).lag_marks(tps)
 
+    async def rejoin(self) -> None:
+        """Make aiokafka rejoin the group (:meth:`AcklineConsumerThread.request_rejoin`):
+        the revoke releases every partition and the next assignment claims them afresh."""
+        thread = cast(AcklineConsumerThread, self._thread)
+        await thread.call_thread(thread.request_rejoin)
+
     # ---- acks: in-flight tracking only ----------------------------------------------
 
     def ack(self, message: Message) -> bool:
@@ -401,8 +407,7 @@ class AcklineConsumer(faust_aiokafka.Consumer):
             if claimed:
                 self._claimed_at = revokes
                 if await own.faults.ahit("after_assign"):
-                    thread = cast(AcklineConsumerThread, self._thread)
-                    await thread.call_thread(thread.request_rejoin)
+                    await self.rejoin()
             return {TP(t, p): off for (t, p), off in positions.items() if off is not None}
 
     def resume_flow(self) -> None:

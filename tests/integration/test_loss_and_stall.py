@@ -715,15 +715,18 @@ def test_a_stop_while_a_fenced_batch_is_re_read_writes_nothing_past_it(
     verify_ok(dsn, manifest, group)
 
 
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
-    services: Services, dsn: str, tmp_path: Path, topic1: str
+    services: Services, dsn: str, tmp_path: Path, topic1: str, runtime: str
 ) -> None:
     """A batch that may not have committed is re-read from the DB offset, records above
     the highest offset fetched before it refused until the re-read's first arrives. When
     retention deletes past that offset first, Kafka resets the position to the log start
     and no such record ever comes: every record was refused, the partition stalled for
-    good (a review found it in the ledger). The worker now re-reads from the log start
-    and counts what retention took."""
+    good (a review found it in the ledger). The default runtime now re-reads from the log
+    start and counts what retention took; the faust runtime, whose queues keep records
+    fetched before a seek, rejoins the group and claims the partition again (it stalled
+    until a restart before)."""
     topic, group = topic1, f"g-{topic1}"
     sc = Scenario(services.bootstrap, topic, tmp_path / "m.jsonl.gz")
     a: Worker | None = None
@@ -735,6 +738,7 @@ def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
             topic,
             tmp_path,
             name="a",
+            runtime=runtime,
             faults="after_fetch=stall@2,before_reread=stall@1",
             fault_stall_seconds=120,
             batch_max_events=50,
@@ -757,7 +761,8 @@ def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
         # The records past the cut come once the partition is taken back (its claim runs
         # while the thread polls on): fetched before that, they would raise the mark
         # past the log start, and the re-read would pass it without retention's help.
-        wait_until(lambda: "claimed [" in a.log()[seen:], 60, "the partition to be taken back")
+        taken_back = "claimed [" if runtime == "confluent" else "took back ["
+        wait_until(lambda: taken_back in a.log()[seen:], 60, "the partition to be taken back")
         sc.send([Item.event(step(1000 + i), partition=0) for i in range(100)])
         low, high = watermarks(services.bootstrap, topic, 1)[0]
         assert (low, high) == (200, 302), (low, high)
@@ -767,7 +772,8 @@ def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
             "the records past retention's cut to be ingested",
         )
         assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == rows + 100
-        assert a.metric("ackline_retention_skipped_offsets_total") == 200 - committed
+        if runtime == "confluent":  # the faust runtime does not count them (docs/faust.md)
+            assert a.metric("ackline_retention_skipped_offsets_total") == 200 - committed
         assert "retention deleted the re-read" in a.log()
         assert a.stop() == 0, a.log()[-3000:]
     finally:

@@ -15,6 +15,7 @@ from ackline.streams.ownership import (
     Admit,
     Ledger,
     Rewind,
+    marks_past_retention,
     past_log_end,
 )
 
@@ -470,3 +471,17 @@ def test_group_watch_takes_no_silence_for_an_absence() -> None:
     assert not watch.suspect()  # nothing more heard: still only 0.9 s seen away
     watch.on_stats(json.dumps({"cgrp": {"state": "up", "stateage": 300}}), now=3.0)
     assert not watch.suspect()
+
+
+def test_a_mark_is_past_retention_only_once_the_log_start_is_above_it() -> None:
+    """The faust runtime rejoins for the partitions this names: a log start at the mark
+    still lets the marked record come, one above it never does."""
+    ledger = _ledger(p0=10)
+    for offset in range(10, 15):
+        assert ledger.admit((T, 0), offset, 7) is Admit.TAKE
+    ledger.not_committed([PartitionRange(T, 0, 10, 15, epoch=3)], _rows(3, p0=10), 1.0)
+    marks = ledger.marks()
+    assert marks == {(T, 0): 14}
+    assert marks_past_retention(marks, {(T, 0): 14}) == {}
+    assert marks_past_retention(marks, {}) == {}  # the broker did not say: no rejoin
+    assert marks_past_retention(marks, {(T, 0): 15, (T, 1): 99}) == {(T, 0): 15}
