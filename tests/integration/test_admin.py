@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
+from ackline.load.produce import Knobs, produce
 from ackline.streams import admin as admin_module
-from ackline.streams.admin import delete_topic, ensure_topic, stable_ends
+from ackline.streams.admin import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    broker_max_message_bytes,
+    delete_topic,
+    ensure_topic,
+    max_message_bytes,
+    stable_ends,
+    topic_shape,
+)
 from tests.integration.harness import Services, wait_until
 from tests.integration.test_aio_producer import frozen_broker
 
@@ -53,3 +63,22 @@ def test_stable_ends_leaves_out_what_did_not_answer_in_time(services: Services, 
     wait_until(lambda: set(stable_ends(client, tps, 5.0)) == set(tps), 60, "both ends")
     with frozen_broker(services):
         assert stable_ends(client, tps, 0.5) == {}
+
+
+def test_the_load_producers_topic_takes_what_the_brokers_topics_take(
+    services: Services, tmp_path: Path
+) -> None:
+    """A load run with poison gives its topic a ``max.message.bytes`` big enough for its
+    oversize records. Its floor was librdkafka's 1,000,000, below Kafka's default
+    1,048,588: with small oversize records the topic took less than any topic of the
+    broker, and a producer at the SDK's setting had batches refused there."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    knobs = Knobs(poison=0.05, oversize_bytes=5_000)
+    try:
+        manifest = tmp_path / "m.jsonl.gz"
+        produce(services.bootstrap, name, 1, 40, knobs, manifest_path=manifest, out=None)
+        shape = topic_shape(services.bootstrap, name)
+        assert max_message_bytes(shape) == broker_max_message_bytes(services.bootstrap)
+        assert broker_max_message_bytes(services.bootstrap) >= KAFKA_MAX_MESSAGE_BYTES
+    finally:
+        delete_topic(services.bootstrap, name)
