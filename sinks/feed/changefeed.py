@@ -56,6 +56,7 @@ from ackline.sinks.feed.types import (
     FeedEvent,
     Filter,
     Position,
+    erasure_notices,
     passed,
     window_end,
 )
@@ -494,7 +495,7 @@ class Reader:
                 *((None,) * 4 if w is None else (w.batch_id, w.partition, w.offset, w.topic)),
                 batch.transactions,
                 len(batch.events),
-                sum(1 for e in batch.events if e.erased),
+                erasure_notices(batch.events),
             )
         except asyncpg.UndefinedColumnError as exc:
             raise FeedError(

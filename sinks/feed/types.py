@@ -196,6 +196,12 @@ class FeedBatch:
         return self.end == self.start
 
 
+def erasure_notices(events: Iterable[FeedEvent]) -> int:
+    """How many of ``events`` are erasure notices: a reader's cursor and a processor's
+    report count them apart from the events applied. Pure."""
+    return sum(1 for e in events if e.erased)
+
+
 def passed(xids: Sequence[int], end: Cursor) -> int:
     """How many of a read window's transactions (``xids``) the read passed whole: those
     before the one it ended in, and that one too when it ended after it (``end.within``

@@ -72,7 +72,7 @@ from ackline.sinks.feed.processors.contract import (
 )
 from ackline.sinks.feed.processors.control import Superseded
 from ackline.sinks.feed.processors.metrics import ProcessorMetrics
-from ackline.sinks.feed.types import MAX_BYTES, START, Cursor, FeedBatch
+from ackline.sinks.feed.types import MAX_BYTES, START, Cursor, FeedBatch, erasure_notices
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ class ProcessorRunner:
         self.cursor = done.batch.end
         if done.batch.caught_up or work is None:
             return
-        notices = sum(1 for e in work.events if e.erased)
+        notices = erasure_notices(work.events)
         self.applied += len(work.events) - notices
         self.erased += notices
         self.batches += 1
