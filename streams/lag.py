@@ -149,7 +149,8 @@ def log_start(consumer: Consumer, tp: TP) -> int | None:
 def count_retention_gap(
     consumer: Consumer | None, metrics: Metrics, tp: TP, expected: int, offset: int
 ) -> int:
-    """Count and report the offsets retention deleted before this group read them.
+    """Count and report the offsets retention deleted before this group read them, the
+    first record after ``expected`` (the DB offset) being at ``offset``.
 
     A jump in a partition's offsets is usual (transaction markers, aborted records); one
     that starts below the log start offset means retention deleted records this group
@@ -159,9 +160,19 @@ def count_retention_gap(
     if consumer is None:
         return 0
     low = log_start(consumer, tp)
-    if low is None or low <= expected:
+    if low is None:
         return 0
-    skipped = min(low, offset) - expected
+    return retention_gap(metrics, tp, expected, min(low, offset), offset)
+
+
+def retention_gap(metrics: Metrics, tp: TP, expected: int, low: int, at: int) -> int:
+    """Count and log the offsets ``expected``..``low - 1`` as deleted by retention before
+    this group ingested them (none when ``low`` is not past ``expected``), the read going
+    on at ``at``: the default runtime at the first record past a gap, the faust runtime
+    at a claim whose DB offset is below the log start. Returns how many."""
+    if low <= expected:
+        return 0
+    skipped = low - expected
     metrics.retention_skipped.labels(tp[0], str(tp[1])).inc(skipped)
     log.error(
         "%s[%d]: offsets %d..%d were deleted by retention before this group ingested "
@@ -169,8 +180,8 @@ def count_retention_gap(
         tp[0],
         tp[1],
         expected,
-        min(low, offset) - 1,
+        low - 1,
         skipped,
-        offset,
+        at,
     )
     return skipped

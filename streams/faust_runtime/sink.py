@@ -41,6 +41,7 @@ from ackline.streams.assemble import Draft, Record, draft_batch, headers_of
 from ackline.streams.committed import record_committed
 from ackline.streams.deadletter import DeadLetterProducer
 from ackline.streams.faust_runtime.bytebound import take_batches
+from ackline.streams.lag import retention_gap
 from ackline.streams.ownership import Ledger, past_log_end
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,10 @@ class FaustSink:
         at most ``claim_deadline_s``, then the process exits: faust would otherwise
         abandon the seek and stop recovering); the after_claim point; the ledger replaces
         its ownership, blocking a partition whose DB offset is past the log end. The
-        caller then seeks to the DB offsets. A crash after the claim leaves higher epochs
-        that nobody holds: the next claim bumps them again.
+        caller then seeks to the DB offsets. A DB offset below the log start is counted
+        and logged as offsets retention deleted before this group read them (at every
+        claim of it until a batch commits there). A crash after the claim leaves higher
+        epochs that nobody holds: the next claim bumps them again.
         """
         pick = 1 if start_from == "latest" else 0
         starts = {tp: m[pick] for tp, m in marks.items()}
@@ -148,12 +151,14 @@ class FaustSink:
             die("claiming partitions failed", exc)
         self.ledger.claimed(claims, generation, replace=True)
         for c in claims:
-            end = marks.get((c.topic, c.partition), (0, -1))[1]
             tp = (c.topic, c.partition)
+            start, end = marks.get(tp, (0, -1))
             if c.next_offset is not None and 0 <= end < c.next_offset:
                 reason = past_log_end(tp, c.next_offset, end)
                 if self.ledger.block(tp, reason):
                     log.error("%s", reason)
+            elif c.next_offset is not None:  # aiokafka resets a deleted position to the start
+                retention_gap(self._metrics, tp, c.next_offset, start, start)
         self._metrics.assigned.set(len(self.ledger.owned()))
         log.info(
             "assigned (generation %d) %s",

@@ -681,14 +681,16 @@ def test_window_16_aborted_transactions_and_offset_gaps(
     assert all(n is not None and (p, n) not in committed_offsets for p, n in nexts.items())
 
 
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_window_17_first_start_and_offset_deleted_by_retention(
-    services: Services, dsn: str, topic: str, tmp_path: Path
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
 ) -> None:
     """First start: no offset row, the worker claims and reads from the log start.
     Retention: records past the stored DB offset are deleted (delete_records moves the
-    log start beyond it) while no worker runs; the next worker continues from the log
-    start, reports the gap (log line and ackline_retention_skipped_offsets_total) and
-    does not crash.
+    log start beyond it) while no worker runs; the next worker (of either runtime)
+    continues from the log start, reports the gap (log line and
+    ackline_retention_skipped_offsets_total) and does not crash. The faust runtime
+    skipped the gap silently before.
 
     Accounting: records deleted before any worker read them cannot be ingested; they
     are "lost by retention", not lost by ackline. The test removes exactly those — the
@@ -743,7 +745,7 @@ def test_window_17_first_start_and_offset_deleted_by_retention(
     kept, lost_by_retention = split_by_retention(records, stored, cut)
     assert lost_by_retention > 0
     readable = write_manifest(tmp_path / "readable.jsonl.gz", loaded.header, kept)
-    w2 = Worker(services, dsn, topic, tmp_path, name="w2", **FAST)
+    w2 = Worker(services, dsn, topic, tmp_path, name="w2", runtime=runtime, **FAST)
     wait_drained(dsn, readable, group, [w2])
     assert w2.metric("ackline_retention_skipped_offsets_total") == sum(gaps.values())
     assert "deleted by retention" in w2.log()

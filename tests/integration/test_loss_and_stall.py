@@ -772,8 +772,7 @@ def test_a_re_read_whose_range_retention_deleted_goes_on_at_the_log_start(
             "the records past retention's cut to be ingested",
         )
         assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == rows + 100
-        if runtime == "confluent":  # the faust runtime does not count them (docs/faust.md)
-            assert a.metric("ackline_retention_skipped_offsets_total") == 200 - committed
+        assert a.metric("ackline_retention_skipped_offsets_total") == 200 - committed
         assert "retention deleted the re-read" in a.log()
         assert a.stop() == 0, a.log()[-3000:]
     finally:
