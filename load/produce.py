@@ -29,9 +29,9 @@ from ackline.load.errors import LoadError
 from ackline.load.generate import Knobs, Send, generate
 from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
 from ackline.load.paths import check_target
-from ackline.streams.admin import broker_max_message_bytes, ensure_topic
+from ackline.streams.admin import ensure_topic, topic_config_for
 from ackline.streams.errors import StreamError
-from ackline.streams.producer import ActivityProducer
+from ackline.streams.producer import LIBRDKAFKA_MESSAGE_MAX_BYTES, ActivityProducer
 
 __all__ = ["Knobs", "ProduceSummary", "produce"]
 
@@ -184,13 +184,12 @@ def produce(
         plan = extend(plan)
     check_target(Path(manifest_path), what="manifest", overwrite=overwrite)
     transactional_id = transactional_id or f"ackline-load-{run_id}"
+    # oversize poison: the topic is made to take it, and never narrower than the broker's
+    # own topics (it set librdkafka's 1,000,000 there, below Kafka's 1,048,588)
+    need = knobs.oversize_bytes + _HEADROOM if knobs.poison > 0 else None
+    message_max = max(LIBRDKAFKA_MESSAGE_MAX_BYTES, need or 0)
     try:
-        # the topic takes at least what the broker's own topics take (its message.max.bytes,
-        # Kafka's 1,048,588 by default): librdkafka's 1,000,000 narrowed it below that
-        message_max = max(
-            broker_max_message_bytes(bootstrap, conf=client_conf), knobs.oversize_bytes + _HEADROOM
-        )
-        topic_config = {"max.message.bytes": str(message_max)} if knobs.poison > 0 else None
+        topic_config = topic_config_for(bootstrap, need, conf=client_conf)
         actual = ensure_topic(bootstrap, topic, partitions, topic_config, conf=client_conf)
     except StreamError as exc:
         raise LoadError(f"cannot prepare topic {topic}: {exc}") from exc

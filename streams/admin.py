@@ -216,8 +216,9 @@ def broker_max_message_bytes(
 ) -> int:
     """A broker's ``message.max.bytes``: what a topic without its own setting takes.
     Kafka's default when it cannot be read (describing a broker is a permission of its
-    own)."""
-    with admin_client(bootstrap, conf) as client:
+    own). A client that cannot be made is :class:`KafkaUnavailableError`."""
+    client = _reaching(bootstrap, conf)
+    try:
         brokers = sorted(metadata(client, bootstrap, timeout).brokers)
         resource = ConfigResource(ResourceType.BROKER, str(brokers[0] if brokers else 0))
         try:
@@ -225,7 +226,23 @@ def broker_max_message_bytes(
             value = str(futures[resource].result(timeout=timeout)["message.max.bytes"].value)
         except (KafkaException, KeyError, TimeoutError):
             return KAFKA_MAX_MESSAGE_BYTES
+    finally:
+        drain(client)
     return int(value) if value.isdigit() else KAFKA_MAX_MESSAGE_BYTES
+
+
+def topic_config_for(
+    bootstrap: str, need: int | None, *, conf: Mapping[str, Any] | None = None
+) -> dict[str, str] | None:
+    """The configuration a new topic needs for records of ``need`` bytes (None: not known):
+    ``max.message.bytes`` set only above the broker's own limit, which the topic inherits,
+    so never narrower than that (the broker is asked only when it may matter)."""
+    wide = (
+        need is not None
+        and need > KAFKA_MAX_MESSAGE_BYTES
+        and need > broker_max_message_bytes(bootstrap, conf=conf)
+    )
+    return {"max.message.bytes": str(need)} if wide else None
 
 
 def ensure_topic(

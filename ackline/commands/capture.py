@@ -172,18 +172,9 @@ def _create_target(
 ) -> None:
     """Create ``topic`` so that records of ``need`` bytes fit (None: not known). Set only
     above the broker's own limit, which the topic inherits: never narrower than that."""
-    from ackline.streams.admin import (
-        KAFKA_MAX_MESSAGE_BYTES,
-        broker_max_message_bytes,
-        ensure_topic,
-    )
+    from ackline.streams.admin import ensure_topic, topic_config_for
 
-    wide = (
-        need is not None
-        and need > KAFKA_MAX_MESSAGE_BYTES  # the broker is asked only when it may matter
-        and need > broker_max_message_bytes(bootstrap, conf=conf)
-    )
-    config = {"max.message.bytes": str(need)} if wide else None
+    config = topic_config_for(bootstrap, need, conf=conf)
     count = ensure_topic(bootstrap, topic, partitions, config, conf=conf)
     if count != partitions:
         import logging

@@ -98,7 +98,7 @@ def test_a_commit_fault_left_when_the_plan_is_done_finds_production_going_on(
     run = _LaggingRun(tmp_path / "produce.hold")
     run.hold.touch()  # the harness holds production while a fault is left
     monkeypatch.setattr(produce, "ensure_topic", lambda *_args, **_kwargs: 12)
-    monkeypatch.setattr(produce, "broker_max_message_bytes", lambda *_args, **_kwargs: 1_048_588)
+    monkeypatch.setattr(produce, "topic_config_for", lambda *_args, **_kwargs: None)
     monkeypatch.setattr(produce, "ActivityProducer", run.producer)
     monkeypatch.setattr(harness, "Pacer", functools.partial(Pacer, sleep=lambda _s: None))
     args = {

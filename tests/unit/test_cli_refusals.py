@@ -55,7 +55,7 @@ def _kafka_must_not_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("Kafka was contacted before the arguments were checked")
 
     monkeypatch.setattr(produce, "ensure_topic", asked)
-    monkeypatch.setattr(produce, "broker_max_message_bytes", asked)
+    monkeypatch.setattr(produce, "topic_config_for", asked)
 
 
 @pytest.mark.usefixtures("unreachable")
