@@ -103,6 +103,7 @@ class FaustSink:
         self.batch_max_bytes = batch_max_bytes
         self._faults = faults
         self.committed_batches = 0
+        self._gaps: dict[TP, int] = {}  # partition -> DB offset whose retention gap was counted
         self.records_taken = 0  # records handed to handle(), for the drain check
         self.idle = True  # no batch between take and ack
         self.revoke_wait_s = revoke_wait_s
@@ -135,9 +136,11 @@ class FaustSink:
         abandon the seek and stop recovering); the after_claim point; the ledger replaces
         its ownership, blocking a partition whose DB offset is past the log end. The
         caller then seeks to the DB offsets. A DB offset below the log start is counted
-        and logged as offsets retention deleted before this group read them (at every
-        claim of it until a batch commits there). A crash after the claim leaves higher
-        epochs that nobody holds: the next claim bumps them again.
+        and logged as offsets retention deleted before this group read them, once per
+        process and DB offset (a claim again before a batch commits there, at the next
+        rebalance, counts nothing; another worker, or this one restarted, counts again,
+        as the default runtime does at its first record). A crash after the claim leaves
+        higher epochs that nobody holds: the next claim bumps them again.
         """
         pick = 1 if start_from == "latest" else 0
         starts = {tp: m[pick] for tp, m in marks.items()}
@@ -157,14 +160,23 @@ class FaustSink:
                 reason = past_log_end(tp, c.next_offset, end)
                 if self.ledger.block(tp, reason):
                     log.error("%s", reason)
-            elif c.next_offset is not None:  # aiokafka resets a deleted position to the start
-                retention_gap(self._metrics, tp, c.next_offset, start, start)
+            elif c.next_offset is not None:
+                self._count_gap(tp, c.next_offset, start)
         self._metrics.assigned.set(len(self.ledger.owned()))
         log.info(
             "assigned (generation %d) %s",
             generation,
             [(c.partition, c.next_offset, c.epoch) for c in claims],
         )
+
+    def _count_gap(self, tp: TP, next_offset: int, start: int) -> None:
+        """Count the offsets retention deleted below ``start``, the log start, past the DB
+        offset ``next_offset`` (aiokafka resets such a position to the log start), once
+        per process and DB offset."""
+        if self._gaps.get(tp) != next_offset and retention_gap(
+            self._metrics, tp, next_offset, start, start
+        ):
+            self._gaps[tp] = next_offset
 
     async def _claim(self, partitions: list[TP], starts: Mapping[TP, int] | None) -> list[Claim]:
         async with self._control_lock:

@@ -281,3 +281,35 @@ def test_the_faust_worker_writes_no_terminal_control_to_its_stdout() -> None:
     worker = _Worker(faust.App("t-spinner", broker="kafka://127.0.0.1:1"), quiet=True, stdout=out)
     worker._on_startup_end_spinner()  # what faust calls once the worker has started
     assert out.getvalue() == ""
+
+
+def test_a_retention_gap_is_counted_once_however_often_it_is_claimed(tmp_path: Path) -> None:
+    """A claim whose DB offset (100) is below the log start (400) counts the offsets
+    retention deleted (aiokafka resets such a position to the log start). Counted at
+    every claim, the gap grew at each rebalance until a batch committed there, and for
+    ever on a partition retention emptied (a review): now once per process and DB
+    offset. The claim statement is stood in for (PostgreSQL: the window 17 test)."""
+    app = _app(tmp_path)
+    sink = app.parts.sink
+    stored = [100]
+
+    async def claimed(parts: Any, starts: Any) -> list[Claim]:
+        return [Claim(t, p, stored[0], epoch=7) for t, p in parts]
+
+    def counted() -> float | None:
+        return app.parts.ingest.metrics.registry.get_sample_value(
+            "ackline_retention_skipped_offsets_total", {"topic": T, "partition": "0"}
+        )
+
+    async def go() -> None:
+        sink._claim = claimed  # type: ignore[method-assign]
+        for number in (1, 2, 3):  # three rebalances, nothing committed in between
+            await sink.claim([(T, 0)], number, {(T, 0): (400, 900)}, "earliest")
+        assert counted() == 300
+        stored[0] = 400  # a batch committed at the log start: nothing more to count
+        await sink.claim([(T, 0)], 4, {(T, 0): (400, 900)}, "earliest")
+        stored[0] = 450  # retention passed the DB offset again: a new gap
+        await sink.claim([(T, 0)], 5, {(T, 0): (500, 900)}, "earliest")
+        assert counted() == 350
+
+    asyncio.run(go())
