@@ -79,6 +79,9 @@ class Slot:
 
     writer: BatchWriter
     buffer: list[Record] = field(default_factory=list)
+    # each buffered record's size as counted when it came (Record.size(), headers and
+    # all): the take measures its prefix from these, not by sizing every record again
+    sizes: list[int] = field(default_factory=list)
     decoded: list[Looked] = field(default_factory=list)  # of a prefix of buffer
     # Whether its last batch was mostly layer-1 duplicates (a replay): then its records are
     # first looked at as exact copies (ackline.schemas.exact), and those the writer cannot
@@ -97,6 +100,7 @@ class Slot:
         if not self.buffer:
             self.buffer_since = time.monotonic()
         self.buffer.append(record)
+        self.sizes.append(size)
         self.buffer_bytes += size
 
     def take(self, max_events: int, max_bytes: int) -> tuple[list[Record], list[Looked]]:
@@ -106,16 +110,16 @@ class Slot:
         if len(self.buffer) <= max_events and self.buffer_bytes <= max_bytes:
             records, self.buffer = self.buffer, []
             decoded, self.decoded = self.decoded, []
-            self.buffer_bytes = 0
+            self.sizes, self.buffer_bytes = [], 0
             return records, decoded
         n = size = 0
-        for rec in self.buffer:
-            rec_size = rec.size()
+        for rec_size in self.sizes:
             if n and (n >= max_events or size + rec_size > max_bytes):
                 break
             n += 1
             size += rec_size
         records, self.buffer = self.buffer[:n], self.buffer[n:]
+        del self.sizes[:n]
         decoded, self.decoded = self.decoded[:n], self.decoded[n:]
         self.buffer_bytes -= size
         self.buffer_since = time.monotonic()  # the rest waits from now (a linger counts)
@@ -135,7 +139,9 @@ class Slot:
         if not self.buffer:
             self.buffer_since = time.monotonic()
         self.buffer = records + self.buffer
-        self.buffer_bytes += sum(r.size() for r in records)
+        sizes = [r.size() for r in records]
+        self.sizes = sizes + self.sizes
+        self.buffer_bytes += sum(sizes)
         self.decoded = []
 
     def drop(self, gone: set[TP]) -> None:
@@ -146,7 +152,8 @@ class Slot:
         decoded = len(self.decoded)
         self.decoded = [self.decoded[i] for i in keep if i < decoded]
         self.buffer = [self.buffer[i] for i in keep]
-        self.buffer_bytes = sum(r.size() for r in self.buffer)
+        self.sizes = [self.sizes[i] for i in keep]
+        self.buffer_bytes = sum(self.sizes)
 
     def clear(self) -> None:
-        self.buffer, self.decoded, self.buffer_bytes = [], [], 0
+        self.buffer, self.decoded, self.sizes, self.buffer_bytes = [], [], [], 0

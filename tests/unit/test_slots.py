@@ -180,3 +180,32 @@ def test_each_header_counts_its_overhead() -> None:
     counted nothing: 500,000 of them were a record of size 3 (a hostile review)."""
     empty: list[tuple[str | None, str | bytes | None]] = [("", None)] * 500_000
     assert Record("t", 0, 0, b"k", b"vv", empty).size() >= 500_000 * 32
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "take", "drop", "back"]), st.integers(0, 3)),
+        max_size=40,
+    )
+)
+def test_a_slot_keeps_each_buffered_record_s_size_whatever_it_is_asked(
+    steps: list[tuple[str, int]],
+) -> None:
+    """The take measures its prefix from the sizes kept when records came (sizing every
+    record again, headers and all, was ~4 % of a drain's GIL samples): whatever the
+    order of adds, takes, drops and put-backs, they stay each buffered record's own."""
+    slot, offset = _slot(), 0
+    for op, arg in steps:
+        if op == "add":
+            rec = Record("t", arg, offset, None, b"x" * (arg * 7), [("h", b"v" * arg)])
+            slot.add(rec, rec.size())
+            offset += 1
+        elif op == "take" and slot.buffer:
+            taken, _ = slot.take(max(1, arg), 200 * (arg + 1))
+            assert taken
+        elif op == "drop":
+            slot.drop({("t", arg)})
+        elif op == "back":
+            slot.put_back(slot.pull({("t", arg)}))
+        assert slot.sizes == [r.size() for r in slot.buffer]
+        assert slot.buffer_bytes == sum(slot.sizes)
