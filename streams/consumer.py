@@ -52,7 +52,7 @@ from ackline.sinks.ingest.batch import TP, Batch, not_passed
 from ackline.sinks.ingest.offsets import Claim
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.admin import admin, stable_ends
-from ackline.streams.assemble import Record, assemble, new_record
+from ackline.streams.assemble import Record, assemble, new_record, record_size
 from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
@@ -60,7 +60,6 @@ from ackline.streams.deadletter import DeadLetterProducer, safe_headers
 from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
-from ackline.streams.headers import headers_size
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
 from ackline.streams.lag import (
@@ -366,11 +365,11 @@ class ConsumerRuntime:
                 if expected is not None and offset > expected:
                     count_retention_gap(self._consumer, self._metrics, tp, expected, offset)
                 key, value = msg.key(), msg.value()
-                # Record.size(), inline. The headers are read here although only poison
-                # keeps them: the byte bound must count them (their conversion costs ~2-3.5
-                # us per record: docs/performance.md, "Headers counted")
+                # The headers are read here although only poison keeps them: the byte
+                # bound must count them (their conversion costs ~2-3.5 us per record:
+                # docs/performance.md, "Headers counted"); the slot keeps this size
                 headers = safe_headers(msg)
-                size = len(value or b"") + len(key or b"") + headers_size(headers)
+                size = record_size(key, value, headers)
                 hint = next_size_hint(hint, size)  # parked records count too
                 record = new_record((tp[0], tp[1], offset, key, value, headers, NO_GENERATION))
                 if holds.is_held(tp):

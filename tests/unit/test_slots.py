@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ackline.schemas.decode import Rejection, decode
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.writer import BatchWriter
-from ackline.streams.assemble import Record
+from ackline.streams.assemble import Record, record_size
 from ackline.streams.faust_runtime.sink import chunks
 from ackline.streams.headers import HEADER_OVERHEAD
 from ackline.streams.slots import Slot, SlotMap
@@ -184,28 +184,40 @@ def test_each_header_counts_its_overhead() -> None:
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["add", "take", "drop", "back"]), st.integers(0, 3)),
+        st.tuples(
+            st.sampled_from(["add", "take", "drop", "back", "decode"]),
+            st.integers(0, 3),
+            st.integers(0, 300),
+        ),
         max_size=40,
     )
 )
 def test_a_slot_keeps_each_buffered_record_s_size_whatever_it_is_asked(
-    steps: list[tuple[str, int]],
+    steps: list[tuple[str, int, int]],
 ) -> None:
     """The take measures its prefix from the sizes kept when records came (sizing every
     record again, headers and all, was ~4 % of a drain's GIL samples): whatever the
-    order of adds, takes, drops and put-backs, they stay each buffered record's own."""
+    order of adds, takes, drops, put-backs and decodes ahead, they stay each buffered
+    record's own, the decoded prefix stays the buffer's, and a batch keeps its bounds."""
     slot, offset = _slot(), 0
-    for op, arg in steps:
+    for op, arg, length in steps:
         if op == "add":
-            rec = Record("t", arg, offset, None, b"x" * (arg * 7), [("h", b"v" * arg)])
-            slot.add(rec, rec.size())
+            rec = Record("t", arg, offset, None, b"x" * length, [("h", b"v" * (length % 7))])
+            slot.add(rec, record_size(rec.key, rec.value, rec.header_list()))
             offset += 1
         elif op == "take" and slot.buffer:
-            taken, _ = slot.take(max(1, arg), 200 * (arg + 1))
-            assert taken
+            events, size = max(1, arg), 200 * (arg + 1)
+            taken, decoded = slot.take(events, size)
+            assert taken and (len(taken) == 1 or sum(r.size() for r in taken) <= size)
+            assert len(taken) <= events
+            assert decoded == [decode(r.value) for r in taken[: len(decoded)]]
         elif op == "drop":
             slot.drop({("t", arg)})
         elif op == "back":
             slot.put_back(slot.pull({("t", arg)}))
+        elif op == "decode":
+            done = len(slot.decoded)
+            slot.decoded.extend(decode(r.value) for r in slot.buffer[done : done + arg])
         assert slot.sizes == [r.size() for r in slot.buffer]
         assert slot.buffer_bytes == sum(slot.sizes)
+        assert slot.decoded == [decode(r.value) for r in slot.buffer[: len(slot.decoded)]]
