@@ -336,13 +336,14 @@ class RetentionWatch:
         releases every partition; the claim after it reads the DB offsets. Nothing is
         written or acked here, so a crash at any step leaves the DB offsets to decide."""
         ledger = sink.ledger
-        if not ledger.marks():
+        marks = ledger.marks()
+        if not marks:
             self._seen.clear()
             self._rejoined.clear()
             return
         async with asyncio.timeout(LAG_INTERVAL_S):
-            starts = await app.consumer.earliest_offsets(*(TP(t, p) for t, p in ledger.marks()))
-        marks = ledger.marks()
+            starts = await app.consumer.earliest_offsets(*(TP(t, p) for t, p in marks))
+        marks = ledger.marks()  # again: the await let a claim or the re-read move them
         passed = marks_past_retention(
             marks, {(tp.topic, tp.partition): o for tp, o in starts.items()}
         )
