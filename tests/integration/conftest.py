@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,21 +17,21 @@ import pytest
 
 from ackline.dev import stack
 from ackline.sinks.admin.migrate import migrate
-from ackline.streams.admin import delete_topic, ensure_topic
-from ackline.streams.errors import TopicError
 from tests.integration.chaos_runs import (  # noqa: F401 (fixtures)
     _chaos_runs_start_with_the_session,
     chaos_runs,
     is_chaos_short,
 )
-from tests.integration.harness import LIVE_WORKERS, Services, dsn_for
+from tests.integration.harness import (
+    LIVE_WORKERS,
+    TEMPLATE_DB,
+    Services,
+    dsn_for,
+    fresh_database,
+    fresh_topic,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-# One template per xdist worker: with ACKLINE_KAFKA_BOOTSTRAP and ACKLINE_DATABASE_URL set,
-# both workers share one server, and a worker's session start drops and remakes its template.
-TEMPLATE_DB = "ackline_test_template" + (
-    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
-)
 
 
 def _all_running(state_dir: Path) -> bool:
@@ -163,34 +162,12 @@ def _no_worker_outlives_its_test() -> Iterator[None]:
 @pytest.fixture
 def dsn(services: Services) -> Iterator[str]:
     """A fresh, migrated database for one test (a copy of the migrated template)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(services.database_url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
-        finally:
-            await conn.close()
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(services.database_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    yield dsn_for(services.database_url, name)
-    asyncio.run(drop())
+    with fresh_database(services) as url:
+        yield url
 
 
 @pytest.fixture
 def topic(services: Services) -> Iterator[str]:
     """A fresh 3-partition topic for one test."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    ensure_topic(services.bootstrap, name, partitions=3)
-    yield name
-    for t in (name, f"{name}.dlq"):
-        # the dead-letter topic exists only when a worker ran
-        with contextlib.suppress(TopicError):
-            delete_topic(services.bootstrap, t)
+    with fresh_topic(services) as name:
+        yield name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import asyncpg
 from ackline.dev.ports import pick_free_port
 from ackline.load.chaos.workers import metric_total
 from ackline.sinks.admin.migrate import load_migrations, migrate
+from ackline.streams.admin import delete_topic, ensure_topic
+from ackline.streams.errors import TopicError
 
 T = TypeVar("T")
 
@@ -35,6 +38,53 @@ class Services:
 def dsn_for(dsn: str, database: str) -> str:
     base, _, _ = dsn.rpartition("/")
     return f"{base}/{database}"
+
+
+# One template per xdist worker: with ACKLINE_KAFKA_BOOTSTRAP and ACKLINE_DATABASE_URL set,
+# both workers share one server, and a worker's session start drops and remakes its template.
+TEMPLATE_DB = "ackline_test_template" + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+)
+
+
+@contextmanager
+def fresh_database(services: Services) -> Iterator[str]:
+    """A fresh, migrated database (a copy of the migrated template), dropped after."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(services.database_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+        finally:
+            await conn.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(services.database_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    try:
+        yield dsn_for(services.database_url, name)
+    finally:
+        asyncio.run(drop())
+
+
+@contextmanager
+def fresh_topic(services: Services) -> Iterator[str]:
+    """A fresh 3-partition topic, deleted after with its dead-letter topic."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, name, partitions=3)
+    try:
+        yield name
+    finally:
+        for t in (name, f"{name}.dlq"):
+            # the dead-letter topic exists only when a worker ran
+            with contextlib.suppress(TopicError):
+                delete_topic(services.bootstrap, t)
 
 
 def wait_until(
