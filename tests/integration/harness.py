@@ -160,9 +160,11 @@ class Worker:
         name: str = "w1",
         group: str | None = None,
         prefix: Sequence[str] = (),
+        args: Sequence[str] = (),
         **settings: Any,
     ) -> None:
-        """``prefix`` goes before the command (e.g. ``ip netns exec NS``)."""
+        """``prefix`` goes before the command (e.g. ``ip netns exec NS``), ``args`` after
+        it (e.g. ``--until-drained``)."""
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.release_path = log_dir / f"{name}.release"
@@ -184,7 +186,7 @@ class Worker:
         env.update({f"ACKLINE_{k.upper()}": str(v) for k, v in settings.items()})
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "ackline", "run"],
+            [*prefix, sys.executable, "-m", "ackline", "run", *args],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
