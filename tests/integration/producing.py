@@ -21,7 +21,7 @@ import ackline
 from ackline.schemas import new_envelope
 from ackline.schemas.envelope import Envelope
 from ackline.streams.admin import admin_client
-from ackline.streams.producer import Delivery
+from ackline.streams.producer import ActivityProducer, Delivery, Outgoing
 from tests.integration.harness import Worker, db, wait_until
 
 ROOT = Path(ackline.__file__).resolve().parent.parent
@@ -154,6 +154,16 @@ def json_schema_validator() -> Any:
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def send_in_one_transaction(bootstrap: str, topic: str, sent: list[Outgoing]) -> None:
+    """``sent`` committed to ``topic`` in one transaction of a fresh producer, then closed."""
+    producer = ActivityProducer(bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    try:
+        producer.send_transaction(sent, timeout=30)
+    finally:
+        producer.close()
 
 
 def unit_of_work(request: str, agent: str, steps: int) -> list[Envelope]:

@@ -32,7 +32,7 @@ from ackline.streams.admin import delete_topic, ensure_topic, partition_count
 from ackline.streams.errors import TopicError
 from ackline.streams.producer import ActivityProducer, prepare
 from tests.integration.harness import Services, Worker, db, wait_until
-from tests.integration.producing import ingested, unit_of_work
+from tests.integration.producing import ingested, send_in_one_transaction, unit_of_work
 from tests.integration.test_aio_producer import frozen_broker
 from tests.integration.windows import watermarks
 
@@ -552,12 +552,7 @@ def _worker_with_a_frozen_broker(
         ACKLINE_RUNTIME=runtime,
     )
     sent = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-s", 20)]
-    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
-    producer.start()
-    try:
-        producer.send_transaction(sent, timeout=30)
-    finally:
-        producer.close()
+    send_in_one_transaction(services.bootstrap, topic, sent)
     proc = _spawn(["run"], env, log)
     try:
         # offsets to commit at the close: the commit is what waited for the broker
@@ -800,12 +795,7 @@ def test_a_worker_at_its_drained_check_stops_soon_after_sigterm(
         sent = []
         for i in range(12):
             sent += [prepare(e) for e in unit_of_work(f"r{i}{uuid.uuid4().hex[:6]}", f"a{i}", 3)]
-        producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
-        producer.start()
-        try:
-            producer.send_transaction(sent, timeout=30)
-        finally:
-            producer.close()
+        send_in_one_transaction(services.bootstrap, topic, sent)
         worker = Worker(services, dsn, topic, tmp_path, args=["--until-drained"])
         wait_until(lambda: ingested(dsn).rows >= len(sent), 60, "every row", interval=0.05)
         start = time.monotonic()
