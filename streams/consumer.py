@@ -146,6 +146,7 @@ class ConsumerRuntime:
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
         self._leave_due = False
+        self._rejoin_waits = False  # _rejoin: the probe answered, the revoke not served yet
         self._claim_away = 0.0  # how long the assign claim that gave up could not connect
         self._told_shared = False  # drain_and_stop: said once that others hold partitions
         self._probe: concurrent.futures.Future[None] | None = None
@@ -722,12 +723,13 @@ class ConsumerRuntime:
         A worker whose own link to PostgreSQL is down (a partition between its host and
         the database, a route, a firewall) otherwise kept its partitions for as long as
         the link was: Kafka saw a live member, and no worker that can write took them.
-        Order of effects of a leave: unsubscribe (the revoke callback, served at the next
-        poll, lets the batches in flight run out ``revoke_wait_s``, cancels them and gives
-        the partitions up without asking PostgreSQL: :meth:`_release`); once no write is
-        in flight, a probe of each of its connections starts on the loop, retried through
-        the outage; once they all answer, the worker subscribes again and claims what
-        Kafka assigns it (:meth:`_rejoin`). A crash at any step loses
+        Order of effects of a leave: the before_leave point; unsubscribe (the revoke
+        callback, served at the next poll, lets the batches in flight run out
+        ``revoke_wait_s``, cancels them and gives the partitions up without asking
+        PostgreSQL: :meth:`_release`); once no write is in flight, a probe of each of its
+        connections starts on the loop, retried through the outage; once they all answer
+        and the revoke has left nothing assigned, the worker subscribes again and claims
+        what Kafka assigns it (:meth:`_rejoin`). A crash at any step loses
         nothing: the DB offsets stand where the last committed batch left them, and a
         write that lands late is fenced by the next owner's claim.
         """
@@ -747,12 +749,21 @@ class ConsumerRuntime:
             self.cfg.db_leave_after_s,
             sorted(p for _, p in self.ledger.tracked()),
         )
+        self._faults.hit("before_leave")
         consumer.unsubscribe()
 
     def _rejoin(self, consumer: Consumer) -> None:
         """Out of the group: once the revoke has ended every write in flight (one
         connection serves one statement), probe every connection of the worker; once they
-        all answer, subscribe again."""
+        all answer and nothing is assigned any more, subscribe again.
+
+        Nothing assigned: librdkafka (classic protocol) postpones an unsubscribe made
+        during a rebalance until the rebalance's assignment operations are done, and a
+        subscribe clears a postponed unsubscribe (rd_kafka_cgrp_subscribe). A subscribe
+        before the leave's revoke then cancelled the leave: what was assigned while out
+        of the group (not claimed: :meth:`_on_assign`; confluent-kafka assigns it
+        itself) stayed assigned, never claimed, its records dropped: a stall (the DB
+        offsets stand) until a later rebalance moved them."""
         if self._probe is None:
             if any(slot.inflight is not None for slot in self._slots):
                 return
@@ -761,6 +772,16 @@ class ConsumerRuntime:
             return
         if not self._probe.done():
             return
+        if consumer.assignment():  # the leave's revoke is still to come (_out_of_group)
+            if not self._rejoin_waits:
+                self._rejoin_waits = True
+                log.warning(
+                    "PostgreSQL answers again: joining the consumer group once the leave "
+                    "has revoked partitions %s",
+                    sorted(p.partition for p in consumer.assignment()),
+                )
+            return
+        self._rejoin_waits = False
         probe, self._probe = self._probe, None
         if not probe.cancelled():
             probe.result()  # retried through outages: what is left is fatal

@@ -46,6 +46,7 @@ POINTS = frozenset(
         "after_assign",  # faust: an assignment claimed and sought, the flow not yet resumed
         "revoke_in_flight",  # revoke callback entered while a batch is in flight
         "lost_in_flight",  # lost callback (session or poll interval expired) with a batch in flight
+        "before_leave",  # PostgreSQL unreachable past db_leave_after_s, the group not yet left
         "shutdown",  # shutdown requested, in-flight batch not yet finished
         "before_reread",  # a batch did not commit; its partitions' offset rows not yet re-read
         "before_dlq",  # poison decoded, dead-letter record not yet produced
