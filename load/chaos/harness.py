@@ -356,9 +356,10 @@ class _Run:
         from ackline.streams.admin import delete_topic
         from ackline.streams.errors import TopicError
 
-        admin = Pg(self.admin.dsn)
+        admin_dsn, database = self._run_database()
+        admin = Pg(admin_dsn)
         try:
-            admin.retry(f'DROP DATABASE IF EXISTS "{self.dsn.rsplit("/", 1)[1]}" WITH (FORCE)')
+            admin.retry(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         finally:
             admin.close()
         for topic in (self.name, f"{self.name}.dlq"):
@@ -367,6 +368,10 @@ class _Run:
             except TopicError as exc:
                 self.say(f"could not delete topic {topic}: {exc}")
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _run_database(self) -> tuple[str, str]:
+        """(an administrator's DSN, the run's database name), for :meth:`discard`."""
+        return self.admin.dsn, self.dsn.rsplit("/", 1)[1]
 
     # ---- waiting -----------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -261,21 +260,9 @@ class _InfraRun(_Run):
             self.dispatchers.shutdown()
         super().close()
 
-    def discard(self) -> None:
-        from ackline.streams.admin import delete_topic
-        from ackline.streams.errors import TopicError
-
-        admin = Pg(self.infra.admin_dsn())
-        try:
-            admin.retry(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        finally:
-            admin.close()
-        for topic in (self.name, f"{self.name}.dlq"):
-            try:
-                delete_topic(self.bootstrap, topic)
-            except TopicError as exc:
-                self.say(f"could not delete topic {topic}: {exc}")
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+    def _run_database(self) -> tuple[str, str]:
+        """The current primary's administrator DSN (a failover may have moved it)."""
+        return self.infra.admin_dsn(), self.database
 
     def _tick(self) -> None:
         super()._tick()
