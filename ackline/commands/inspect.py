@@ -72,8 +72,36 @@ def _truncation(shown: int, total: int, what: str, limit: int) -> str | None:
     return f"showing the newest {shown} of {total:,} {what} (--limit {more} for more)"
 
 
+def _listing(
+    dsn: str,
+    as_json: bool,
+    what: str,
+    limit: int,
+    newest: Callable[[Any, int], Awaitable[list[Any]]],
+    count: Callable[[Any], Awaitable[int]],
+    header: tuple[str, ...],
+    row: Callable[[Any], tuple[Any, ...]],
+) -> int:
+    """The newest ``limit`` rows of ``what`` as JSON or a table, and a note when there are
+    more (on stderr beside JSON, so the JSON stays one document)."""
+    from ackline.render import table
+
+    async def listing(conn: Any) -> tuple[list[Any], int]:
+        return await newest(conn, limit), await count(conn)
+
+    rows, total = _with_db(dsn, listing)
+    if as_json:
+        _print_json([r.to_json() for r in rows])
+    else:
+        print(table(header, [row(r) for r in rows]))
+    note = _truncation(len(rows), total, what, limit)
+    if note:
+        print(note, file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
 def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.render import short_hex, table
+    from ackline.render import short_hex
     from ackline.sinks.admin import inspect
 
     dsn = database(settings)
@@ -86,41 +114,24 @@ def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(_conflict_text(detail))
         return 0
-    limit = getattr(args, "limit", DEFAULT_LIMIT)
-
-    async def listing(conn: Any) -> tuple[list[Any], int]:
-        return await inspect.list_conflicts(conn, group, limit), await inspect.count_conflicts(
-            conn, group
-        )
-
-    rows, total = _with_db(dsn, listing)
-    if as_json:
-        _print_json([r.to_json() for r in rows])
-        note = _truncation(len(rows), total, "conflicts", limit)
-        if note:
-            print(note, file=sys.stderr)
-        return 0
-    print(
-        table(
-            ("id", "layer", "source", "txn_id", "stored hash", "incoming hash", "detected"),
-            [
-                (
-                    r.conflict_id,
-                    r.layer,
-                    f"{r.topic}[{r.partition}]@{r.offset}",
-                    r.txn_id,
-                    short_hex(r.stored_hash),
-                    short_hex(r.incoming_hash),
-                    r.detected_at.isoformat(timespec="seconds"),
-                )
-                for r in rows
-            ],
-        )
+    return _listing(
+        dsn,
+        as_json,
+        "conflicts",
+        getattr(args, "limit", DEFAULT_LIMIT),
+        lambda conn, limit: inspect.list_conflicts(conn, group, limit),
+        lambda conn: inspect.count_conflicts(conn, group),
+        ("id", "layer", "source", "txn_id", "stored hash", "incoming hash", "detected"),
+        lambda r: (
+            r.conflict_id,
+            r.layer,
+            f"{r.topic}[{r.partition}]@{r.offset}",
+            r.txn_id,
+            short_hex(r.stored_hash),
+            short_hex(r.incoming_hash),
+            r.detected_at.isoformat(timespec="seconds"),
+        ),
     )
-    note = _truncation(len(rows), total, "conflicts", limit)
-    if note:
-        print(note)
-    return 0
 
 
 def stored_body(stored: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +203,7 @@ def _conflict_text(detail: Any) -> str:
 
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.render import safe_text, show_bytes, table
+    from ackline.render import safe_text, show_bytes
     from ackline.sinks.admin import inspect
 
     dsn = database(settings)
@@ -224,41 +235,24 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
             ]
         print("\n".join(head + body))
         return 0
-    limit = getattr(args, "limit", DEFAULT_LIMIT)
-
-    async def listing(conn: Any) -> tuple[list[Any], int]:
-        return await inspect.list_rejects(conn, group, limit), await inspect.count_rejects(
-            conn, group
-        )
-
-    rows, total = _with_db(dsn, listing)
-    if as_json:
-        _print_json([r.to_json() for r in rows])
-        note = _truncation(len(rows), total, "rejects", limit)
-        if note:
-            print(note, file=sys.stderr)
-        return 0
-    print(
-        table(
-            ("id", "reason", "source", "dead letter", "bytes", "rejected", "detail"),
-            [
-                (
-                    r.reject_id,
-                    r.reason,
-                    f"{r.topic}[{r.partition}]@{r.offset}",
-                    f"{r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
-                    r.value_bytes,
-                    r.rejected_at.isoformat(timespec="seconds"),
-                    r.detail[:60],
-                )
-                for r in rows
-            ],
-        )
+    return _listing(
+        dsn,
+        as_json,
+        "rejects",
+        getattr(args, "limit", DEFAULT_LIMIT),
+        lambda conn, limit: inspect.list_rejects(conn, group, limit),
+        lambda conn: inspect.count_rejects(conn, group),
+        ("id", "reason", "source", "dead letter", "bytes", "rejected", "detail"),
+        lambda r: (
+            r.reject_id,
+            r.reason,
+            f"{r.topic}[{r.partition}]@{r.offset}",
+            f"{r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
+            r.value_bytes,
+            r.rejected_at.isoformat(timespec="seconds"),
+            r.detail[:60],
+        ),
     )
-    note = _truncation(len(rows), total, "rejects", limit)
-    if note:
-        print(note)
-    return 0
 
 
 def _list_or_show(sub: Subparsers, name: str, help: str, raw: bool) -> argparse.ArgumentParser:
