@@ -89,6 +89,7 @@ _PAUSE_AFTER_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
 _HELD_READ_BUDGET_S = 1.0
 """How long one lag report may spend asking the broker for held partitions' log ends."""
+_REJOIN_WAIT_LOG_S = 60.0  # how often a rejoin waiting for the leave's revoke says so
 _IDLE_POLL_S = 0.1  # an idle worker waits this long per turn for its first record
 _COLLECT_S = 0.02  # a busy worker collects records this long per turn
 # After handing a batch to the event loop, give up the GIL this long: the loop thread then
@@ -146,7 +147,8 @@ class ConsumerRuntime:
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
         self._leave_due = False
-        self._rejoin_waits = False  # _rejoin: the probe answered, the revoke not served yet
+        # _rejoin: when it last said it waits for the leave's revoke, the probe answered
+        self._rejoin_waits: float | None = None
         self._claim_away = 0.0  # how long the assign claim that gave up could not connect
         self._told_shared = False  # drain_and_stop: said once that others hold partitions
         self._probe: concurrent.futures.Future[None] | None = None
@@ -243,7 +245,7 @@ class ConsumerRuntime:
             self._report(consumer)
         idle = not msgs and not self._buffered() and not self._writing()
         if self.drain_and_stop and idle and self._drained(consumer):
-            log.info("drained: every partition's position is at its high watermark")
+            log.info("drained: every partition's position is at its last stable offset")
             self._stop.set()
 
     def _out_of_group(self, consumer: Consumer) -> None:
@@ -763,7 +765,10 @@ class ConsumerRuntime:
         before the leave's revoke then cancelled the leave: what was assigned while out
         of the group (not claimed: :meth:`_on_assign`; confluent-kafka assigns it
         itself) stayed assigned, never claimed, its records dropped: a stall (the DB
-        offsets stand) until a later rebalance moved them."""
+        offsets stand) until a later rebalance moved them. The wait lasts as long as
+        those operations (an offset fetch the broker answers "unstable" while a
+        transaction holds the group's offsets); a probe that answered before it ended is
+        asked again, as PostgreSQL may have gone again meanwhile."""
         if self._probe is None:
             if any(slot.inflight is not None for slot in self._slots):
                 return
@@ -772,19 +777,23 @@ class ConsumerRuntime:
             return
         if not self._probe.done():
             return
+        now = time.monotonic()
         if consumer.assignment():  # the leave's revoke is still to come (_out_of_group)
-            if not self._rejoin_waits:
-                self._rejoin_waits = True
+            if self._rejoin_waits is None or now - self._rejoin_waits >= _REJOIN_WAIT_LOG_S:
                 log.warning(
                     "PostgreSQL answers again: joining the consumer group once the leave "
-                    "has revoked partitions %s",
+                    "has revoked partitions %s%s",
                     sorted(p.partition for p in consumer.assignment()),
+                    "" if self._rejoin_waits is None else " (still waiting)",
                 )
+                self._rejoin_waits = now
             return
-        self._rejoin_waits = False
         probe, self._probe = self._probe, None
         if not probe.cancelled():
             probe.result()  # retried through outages: what is left is fatal
+        if self._rejoin_waits is not None:  # the answer may be old now: ask again
+            self._rejoin_waits = None
+            return
         log.warning("PostgreSQL answers again: joining the consumer group again")
         self._left = self._away = self._leave_due = False
         self._metrics.out_of_group.set(0)
@@ -1001,8 +1010,8 @@ class ConsumerRuntime:
             log.info("resume before unassign: %s", exc)
         try:
             consumer.incremental_unassign(partitions)
-        except KafkaException as exc:
-            log.info("unassign: %s", exc)
+        except KafkaException as exc:  # what stays assigned also holds a leave's rejoin back
+            log.warning("unassign of %s failed: %s", [p for _, p in tps], exc)
         # The partitions kept stay paused if they were (pausing is per partition).
         log.info("%s %s", "lost" if lost else "revoked", [p for _, p in tps])
 

@@ -152,8 +152,8 @@ def test_a_rejoin_does_not_cancel_a_leave_that_a_rebalance_postponed(
                 time.sleep(1)  # a's client has the assignment; its callback waits for a
                 a.release_stall("before_leave")
                 wait_until(lambda: "not claiming" in a.log(), 30, "a's assign out of the group")
-                answered = "PostgreSQL answers again: joining the consumer group"
-                wait_until(lambda: answered in a.log(), 30, "a's probe to answer")
+                waits = "joining the consumer group once the leave has revoked partitions"
+                wait_until(lambda: waits in a.log(), 30, "a's probe to answer, the revoke not")
                 time.sleep(2)  # a subscribe made now would meet the postponed unsubscribe
             sc.send([Item.event(step(2000 + i), partition=i % 3) for i in range(90)])
             manifest = sc.write()
@@ -161,7 +161,10 @@ def test_a_rejoin_does_not_cancel_a_leave_that_a_rebalance_postponed(
         finally:
             sc.close()
     verify_ok(dsn, manifest, group)
-    assert "joining the consumer group again" in a.log(), a.log()[-4000:]
+    log = a.log()
+    waited = log.index(waits)  # the case under test: the probe answered before the revoke
+    revoked = log.index("revoked [", waited)
+    assert log.index("joining the consumer group again", waited) > revoked, log[-4000:]
     assert a.stop() == 0, a.log()[-4000:]
 
 
