@@ -156,6 +156,7 @@ def make_app(ingest: Ingest) -> FaustApp:
         claim=sink.claim,
         revoking=sink.revoking,
         faults=ingest.faults,
+        seek_deadline_s=request_timeout_s(settings) * 8 / 9,  # exits before faust gives up
     )
     app.parts = Parts(sink, ingest)
     sink.kafka = _kafka_side(app)

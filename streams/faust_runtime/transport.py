@@ -53,6 +53,7 @@ from mode.utils.futures import notify
 from ackline.core.faults import DISARMED, Faults
 from ackline.streams.errors import StreamError
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
+from ackline.streams.faust_runtime.sink import die
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class Ownership:
     ]
     revoking: Callable[[], AbstractAsyncContextManager[None]]
     faults: Faults = DISARMED
+    seek_deadline_s: float = 80.0
+    """The bound on one :meth:`AcklineConsumer.seek_to_committed` as a whole, inside
+    faust's recovery wait for it (``broker_request_timeout``)."""
 
 
 class _NoReadOffsets(dict[TP, int | None]):
@@ -381,8 +385,26 @@ class AcklineConsumer(faust_aiokafka.Consumer):
         IllegalStateError, which the recovery takes for "rebalance again": the flow stays
         stopped until the next assignment is claimed and sought. Its epochs stay bumped
         (the next owner bumps them again).
+
+        The whole (the lock, the watermarks, the claim, the seek) has a deadline inside
+        faust's wait (``Ownership.seek_deadline_s``), past which the process exits
+        (crash-only): at the end of its wait faust cancels this and its recovery stops
+        for good (``Recovery._wait`` raises ServiceStopped), so the flow stayed stopped
+        with the partitions held, a stall until a restart. The claim's own deadline
+        bounds its statement only.
         """
         own = self._ownership()
+        bound = asyncio.timeout(own.seek_deadline_s)
+        try:
+            async with bound:
+                return await self._claim_and_seek(own)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            die(f"claiming and seeking took over {own.seek_deadline_s:g} s", exc)
+
+    async def _claim_and_seek(self, own: Ownership) -> Mapping[TP, int]:
+        """:meth:`seek_to_committed`'s work, under the seek lock."""
         async with self._seek_lock:
             generation, revokes = self._assigned_at
             if generation != self.app.consumer_generation_id:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 
 from ackline.load.verify import drained
+from ackline.streams.faust_runtime.sink import FATAL_EXIT
 from tests.integration.harness import (
     Services,
     Worker,
@@ -416,5 +418,37 @@ def test_a_follower_reassigned_in_the_same_generation_claims_again(
     wait_drained(dsn, manifest, group, [a, b], 60)
     assert b.log().count("assigned (generation") == 2, b.log()[-3000:]
     assert a.stop() == 0, a.log()[-3000:]
+    assert b.stop() == 0, b.log()[-3000:]
+    verify_mixed_ok(dsn, manifest, group)
+
+
+def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """faust waits ``broker_request_timeout`` (90 s here) for ``perform_seek`` after an
+    assignment, then cancels it and resumes the flow all the same (``Recovery._wait``:
+    mode's ``wait_first`` returns on its timeout). The claim's own deadline (60 s) bounded
+    its statement only, not the watermark read before it, the lock or the seek after it.
+    A claim and seek that outlasted faust's wait (here the ``after_claim`` point stalls
+    past it) was cancelled: the ledger owned nothing, every record of the resumed flow
+    was refused, and the partitions stalled until another rebalance. Now the claim and
+    seek as a whole have a deadline inside faust's wait, and the process exits
+    (crash-only) when it passes; a worker started again claims and drains."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 3_000, seed=44)
+    group = f"g-{topic}"
+    a = _faust(
+        services, dsn, topic, tmp_path, "a", faults="after_claim=stall@1", fault_stall_seconds=150
+    )
+    wait_until(lambda: fired(a, "after_claim"), 60, "a's claim to stall")
+    try:
+        status = a.proc.wait(130)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"a neither exited nor went on 130 s into its stalled claim:\n{a.log()[-3000:]}"
+        ) from None
+    assert status == FATAL_EXIT, a.log()[-3000:]
+    assert batches(dsn, "a") == 0
+    b = _faust(services, dsn, topic, tmp_path, "b")
+    wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0, b.log()[-3000:]
     verify_mixed_ok(dsn, manifest, group)
