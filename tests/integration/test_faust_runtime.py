@@ -426,13 +426,13 @@ def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
     """faust waits ``broker_request_timeout`` (90 s here) for ``perform_seek`` after an
-    assignment, then cancels it and resumes the flow all the same (``Recovery._wait``:
-    mode's ``wait_first`` returns on its timeout). The claim's own deadline (60 s) bounded
-    its statement only, not the watermark read before it, the lock or the seek after it.
-    A claim and seek that outlasted faust's wait (here the ``after_claim`` point stalls
-    past it) was cancelled: the ledger owned nothing, every record of the resumed flow
-    was refused, and the partitions stalled until another rebalance. Now the claim and
-    seek as a whole have a deadline inside faust's wait, and the process exits
+    assignment, then cancels it, and its recovery stops for good (``Recovery._wait``
+    raises ServiceStopped: mode's ``wait_first`` reports a timeout as stopped). The
+    claim's own deadline (60 s) bounded its statement only, not the watermark read before
+    it, the lock or the seek after it. A claim and seek that outlasted faust's wait (here
+    the ``after_claim`` point, outside the claim's deadline, stalls past it) left the flow
+    stopped with the partitions assigned: a stall until a restart. Now the claim and seek
+    as a whole have a deadline inside faust's wait (80 s), and the process exits
     (crash-only) when it passes; a worker started again claims and drains."""
     manifest = produce_worker_mix(services, topic, tmp_path, 3_000, seed=44)
     group = f"g-{topic}"
@@ -447,6 +447,8 @@ def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
             f"a neither exited nor went on 130 s into its stalled claim:\n{a.log()[-3000:]}"
         ) from None
     assert status == FATAL_EXIT, a.log()[-3000:]
+    # the whole's deadline, not the claim's own (60 s) or another crash-only exit
+    assert "claiming and seeking took over 80 s" in a.log(), a.log()[-3000:]
     assert batches(dsn, "a") == 0
     b = _faust(services, dsn, topic, tmp_path, "b")
     wait_drained(dsn, manifest, group, [b], 120)
