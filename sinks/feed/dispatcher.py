@@ -39,6 +39,12 @@ from ackline.sinks.feed.types import FeedEvent, Filter
 
 REQUESTED: Final = "agent.requested"
 
+ERASE_AGENT: Final = "UPDATE agent_runs SET agent_id = '' WHERE agent_id = $1"
+"""How an operator clears an erased agent from the runs started (docs/retention.md,
+erasure): its rows stay, the agent blanked. The request id is the second guard's key, as
+the dedup keys are ingest's: a row deleted would start its request again if the request
+were emitted anew under a new txn_id, which ingest takes as a new event."""
+
 _START = """
 INSERT INTO agent_runs (request_id, event_id, agent_id, feed_xid, dispatcher, deliveries)
 SELECT u.request_id, u.event_id, u.agent_id, u.feed_xid, $1, u.deliveries

@@ -40,9 +40,11 @@ from ackline.dev.ports import pick_free_port
 from ackline.dev.postgres import PostgresNode, find_pg_bindir
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
+from ackline.sinks.admin.erase import erase
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
+from ackline.sinks.feed.dispatcher import ERASE_AGENT
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
@@ -1218,3 +1220,52 @@ def test_two_dispatchers_and_one_killed_before_its_commit(
     assert by <= {"d1", "d2", "d1-restarted"}
     cursor = db(dsn, "SELECT transactions, delivered FROM feed_cursors WHERE reader = 'dispatcher'")
     assert cursor[0]["delivered"] == 60
+
+
+def _dispatch_once(dsn: str) -> None:
+    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
+    env.pop("ACKLINE_FAULTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "ackline", "dispatch", "--once", "--instance", "d1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_cleanup_after_an_erasure_keeps_a_request_from_starting_twice(dsn: str) -> None:
+    """docs/retention.md told the operator to delete an erased agent's `agent_runs` rows.
+    Ingest keeps only the erased events' keys, so the request sent again under a new
+    txn_id is a new event, and with its row deleted the dispatcher started it a second
+    time. The documented cleanup (ERASE_AGENT) blanks the agent and keeps the row: the
+    request is delivered again and counted, never started again."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "retention.md").read_text()
+    assert ERASE_AGENT in doc  # the statement the page gives is the one tested here
+
+    async def ingest(envs: list[Envelope], first: int) -> None:
+        epochs = await take(dsn, [0])
+        database = Database(dsn)
+        try:
+            await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
+        finally:
+            await database.close()
+
+    async def forget(agent: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await erase(conn, "agent", agent, reason="test")
+            await conn.execute(ERASE_AGENT, agent)
+        finally:
+            await conn.close()
+
+    asyncio.run(ingest([requested("r1", "agent-x")], 0))
+    _dispatch_once(dsn)
+    asyncio.run(forget("agent-x"))
+    asyncio.run(ingest([requested("r1", "agent-x", txn="req:r1:again")], 1))
+    assert db(dsn, "SELECT count(*) AS n FROM activity WHERE request_id = 'r1'")[0]["n"] == 1
+    _dispatch_once(dsn)
+    runs = db(dsn, "SELECT request_id, agent_id, deliveries FROM agent_runs")
+    assert [(r["request_id"], r["agent_id"], r["deliveries"]) for r in runs] == [("r1", "", 2)]
