@@ -318,6 +318,7 @@ def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from ackline.core.faults import Faults
     from ackline.sinks.feed.processors.control import reset
     from ackline.sinks.feed.processors.registry import load
     from ackline.sinks.feed.types import START, Cursor
@@ -339,7 +340,12 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
         to = Cursor.decode(args.to_cursor)
     elif args.to_now:
         to = None
-    moved = run_stoppable(_with_conn(_operator_dsn(settings), lambda c: reset(c, name, to, clear)))
+    faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
+    moved = run_stoppable(
+        _with_conn(
+            _operator_dsn(settings), lambda c: reset(c, name, to, clear, args.accept_gap, faults)
+        )
+    )
     kept = " (its state kept)" if args.cursor_only else " and its state cleared"
     print(f"processor {name} reset to cursor {moved.encode()}{kept}")
     return 0
@@ -447,6 +453,11 @@ def register(sub: Subparsers) -> None:
     to.add_argument("--to-now", action="store_true", help="move to the feed head now")
     rs.add_argument(
         "--cursor-only", action="store_true", help="move the cursor only; keep the state"
+    )
+    rs.add_argument(
+        "--accept-gap",
+        action="store_true",
+        help="rebuild from the start although retention dropped partitions (their events lost)",
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")

@@ -45,6 +45,7 @@ from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
+from ackline.sinks.admin.partitions import apply_retention
 from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
 from ackline.sinks.feed.follow import follow
@@ -52,6 +53,7 @@ from ackline.sinks.feed.processors.contract import ProcessorBatch
 from ackline.sinks.feed.processors.control import (
     Superseded,
     record_failure,
+    reset,
     set_paused,
     take_over,
 )
@@ -1299,3 +1301,82 @@ def test_runs_check_sees_a_wrong_row(dsn: str) -> None:
 
     found = run(with_conn(dsn, tamper))
     assert (found.different, found.missing, found.extra, found.mismatches) == (1, 1, 1, 3)
+
+
+def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) -> None:
+    """docs/retention.md advised `processors reset runs` after an erasure. Once retention
+    has dropped a partition that held events, the feed no longer holds them: the reset
+    emptied `runs` and the backfill rebuilt it without every run of the dropped days, for
+    good. It is refused now, the table kept, unless --accept-gap."""
+    write(dsn, steps_of("r-old", 5))
+    done = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert done.code == 0, done.err[-2000:]
+    assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1
+    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
+    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    dropped = run(
+        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
+    )
+    assert any(d.dropped for d in dropped), dropped
+    refused = ackline(dsn, "processors", "reset", "runs")
+    assert refused.code == 2, (refused.code, refused.err)
+    assert "retention dropped 1 partition(s) holding events" in refused.err, refused.err
+    assert "--accept-gap" in refused.err and "Traceback" not in refused.err, refused.err
+    assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1  # kept
+    accepted = ackline(dsn, "processors", "reset", "runs", "--accept-gap")
+    assert accepted.code == 0, accepted.err
+    assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
+
+
+class _HeadRead(Faults):
+    """Holds a reset between its read of the feed head and its lock of the cursor row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def ahit(self, point: str) -> None:
+        if point == "reset_after_head":
+            self.reached.set()
+            await self.release.wait()
+
+
+def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> None:
+    """`processors reset NAME --to-now --cursor-only` reads the head before it locks the
+    cursor row (it must, before its transaction holds an xid). An instance that committed
+    a batch past that head in between had its cursor rewound to the head, and the batch,
+    kept in the state, was applied again. The reset now keeps the later of the two: every
+    event in the journal once."""
+    setup_journal(dsn)
+    role_dsn = with_user(dsn, PROCESSOR)
+
+    async def catch_up(instance: str) -> None:
+        runner = ProcessorRunner(JOURNAL, instance=instance)
+        (report,) = await run_all(
+            [runner], connector(role_dsn, instance), asyncio.Event(), wait=False
+        )
+        assert report.outcome is Outcome.CAUGHT_UP, report
+
+    first, later = steps_of("r1", 5), steps_of("r2", 5)
+    write(dsn, first)
+    run(catch_up("a"))
+
+    async def reset_meanwhile() -> Cursor:
+        gate = _HeadRead()
+        conn = await asyncpg.connect(dsn)
+        try:
+            task = asyncio.create_task(reset(conn, "journal", None, None, faults=gate))
+            await asyncio.wait_for(gate.reached.wait(), 30)
+            await with_conn(dsn, lambda c: copy_ingest(c, later))  # past the head read
+            await catch_up("b")  # applied, the cursor past the head
+            gate.release.set()
+            return await task
+        finally:
+            await conn.close()
+
+    moved = run(reset_meanwhile())
+    assert moved == cursor_of(dsn, "journal")
+    run(catch_up("c"))
+    ingested = db(dsn, "SELECT event_id FROM activity")
+    assert journal(dsn, "journal") == Counter(r["event_id"] for r in ingested)  # each once

@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.types import START, Cursor, Position
 
@@ -145,6 +146,25 @@ SELECT greatest(
 """
 
 _LOCK_CURSOR = "SELECT version FROM feed_cursors WHERE reader = $1 FOR UPDATE"
+
+_LOCK_CURSOR_AT = """
+SELECT position::text AS xid, within_batch, within_partition, within_offset, within_topic
+FROM feed_cursors WHERE reader = $1 FOR UPDATE
+"""
+
+# A dropped partition held events when a batch that inserted rows committed on one of its
+# days (a row's ingested_on is its batch's commit day, UTC); approx_rows is the planner's
+# estimate, 0 for a partition never analysed. Read by an operator's reset only: a scan.
+_DROPS = """
+SELECT d.partition_name, d.ends_before FROM retention_drops AS d
+WHERE EXISTS (
+    SELECT 1 FROM ingest_batches AS b
+    WHERE b.inserted > 0
+      AND b.committed_at >= d.lower_day::timestamp AT TIME ZONE 'UTC'
+      AND b.committed_at < d.ends_before
+)
+ORDER BY d.drop_id
+"""
 
 _REWIND = """
 UPDATE feed_cursors
@@ -473,30 +493,79 @@ async def head(conn: asyncpg.Connection) -> Cursor:
     return Cursor(int(r["head"]))
 
 
+async def _refuse_a_gap(conn: asyncpg.Connection, name: str) -> None:
+    """Raise FeedError when retention has dropped a partition that held events."""
+    try:
+        drops = await conn.fetch(_DROPS)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise FeedError(
+            f"cannot read retention_drops to tell whether a rebuild of {name!r} from the start "
+            f"would lose dropped events ({exc}); --accept-gap rebuilds without that check"
+        ) from exc
+    if drops:
+        last = drops[-1]
+        raise FeedError(
+            f"not rebuilding {name!r} from the start: retention dropped {len(drops)} "
+            f"partition(s) holding events (the last {last['partition_name']}, up to "
+            f"{last['ends_before']:%Y-%m-%d}), which the feed no longer holds, so what "
+            f"{name!r} derived from them would be lost for good; --accept-gap rebuilds anyway"
+        )
+
+
 async def reset(
     conn: asyncpg.Connection,
     name: str,
     to: Cursor | None = START,
     clear: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
+    accept_gap: bool = False,
+    faults: Faults = DISARMED,
 ) -> Cursor:
     """Rewind a processor to ``to`` (None: the feed head now) and clear its failure, in
     one transaction with ``clear(conn)``, which deletes the processor's own state: the
     operator's ``ackline processors reset``. Returns the new cursor.
 
-    Order of effects: BEGIN; read the head if asked (before any xid); name the filter in
-    effect for this transaction (0012's guard holds every cursor update to it); lock the
-    cursor row (an instance with a batch in flight commits first; its next
-    compare-and-set then fails and it reads on from the new cursor); ``clear``; rewind;
-    clear the failure; COMMIT. A crash before COMMIT changes nothing; after it, the
-    processor's next batch starts at ``to`` with nothing of the old state left.
+    A rewind to the start once retention has dropped a partition that held events is
+    refused unless ``accept_gap``: the feed no longer holds what the drop took, so the
+    rebuild would lose, for good, everything the processor derived from it (a review
+    found docs/retention.md advising such a rebuild after an erasure).
+
+    Order of effects: BEGIN; read the head if asked (before any xid); the
+    reset_after_head point; name the filter in effect for this transaction (0012's guard
+    holds every cursor update to it); lock the cursor row (an instance with a batch in
+    flight commits first; its next compare-and-set then fails and it reads on from the new
+    cursor); ``clear``; rewind; clear the failure; COMMIT. A crash before COMMIT changes
+    nothing; after it, the processor's next batch starts at ``to`` with nothing of the old
+    state left.
+
+    To the head with the state kept (``to`` None, no ``clear``), the cursor never moves
+    back: batches an instance committed between the head's read and the lock are in the
+    kept state, and a rewind to the head read earlier applied them again (a review).
+    With ``clear`` the state is gone and the head read is the rebuild's start.
     """
     if conn.is_in_transaction():
         raise FeedError("reset needs a connection that is not in a transaction")
     async with conn.transaction():
         target = await head(conn) if to is None else to
+        await faults.ahit("reset_after_head")
+        if target == START and not accept_gap:
+            await _refuse_a_gap(conn, name)
         await conn.execute(_NAME_FILTER_IN_EFFECT, name)
-        if await conn.fetchrow(_LOCK_CURSOR, name) is None:
+        at = await conn.fetchrow(_LOCK_CURSOR_AT, name)
+        if at is None:
             raise FeedError(f"processor {name!r} has no cursor yet (it has never run)")
+        if to is None and clear is None:
+            current = Cursor(
+                int(at["xid"]),
+                None
+                if at["within_batch"] is None
+                else Position(
+                    at["within_batch"],
+                    at["within_partition"],
+                    at["within_offset"],
+                    at["within_topic"],
+                ),
+            )
+            target = max(target, current, key=Cursor.sort_key)
         if clear is not None:
             await clear(conn)
         w = target.within
