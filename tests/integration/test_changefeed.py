@@ -924,17 +924,22 @@ def test_notify_wakes_a_follower_long_before_its_poll_interval(dsn: str) -> None
 # --- `ackline tail` --------------------------------------------------------------------------
 
 
-def _tail(dsn: str, *args: str) -> tuple[list[dict[str, Any]], str]:
+def _ackline(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ackline ARGS`` against ``dsn``, faults disarmed; its status and output."""
     env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
     env.pop("ACKLINE_FAULTS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "ackline", "tail", *args],
+    return subprocess.run(
+        [sys.executable, "-m", "ackline", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def _tail(dsn: str, *args: str) -> tuple[list[dict[str, Any]], str]:
+    done = _ackline(dsn, "tail", *args)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     return lines, done.stderr
@@ -994,15 +999,7 @@ def test_tail_prints_filters_cuts_resumes_and_commits(dsn: str) -> None:
     stored = db(dsn, "SELECT delivered FROM feed_cursors WHERE reader = 'ops'")
     assert stored[0]["delivered"] == 6
 
-    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
-    bad = subprocess.run(
-        [sys.executable, "-m", "ackline", "tail", "--from-start", "--type", "agent.teleported"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    bad = _ackline(dsn, "tail", "--from-start", "--type", "agent.teleported")
     assert bad.returncode == 2 and "agent.teleported" in bad.stderr
 
 
@@ -1223,16 +1220,7 @@ def test_two_dispatchers_and_one_killed_before_its_commit(
 
 
 def _dispatch_once(dsn: str) -> None:
-    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
-    env.pop("ACKLINE_FAULTS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "ackline", "dispatch", "--once", "--instance", "d1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _ackline(dsn, "dispatch", "--once", "--instance", "d1")
     assert done.returncode == 0, done.stderr
 
 
