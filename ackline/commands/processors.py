@@ -457,7 +457,7 @@ def register(sub: Subparsers) -> None:
     rs.add_argument(
         "--accept-gap",
         action="store_true",
-        help="rebuild from the start although retention dropped partitions (their events lost)",
+        help="rebuild although retention dropped events after the target (they are lost to it)",
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")

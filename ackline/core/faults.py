@@ -52,7 +52,7 @@ POINTS = frozenset(
         "before_dlq",  # poison decoded, dead-letter record not yet produced
         "feed_before_commit",  # a feed reader's side effects and cursor update not committed
         "processor_before_commit",  # a processor's effects and cursor update not committed
-        "reset_after_head",  # a processor reset to now read the head, the cursor not locked
+        "reset_after_head",  # a processor reset has its target (the head, if to now), no lock yet
     }
 )
 ACTIONS = frozenset({"kill", "stall", "fail", "rejoin"})

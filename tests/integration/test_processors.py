@@ -1307,7 +1307,9 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     """docs/retention.md advised `processors reset runs` after an erasure. Once retention
     has dropped a partition that held events, the feed no longer holds them: the reset
     emptied `runs` and the backfill rebuilt it without every run of the dropped days, for
-    good. It is refused now, the table kept, unless --accept-gap."""
+    good. A rebuild from a cursor before the dropped events (the start, or --to-cursor)
+    is refused now, the table kept, unless --accept-gap; a reset that keeps the state
+    (--cursor-only) loses nothing and goes on."""
     write(dsn, steps_of("r-old", 5))
     done = ackline(dsn, "process", "runs", "--until-caught-up")
     assert done.code == 0, done.err[-2000:]
@@ -1323,6 +1325,11 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     assert "retention dropped 1 partition(s) holding events" in refused.err, refused.err
     assert "--accept-gap" in refused.err and "Traceback" not in refused.err, refused.err
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1  # kept
+    older = ackline(dsn, "processors", "reset", "runs", "--to-cursor", "1")  # before the drop
+    assert older.code == 2 and "holding events after it" in older.err, (older.code, older.err)
+    kept = ackline(dsn, "processors", "reset", "runs", "--cursor-only")  # loses nothing
+    assert kept.code == 0, kept.err
+    assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1
     accepted = ackline(dsn, "processors", "reset", "runs", "--accept-gap")
     assert accepted.code == 0, accepted.err
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
@@ -1347,7 +1354,8 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     cursor row (it must, before its transaction holds an xid). An instance that committed
     a batch past that head in between had its cursor rewound to the head, and the batch,
     kept in the state, was applied again. The reset now keeps the later of the two: every
-    event in the journal once."""
+    event in the journal once. A cursor past the feed's newest transaction still goes
+    back to the head."""
     setup_journal(dsn)
     role_dsn = with_user(dsn, PROCESSOR)
 
@@ -1370,6 +1378,11 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
             await asyncio.wait_for(gate.reached.wait(), 30)
             await with_conn(dsn, lambda c: copy_ingest(c, later))  # past the head read
             await catch_up("b")  # applied, the cursor past the head
+            applied = await with_conn(
+                dsn,
+                lambda c: c.fetchval("SELECT count(*) FROM journal WHERE processor = 'journal'"),
+            )
+            assert applied == len(first) + len(later)  # b applied them before the lock
             gate.release.set()
             return await task
         finally:
@@ -1380,3 +1393,17 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     run(catch_up("c"))
     ingested = db(dsn, "SELECT event_id FROM activity")
     assert journal(dsn, "journal") == Counter(r["event_id"] for r in ingested)  # each once
+
+    # a cursor past the feed (a database restored behind its readers) still goes back
+    async def past_the_feed(conn: asyncpg.Connection) -> None:
+        async with conn.transaction():  # as a restore would leave it: no filter guard
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(
+                "UPDATE feed_cursors SET position = '999999999' WHERE reader = 'journal'"
+            )
+
+    run(with_conn(dsn, past_the_feed))
+    back = ackline(dsn, "processors", "reset", "journal", "--to-now", "--cursor-only")
+    assert back.code == 0, back.err
+    at = cursor_of(dsn, "journal")
+    assert at is not None and at.xid < 999999999, at

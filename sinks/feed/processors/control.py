@@ -152,18 +152,29 @@ SELECT position::text AS xid, within_batch, within_partition, within_offset, wit
 FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
-# A dropped partition held events when a batch that inserted rows committed on one of its
-# days (a row's ingested_on is its batch's commit day, UTC); approx_rows is the planner's
-# estimate, 0 for a partition never analysed. Read by an operator's reset only: a scan.
-_DROPS = """
-SELECT d.partition_name, d.ends_before FROM retention_drops AS d
-WHERE EXISTS (
-    SELECT 1 FROM ingest_batches AS b
-    WHERE b.inserted > 0
-      AND b.committed_at >= d.lower_day::timestamp AT TIME ZONE 'UTC'
-      AND b.committed_at < d.ends_before
-)
+# What each drop took of the feed: the newest transaction of the batches that inserted
+# rows on one of its days (a row's ingested_on is its batch's commit day, UTC). A rebuild
+# from a cursor before that transaction would lack what the drop took. Read by an
+# operator's reset only: a scan of ingest_batches.
+_DROPPED_UP_TO = """
+SELECT d.partition_name, d.ends_before, max(b.commit_xid)::text AS up_to
+FROM retention_drops AS d
+JOIN ingest_batches AS b
+  ON b.inserted > 0
+ AND b.committed_at >= d.lower_day::timestamp AT TIME ZONE 'UTC'
+ AND b.committed_at < d.ends_before
+GROUP BY d.drop_id, d.partition_name, d.ends_before
 ORDER BY d.drop_id
+"""
+
+# The newest transaction of the feed, whatever the horizon: a cursor past it is past the
+# feed (a database restored or failed over behind its readers, docs/changefeed.md).
+_NEWEST = """
+SELECT greatest(
+           (SELECT max(b.commit_xid) FROM ingest_batches AS b),
+           (SELECT max(e.commit_xid) FROM erasures AS e),
+           '0'::xid8
+       )::text AS newest
 """
 
 _REWIND = """
@@ -493,22 +504,24 @@ async def head(conn: asyncpg.Connection) -> Cursor:
     return Cursor(int(r["head"]))
 
 
-async def _refuse_a_gap(conn: asyncpg.Connection, name: str) -> None:
-    """Raise FeedError when retention has dropped a partition that held events."""
+async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> None:
+    """Raise FeedError when a rebuild from ``target`` would lack events retention dropped."""
     try:
-        drops = await conn.fetch(_DROPS)
+        drops = await conn.fetch(_DROPPED_UP_TO)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise FeedError(
-            f"cannot read retention_drops to tell whether a rebuild of {name!r} from the start "
-            f"would lose dropped events ({exc}); --accept-gap rebuilds without that check"
+            f"cannot read retention_drops and ingest_batches to tell whether a rebuild of "
+            f"{name!r} would lack dropped events ({exc}); --accept-gap rebuilds without that check"
         ) from exc
-    if drops:
-        last = drops[-1]
+    lost = [d for d in drops if Cursor(int(d["up_to"])).sort_key() > target.sort_key()]
+    if lost:
+        last = lost[-1]
         raise FeedError(
-            f"not rebuilding {name!r} from the start: retention dropped {len(drops)} "
-            f"partition(s) holding events (the last {last['partition_name']}, up to "
-            f"{last['ends_before']:%Y-%m-%d}), which the feed no longer holds, so what "
-            f"{name!r} derived from them would be lost for good; --accept-gap rebuilds anyway"
+            f"not rebuilding {name!r} from cursor {target.encode()}: retention dropped "
+            f"{len(lost)} partition(s) holding events after it (the last "
+            f"{last['partition_name']}, up to {last['ends_before']:%Y-%m-%d}), which the feed no "
+            f"longer holds, so what {name!r} derived from them would be lost for good; "
+            "--accept-gap rebuilds anyway"
         )
 
 
@@ -524,10 +537,10 @@ async def reset(
     one transaction with ``clear(conn)``, which deletes the processor's own state: the
     operator's ``ackline processors reset``. Returns the new cursor.
 
-    A rewind to the start once retention has dropped a partition that held events is
-    refused unless ``accept_gap``: the feed no longer holds what the drop took, so the
-    rebuild would lose, for good, everything the processor derived from it (a review
-    found docs/retention.md advising such a rebuild after an erasure).
+    A rebuild (``clear``) from a cursor before events retention dropped is refused unless
+    ``accept_gap``: the feed no longer holds what the drop took, so the rebuilt state
+    would lack it for good (a review found docs/retention.md advising such a rebuild
+    after an erasure). A reset that keeps the state loses nothing and is not checked.
 
     Order of effects: BEGIN; read the head if asked (before any xid); the
     reset_after_head point; name the filter in effect for this transaction (0012's guard
@@ -538,17 +551,19 @@ async def reset(
     state left.
 
     To the head with the state kept (``to`` None, no ``clear``), the cursor never moves
-    back: batches an instance committed between the head's read and the lock are in the
-    kept state, and a rewind to the head read earlier applied them again (a review).
-    With ``clear`` the state is gone and the head read is the rebuild's start.
+    back within the feed: batches an instance committed between the head's read and the
+    lock are in the kept state, and a rewind to the head read earlier applied them again
+    (a review). A cursor past the feed's newest transaction is still moved back to the
+    head (the failover case). With ``clear`` the state is gone and the head read is the
+    rebuild's start.
     """
     if conn.is_in_transaction():
         raise FeedError("reset needs a connection that is not in a transaction")
     async with conn.transaction():
         target = await head(conn) if to is None else to
         await faults.ahit("reset_after_head")
-        if target == START and not accept_gap:
-            await _refuse_a_gap(conn, name)
+        if clear is not None and not accept_gap:
+            await _refuse_a_gap(conn, name, target)
         await conn.execute(_NAME_FILTER_IN_EFFECT, name)
         at = await conn.fetchrow(_LOCK_CURSOR_AT, name)
         if at is None:
@@ -565,7 +580,9 @@ async def reset(
                     at["within_topic"],
                 ),
             )
-            target = max(target, current, key=Cursor.sort_key)
+            newest = int(await conn.fetchval(_NEWEST))
+            if current.xid <= newest:  # else past the feed: to the head
+                target = max(target, current, key=Cursor.sort_key)
         if clear is not None:
             await clear(conn)
         w = target.within
