@@ -1407,3 +1407,53 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     assert back.code == 0, back.err
     at = cursor_of(dsn, "journal")
     assert at is not None and at.xid < 999999999, at
+
+
+def test_a_retention_drop_during_a_rebuild_waits_and_keeps_what_the_rebuild_reads(
+    dsn: str,
+) -> None:
+    """A rebuild checks for dropped events, then clears and rewinds. A drop that committed
+    in between read the processor's cursor as it was (caught up), dropped the partition,
+    and the rebuild, checked before it, went on without its events, for good. The
+    rebuild now holds retention's lock from its check to its COMMIT: the drop waits, then
+    finds the rewound cursor behind and keeps the partition."""
+    write(dsn, steps_of("r-held", 5))
+    done = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert done.code == 0, done.err[-2000:]
+    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
+    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+
+    async def go() -> list[Any]:
+        reached, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_clear(conn: asyncpg.Connection) -> None:  # a long DELETE
+            await RUNS.reset(conn)
+            reached.set()
+            await release.wait()
+
+        conn = await asyncpg.connect(dsn)
+        other = await asyncpg.connect(dsn)
+        try:
+            rebuild = asyncio.create_task(reset(conn, "runs", START, slow_clear))
+            await asyncio.wait_for(reached.wait(), 30)
+            drop = asyncio.create_task(apply_retention(other, timedelta(0), now=tomorrow))
+            await asyncio.sleep(2)  # the drop's own lock timeout is 10 s
+            waited = not drop.done()
+            release.set()
+            await rebuild
+            dropped = await drop
+            assert waited, dropped
+            return dropped
+        finally:
+            await conn.close()
+            await other.close()
+
+    busy = {
+        f"activity_p{r['d']:%Y%m%d}"
+        for r in db(dsn, "SELECT DISTINCT ingested_on AS d FROM activity")
+    }
+    looked = run(go())
+    kept = {d.name: d for d in looked if d.name in busy}
+    assert set(kept) == busy, looked
+    assert all(not d.dropped and d.readers_behind == ("runs",) for d in kept.values()), looked
+    assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == 5

@@ -167,6 +167,12 @@ GROUP BY d.drop_id, d.partition_name, d.ends_before
 ORDER BY d.drop_id
 """
 
+# Retention's lock (schemas/sql/0011's ackline_drop_partitions_before takes it first): held
+# by a rebuild from its gap check to its COMMIT, so that no drop commits in between, reads
+# the processor's cursor as it was and takes what the rebuild was checked to still have.
+# It assigns no xid.
+_RETENTION_LOCK = "SELECT pg_advisory_xact_lock(1094929232)"
+
 # The newest transaction of the feed, whatever the horizon: a cursor past it is past the
 # feed (a database restored or failed over behind its readers, docs/changefeed.md).
 _NEWEST = """
@@ -543,10 +549,12 @@ async def reset(
     after an erasure). A reset that keeps the state loses nothing and is not checked.
 
     Order of effects: BEGIN; read the head if asked (before any xid); the
-    reset_after_head point; name the filter in effect for this transaction (0012's guard
-    holds every cursor update to it); lock the cursor row (an instance with a batch in
-    flight commits first; its next compare-and-set then fails and it reads on from the new
-    cursor); ``clear``; rewind; clear the failure; COMMIT. A crash before COMMIT changes
+    reset_after_head point; for a rebuild, take retention's lock (a drop then waits for
+    this COMMIT and sees the rewound cursor behind it) and check for a gap; name the
+    filter in effect for this transaction (0012's guard holds every cursor update to it);
+    lock the cursor row (an instance with a batch in flight commits first; its next
+    compare-and-set then fails and it reads on from the new cursor); ``clear``; rewind;
+    clear the failure; COMMIT. A crash before COMMIT changes
     nothing; after it, the processor's next batch starts at ``to`` with nothing of the old
     state left.
 
@@ -563,6 +571,7 @@ async def reset(
         target = await head(conn) if to is None else to
         await faults.ahit("reset_after_head")
         if clear is not None and not accept_gap:
+            await conn.execute(_RETENTION_LOCK)  # a drop waits for this reset to commit
             await _refuse_a_gap(conn, name, target)
         await conn.execute(_NAME_FILTER_IN_EFFECT, name)
         at = await conn.fetchrow(_LOCK_CURSOR_AT, name)
