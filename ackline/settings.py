@@ -43,6 +43,7 @@ from pydantic_settings import (
 )
 
 from ackline.core.errors import SettingsError
+from ackline.core.faults import Faults
 from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
 from ackline.sinks.errors import RETRY_MAX_BACKOFF_S
 
@@ -459,6 +460,10 @@ class Settings(BaseSettings):
     def retention_keep(self) -> timedelta | None:
         """The retention period, or None when retention is off."""
         return parse_duration(self.retention) if self.retention else None
+
+    def fault_points(self) -> Faults:
+        """The fault points these settings arm (ACKLINE_FAULTS; none in production)."""
+        return Faults(self.faults, self.fault_stall_seconds, self.fault_release_file)
 
     @field_validator("database_url", "database_ingest_url", "database_processor_url")
     @classmethod

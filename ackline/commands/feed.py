@@ -233,7 +233,6 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     """
     import json
 
-    from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.dispatcher import Dispatcher
     from ackline.sinks.feed.processors.contract import check
@@ -244,7 +243,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     runner = ProcessorRunner(
         check(dispatcher, f"dispatcher {args.reader!r}"),
         instance=instance,
-        faults=Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file),
+        faults=settings.fault_points(),
         max_transactions=args.max_transactions,
         poll_interval=args.poll_interval,
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,

@@ -118,7 +118,6 @@ async def _process(
     start_at: Cursor | None,
 ) -> int:
     from ackline.clients import processor_setting
-    from ackline.core.faults import Faults
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
     from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, run_all
@@ -127,7 +126,7 @@ async def _process(
     instance = args.instance or settings.worker_id
     start = start_at or START
     metrics = ProcessorMetrics()
-    faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
+    faults = settings.fault_points()
     runners = [
         ProcessorRunner(
             p,
@@ -318,7 +317,6 @@ def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.core.faults import Faults
     from ackline.sinks.feed.processors.control import reset
     from ackline.sinks.feed.processors.registry import load
     from ackline.sinks.feed.types import START, Cursor
@@ -340,7 +338,7 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
         to = Cursor.decode(args.to_cursor)
     elif args.to_now:
         to = None
-    faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
+    faults = settings.fault_points()
     moved = run_stoppable(
         _with_conn(
             _operator_dsn(settings), lambda c: reset(c, name, to, clear, args.accept_gap, faults)

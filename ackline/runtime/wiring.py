@@ -130,7 +130,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
     kafka_conf = kafka_client_config(settings)
     metrics = Metrics()
     metrics.precreate(get_args(Layer), REASONS, RETRY_CAUSES)  # alerts see the first increment
-    faults = Faults(settings.faults, settings.fault_stall_seconds, settings.fault_release_file)
+    faults = settings.fault_points()
 
     failing: dict[str, float] = {}  # per connection: failing since (Unix time)
 

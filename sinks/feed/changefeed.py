@@ -55,9 +55,9 @@ from ackline.sinks.feed.types import (
     FeedBatch,
     FeedEvent,
     Filter,
-    Position,
     erasure_notices,
     passed,
+    stored_cursor,
     window_end,
 )
 
@@ -341,24 +341,10 @@ def _event(r: asyncpg.Record) -> FeedEvent:
     )
 
 
-def _cursor_of(row: asyncpg.Record) -> Cursor:
-    if row["within_batch"] is None:
-        return Cursor(int(row["position"]))
-    return Cursor(
-        int(row["position"]),
-        Position(
-            int(row["within_batch"]),
-            int(row["within_partition"]),
-            int(row["within_offset"]),
-            str(row["within_topic"]),
-        ),
-    )
-
-
 async def saved_cursor(conn: asyncpg.Connection, reader: str) -> Cursor | None:
     """A reader's stored cursor, or None if there is no such reader (creates nothing)."""
     row = await conn.fetchrow(_CURSOR, reader)
-    return None if row is None else _cursor_of(row)
+    return None if row is None else stored_cursor(row)
 
 
 class _RaceLost(Exception):
@@ -414,7 +400,7 @@ class Reader:
             row = await conn.fetchrow(_CURSOR, self.name)
             if row is None:
                 raise FeedError(f"reader {self.name!r} vanished while it was being created")
-        return _cursor_of(row)
+        return stored_cursor(row)
 
     @asynccontextmanager
     async def next_batch(
@@ -482,7 +468,7 @@ class Reader:
         row = await conn.fetchrow(_CURSOR, self.name)
         if row is None:
             raise FeedError(f"reader {self.name!r} has no cursor row; call position() first")
-        batch = await self.feed.read(conn, _cursor_of(row), limit)
+        batch = await self.feed.read(conn, stored_cursor(row), limit)
         if batch.end == batch.start:
             return batch
         w = batch.end.within

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from ackline.schemas.envelope import EVENT_TYPES, format_timestamp
 from ackline.sinks.errors import FeedError
@@ -95,6 +95,31 @@ class Cursor:
 
 START: Final = Cursor(0)
 """Nothing consumed: xid8 0 is InvalidTransactionId, below every real transaction."""
+
+
+class Columns(Protocol):
+    """A row read by column name (an asyncpg Record, a dict)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def stored_cursor(row: Columns, xid_column: str = "position") -> Cursor:
+    """The cursor a stored row holds: its xid (``xid_column``) and, when ``within_batch``
+    is set, the position inside that transaction (``within_batch``, ``within_partition``,
+    ``within_offset``, ``within_topic``): the columns of ``feed_cursors`` and
+    ``feed_processors``. Pure."""
+    xid = int(row[xid_column])
+    if row["within_batch"] is None:
+        return Cursor(xid)
+    return Cursor(
+        xid,
+        Position(
+            int(row["within_batch"]),
+            int(row["within_partition"]),
+            int(row["within_offset"]),
+            str(row["within_topic"]),
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

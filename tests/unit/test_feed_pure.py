@@ -23,6 +23,7 @@ from ackline.sinks.feed.types import (
     Position,
     event_json,
     event_line,
+    stored_cursor,
     window_end,
 )
 
@@ -67,6 +68,19 @@ def ev(
 @given(CURSORS)
 def test_cursor_text_round_trips(cursor: Cursor) -> None:
     assert Cursor.decode(cursor.encode()) == cursor
+
+
+@given(CURSORS, st.sampled_from(["position", "xid"]))
+def test_a_stored_cursor_reads_back_as_it_was_stored(cursor: Cursor, column: str) -> None:
+    w = cursor.within
+    row = {
+        column: cursor.xid,
+        "within_batch": None if w is None else w.batch_id,
+        "within_partition": None if w is None else w.partition,
+        "within_offset": None if w is None else w.offset,
+        "within_topic": None if w is None else w.topic,
+    }
+    assert stored_cursor(row, column) == cursor
 
 
 def test_cursor_text_forms() -> None:

@@ -19,7 +19,7 @@ import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.errors import FeedError
-from ackline.sinks.feed.types import START, Cursor, Position
+from ackline.sinks.feed.types import START, Cursor, stored_cursor
 
 _REGISTER = """
 INSERT INTO processors (name)
@@ -436,17 +436,7 @@ class Status:
 
 
 def _cursor_text(r: asyncpg.Record) -> str | None:
-    if r["position"] is None:
-        return None
-    if r["within_batch"] is None:
-        return Cursor(int(r["position"])).encode()
-    position = Position(
-        int(r["within_batch"]),
-        int(r["within_partition"]),
-        int(r["within_offset"]),
-        str(r["within_topic"]),
-    )
-    return Cursor(int(r["position"]), position).encode()
+    return None if r["position"] is None else stored_cursor(r).encode()
 
 
 async def statuses(conn: asyncpg.Connection, names: list[str] | None = None) -> list[Status]:
@@ -578,17 +568,7 @@ async def reset(
         if at is None:
             raise FeedError(f"processor {name!r} has no cursor yet (it has never run)")
         if to is None and clear is None:
-            current = Cursor(
-                int(at["xid"]),
-                None
-                if at["within_batch"] is None
-                else Position(
-                    at["within_batch"],
-                    at["within_partition"],
-                    at["within_offset"],
-                    at["within_topic"],
-                ),
-            )
+            current = stored_cursor(at, "xid")
             newest = int(await conn.fetchval(_NEWEST))
             if current.xid <= newest:  # else past the feed: to the head
                 target = max(target, current, key=Cursor.sort_key)
