@@ -25,6 +25,7 @@ import asyncpg
 
 from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.gaps import drops, lost_after
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ async def follow(
             try:
                 conn = await follower.connection()
                 if cursor is None or follower.fresh:
-                    cursor = await reader.position(conn)
+                    cursor = await _position(reader, conn, starting=cursor is None)
                     follower.fresh = False
                 wake.clear()
                 async with reader.next_batch(conn, asked) as batch:
@@ -182,6 +183,44 @@ async def follow(
     finally:
         await follower.close()
     return cursor if cursor is not None else START
+
+
+async def _position(reader: AnyReader, conn: asyncpg.Connection, starting: bool) -> Cursor:
+    """The reader's cursor; as it starts, said at WARNING if retention took events after
+    it (:func:`warn_of_gap`)."""
+    cursor = await reader.position(conn)
+    if starting:
+        await warn_of_gap(conn, reader.name, cursor)
+    return cursor
+
+
+async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor) -> None:
+    """Say at WARNING, once as a reader starts, that retention dropped events after its
+    ``cursor`` (:mod:`~ackline.sinks.feed.gaps`): it reads on from the first batch the
+    feed still holds, and nothing in what it reads says some were taken. A look only: a
+    read that fails is said and the reader goes on."""
+    try:
+        lost = lost_after(await drops(conn), cursor)
+    except asyncpg.UndefinedTableError:
+        return  # before migration 0011: retention has never dropped anything
+    except asyncpg.PostgresError as exc:  # a role that may not read them, a cancel
+        log.warning(
+            "reader %s: could not tell whether retention dropped events after cursor %s (%s)",
+            name,
+            cursor.encode(),
+            exc,
+        )
+        return
+    if lost:
+        log.warning(
+            "reader %s: retention dropped %d partition(s) holding events after cursor %s "
+            "(the last %s): the feed no longer holds them, and this reader goes on from the "
+            "first batch it still holds",
+            name,
+            len(lost),
+            cursor.encode(),
+            lost[-1].describe(),
+        )
 
 
 class _Held:

@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from ackline.dev.postgres import PostgresNode, find_pg_bindir
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.admin.erase import erase
+from ackline.sinks.admin.partitions import apply_retention
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
@@ -1001,6 +1002,67 @@ def test_tail_prints_filters_cuts_resumes_and_commits(dsn: str) -> None:
 
     bad = _ackline(dsn, "tail", "--from-start", "--type", "agent.teleported")
     assert bad.returncode == 2 and "agent.teleported" in bad.stderr
+
+
+def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(dsn: str) -> None:
+    """A cursor kept outside feed_cursors (`tail --from-cursor`), a reader a forced drop
+    left behind, or one created after a drop starts behind events retention dropped: the
+    feed goes on from the first batch it still holds, and nothing said some were taken.
+    Each reader now says so at WARNING as it starts; one that starts after the drop's
+    events does not."""
+    asyncio.run(_write_at(dsn, "r-old", 3, first=0))
+    _, end = _tail(dsn, "--from-start")
+    past_old = end.strip().rsplit(" ", 1)[-1]  # the cursor after the old events
+    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
+    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    dropped = asyncio.run(_apply_retention(dsn, tomorrow))
+    assert any(d.dropped for d in dropped), dropped
+    asyncio.run(_write_at(dsn, "r-new", 2, first=3))  # into a partition made anew
+
+    for args in (["--from-cursor", "1"], ["--from-start"], ["--reader", "late", "--follow"]):
+        if "--follow" in args:  # a new reader, created at the start after the drop
+            lines, err = _tail_until_caught_up(dsn, *args)
+        else:
+            lines, err = _tail(dsn, *args)
+        assert [o["request_id"] for o in lines] == ["r-new", "r-new"], (args, lines)
+        assert "retention dropped 1 partition(s) holding events after cursor" in err, (args, err)
+    lines, err = _tail(dsn, "--from-cursor", past_old)
+    assert [o["request_id"] for o in lines] == ["r-new", "r-new"]
+    assert "retention dropped" not in err, err
+
+
+async def _write_at(dsn: str, request: str, n: int, first: int) -> None:
+    epochs = await take(dsn, [0])
+    database = Database(dsn)
+    envs = [step(request, "a1", i) for i in range(n)]
+    await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
+    await database.close()
+
+
+async def _apply_retention(dsn: str, now: datetime) -> list[Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await apply_retention(conn, timedelta(0), now=now, force=True))
+    finally:
+        await conn.close()
+
+
+def _tail_until_caught_up(dsn: str, *args: str) -> tuple[list[dict[str, Any]], str]:
+    """``ackline tail ARGS`` (following) until it printed the new events, then SIGTERM."""
+    env = {**os.environ, "ACKLINE_DATABASE_URL": dsn}
+    env.pop("ACKLINE_FAULTS", None)
+    with subprocess.Popen(
+        [sys.executable, "-m", "ackline", "tail", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    return lines, err
 
 
 # --- the dispatcher through Kafka -----------------------------------------------------------

@@ -45,7 +45,7 @@ from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
 from ackline.schemas import Envelope, new_envelope
 from ackline.schemas.decode import Row, decode
-from ackline.sinks.admin.partitions import apply_retention
+from ackline.sinks.admin.partitions import apply_retention, ensure_partitions
 from ackline.sinks.connection import Database
 from ackline.sinks.feed.changefeed import Changefeed, Reader, connector, saved_cursor
 from ackline.sinks.feed.follow import follow
@@ -1333,6 +1333,31 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     accepted = ackline(dsn, "processors", "reset", "runs", "--accept-gap")
     assert accepted.code == 0, accepted.err
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
+
+
+def test_a_rebuild_of_a_processor_made_after_a_retention_drop_is_not_refused(dsn: str) -> None:
+    """A processor whose first run came after a drop never read what the drop took: its
+    rebuild from the start gives what that first run gave, and loses nothing. It was
+    refused all the same (the gap check looked at every drop); only drops after the
+    processor's cursor row was made count now."""
+    write(dsn, steps_of("r-old", 5))
+    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
+    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    dropped = run(
+        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
+    )
+    assert any(d.dropped for d in dropped), dropped
+    run(with_conn(dsn, lambda c: ensure_partitions(c, "day", 0)))  # today's, made anew
+    write(dsn, steps_of("r-new", 3))
+    done = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert done.code == 0, done.err[-2000:]
+    assert "retention dropped 1 partition(s) holding events after cursor 0" in done.err, done.err
+    assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]
+    rebuilt = ackline(dsn, "processors", "reset", "runs")
+    assert rebuilt.code == 0, (rebuilt.code, rebuilt.err)
+    again = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert again.code == 0, again.err[-2000:]
+    assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]
 
 
 class _HeadRead(Faults):

@@ -19,6 +19,7 @@ import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.errors import FeedError
+from ackline.sinks.feed.gaps import drops, lost_after
 from ackline.sinks.feed.types import START, Cursor, stored_cursor
 
 _REGISTER = """
@@ -152,20 +153,7 @@ SELECT position::text AS xid, within_batch, within_partition, within_offset, wit
 FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
-# What each drop took of the feed: the newest transaction of the batches that inserted
-# rows on one of its days (a row's ingested_on is its batch's commit day, UTC). A rebuild
-# from a cursor before that transaction would lack what the drop took. Read by an
-# operator's reset only: a scan of ingest_batches.
-_DROPPED_UP_TO = """
-SELECT d.partition_name, d.ends_before, max(b.commit_xid)::text AS up_to
-FROM retention_drops AS d
-JOIN ingest_batches AS b
-  ON b.inserted > 0
- AND b.committed_at >= d.lower_day::timestamp AT TIME ZONE 'UTC'
- AND b.committed_at < d.ends_before
-GROUP BY d.drop_id, d.partition_name, d.ends_before
-ORDER BY d.drop_id
-"""
+_CURSOR_MADE_AT = "SELECT created_at FROM feed_cursors WHERE reader = $1"
 
 # Retention's lock (schemas/sql/0011's ackline_drop_partitions_before takes it first): held
 # by a rebuild from its gap check to its COMMIT, so that no drop commits in between, reads
@@ -501,21 +489,25 @@ async def head(conn: asyncpg.Connection) -> Cursor:
 
 
 async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> None:
-    """Raise FeedError when a rebuild from ``target`` would lack events retention dropped."""
+    """Raise FeedError when a rebuild from ``target`` would lack events retention dropped
+    that the processor's state may hold. A drop before the processor's cursor row was
+    made (its first run) took nothing its state holds: it never read those events, and
+    the rebuild gives what its first run gave."""
     try:
-        drops = await conn.fetch(_DROPPED_UP_TO)
+        recorded = await drops(conn)
+        born = await conn.fetchval(_CURSOR_MADE_AT, name)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise FeedError(
             f"cannot read retention_drops and ingest_batches to tell whether a rebuild of "
             f"{name!r} would lack dropped events ({exc}); --accept-gap rebuilds without that check"
         ) from exc
-    lost = [d for d in drops if Cursor(int(d["up_to"])).sort_key() > target.sort_key()]
+    lost = [d for d in lost_after(recorded, target) if born is None or d.dropped_at >= born]
     if lost:
         last = lost[-1]
         raise FeedError(
             f"not rebuilding {name!r} from cursor {target.encode()}: retention dropped "
             f"{len(lost)} partition(s) holding events after it (the last "
-            f"{last['partition_name']}, up to {last['ends_before']:%Y-%m-%d}), which the feed no "
+            f"{last.describe()}), which the feed no "
             f"longer holds, so what {name!r} derived from them would be lost for good; "
             "--accept-gap rebuilds anyway"
         )
