@@ -46,7 +46,15 @@ import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.errors import FeedError
-from ackline.sinks.feed.follow import CHANNEL, AnyReader, Committed, Handler, connector, follow
+from ackline.sinks.feed.follow import (
+    CHANNEL,
+    AnyReader,
+    Committed,
+    Handler,
+    ReadCap,
+    connector,
+    follow,
+)
 from ackline.sinks.feed.types import (
     ALL,
     MAX_BYTES,
@@ -234,11 +242,22 @@ class Changefeed:
         self.max_bytes = max_bytes
         self.cancelled = 0
         self._fits = ANY_COUNT  # see fits_next
+        # The transactions a read spans: the statement sorts the keys of all their events
+        # before it cuts at the events asked for, so a read cancelled by a statement_timeout
+        # shorter than that sort was cancelled again at any smaller count of events. Each
+        # cancel halves the window too, and it grows back as the events' cap does.
+        self._window = ReadCap(max_transactions)
+
+    @property
+    def window(self) -> int:
+        """The transactions the next read spans at most (``max_transactions`` until the
+        server cancels reads)."""
+        return self._window.size
 
     async def read(
         self, conn: asyncpg.Connection, cursor: Cursor, limit: int | None = None
     ) -> FeedBatch:
-        """The events after ``cursor``, at most ``max_transactions`` whole transactions
+        """The events after ``cursor``, at most :attr:`window` whole transactions
         (cut after ``limit`` events, else after ``max_events``, in the statement: a cut
         read fetches ``limit + 1`` rows, not the whole window), in feed order; cut too
         once the events' payloads pass ``max_bytes`` (the first event is read whatever its
@@ -262,7 +281,7 @@ class Changefeed:
                 _READ,
                 cursor.xid,
                 None if w is None else w.batch_id,
-                self.max_transactions,
+                self._window.size,
                 None if w is None else w.partition,
                 None if w is None else w.offset,
                 None if w is None else w.topic,
@@ -273,6 +292,7 @@ class Changefeed:
             )
         except asyncpg.exceptions.QueryCanceledError:
             self.cancelled += 1  # statement_timeout, or a cancel: this read's, not a lock's
+            self._window.cancelled(None)
             raise
         head = rows[0]
         if head["foreign"]:
@@ -297,6 +317,7 @@ class Changefeed:
         bytes_cut = 0 < within < len(events)
         kept, end = window_end(cursor, upper, events, within if bytes_cut else limit)
         self._fits = fits_next(self._fits, len(kept), bytes_cut, limit < asked, asked)
+        self._window.read(len(kept))
         return FeedBatch(
             start=cursor,
             end=end,

@@ -75,6 +75,9 @@ class _Sized(Protocol):
     @property
     def cancelled(self) -> int: ...
 
+    @property
+    def window(self) -> int: ...
+
 
 class AnyReader(Protocol):
     name: str
@@ -158,7 +161,7 @@ async def follow(
                     raise
                 _retry_or_stop(reader.name, exc, began, idle_in_transaction_s)
                 if reader.feed.cancelled > cancels:
-                    _read_cancelled(reader.name, cap, asked, exc)
+                    _read_cancelled(reader.name, cap, asked, reader.feed.window, exc)
                 if on_transient is not None:
                     on_transient(exc)
                 await follower.backoff(exc, stop)
@@ -276,7 +279,8 @@ class _Held:
 
 
 class ReadCap:
-    """How many events a read may ask for, after the server cancelled reads.
+    """How many events a read may ask for, after the server cancelled reads (the
+    changefeed keeps one of these for the transactions a read spans, too).
 
     A read cancelled by the server (a ``statement_timeout`` shorter than one read, or a
     cancel) was retried at the same size for ever. Each cancelled read halves what it
@@ -328,17 +332,21 @@ def _retry_or_stop(
         ) from exc
 
 
-def _read_cancelled(name: str, cap: ReadCap, asked: int | None, exc: BaseException) -> None:
+def _read_cancelled(
+    name: str, cap: ReadCap, asked: int | None, window: int, exc: BaseException
+) -> None:
     """The server cancelled the feed's read: read fewer events next time. A read of one
     event cancelled too is retried as it is (a lock held on the feed's tables past the
     timeout ends some day; stopping the reader for good would not help), each time with
     an ERROR that names the setting."""
     if cap.cancelled(asked):
         log.warning(
-            "reader %s: the server cancelled a read (%s): reading at most %d event(s) a batch",
+            "reader %s: the server cancelled a read (%s): reading at most %d event(s) of at "
+            "most %d transaction(s) a batch",
             name,
             exc,
             cap.size,
+            window,
         )
         return
     log.error(

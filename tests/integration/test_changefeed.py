@@ -137,6 +137,18 @@ async def write_steps(dsn: str, request: str, agent: str, n: int) -> None:
     await database.close()
 
 
+async def write_batches(dsn: str, requests: list[str], size: int, first: int = 0) -> None:
+    """One ingested batch of ``size`` steps per request, in order, on partition 0 from
+    offset ``first``."""
+    epochs = await take(dsn, [0])
+    database = Database(dsn)
+    writer = BatchWriter(database, GROUP, "w")
+    for k, request in enumerate(requests):
+        envs = [step(request, "a1", i) for i in range(size)]
+        await writer.write(batch_of(envs, epochs[0], 0, first + k * size))
+    await database.close()
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -610,7 +622,8 @@ def test_a_read_the_server_cancels_shrinks_and_names_the_setting(
     was retried at the same size for ever. Each cancel of the feed's read now halves the
     next one, down to one event, where an ERROR names statement_timeout; once the reads
     fit (here: the lock that made them wait is gone) the reader goes on at the smaller
-    size, growing back after 16 answered reads, and delivers every event once. A cancel
+    size, growing back after 16 answered reads, and delivers every event once. The
+    transactions a read spans halve with each cancel and grow back the same way. A cancel
     of anything else (here the cursor's read, behind a lock on feed_cursors) is retried
     at the same size."""
     caplog.set_level(logging.WARNING, logger="ackline.sinks.feed.follow")
@@ -672,13 +685,63 @@ def test_a_read_the_server_cancels_shrinks_and_names_the_setting(
         await asyncio.wait_for(reading, 60)
         assert all(isinstance(e, asyncpg.exceptions.QueryCanceledError) for e in cancels)
         said = [r.getMessage() for r in caplog.records if "reading at most" in r.getMessage()]
-        assert [m.rsplit("at most ", 1)[1] for m in said] == [
-            "4 event(s) a batch",
-            "2 event(s) a batch",
-            "1 event(s) a batch",
+        # the transactions a read spans halve too: the statement sorts all their keys
+        # before it cuts at the events asked for, so fewer events alone may not fit
+        assert [m.split("at most ", 1)[1] for m in said] == [
+            "4 event(s) of at most 32 transaction(s) a batch",
+            "2 event(s) of at most 16 transaction(s) a batch",
+            "1 event(s) of at most 8 transaction(s) a batch",
         ], said
         assert len(delivered) == len(set(delivered)) == 40
         assert sizes[:16] == [1] * 16 and max(sizes) == 2, sizes  # doubled after 16 reads
+
+    asyncio.run(go())
+
+
+def test_a_read_too_slow_for_its_window_shrinks_the_window_not_only_the_events(dsn: str) -> None:
+    """The statement sorts the keys of every event of the transactions a read spans
+    (64) before it cuts at the events asked for. A statement_timeout shorter than that
+    sort cancelled every read: the events asked for halved down to one, the window did
+    not, and the reader retried the same read for ever. The window now halves with each
+    cancel too. Calibrated on this host: the timeout sits between a read of one event
+    over 64 transactions and one over a single transaction."""
+
+    async def go() -> None:
+        await write_batches(dsn, [f"r{b}" for b in range(64)], 1000)
+
+        async def one_read(window: int) -> float:
+            conn = await asyncpg.connect(dsn)
+            try:
+                feed, best = Changefeed(max_transactions=window), float("inf")
+                for _ in range(3):
+                    began = time.perf_counter()
+                    await feed.read(conn, START, 1)
+                    best = min(best, time.perf_counter() - began)
+                return best
+            finally:
+                await conn.close()
+
+        wide, narrow = await one_read(64), await one_read(1)
+        assert wide > 6 * narrow, (wide, narrow)  # else the window is not what costs
+        timeout_ms = max(1, round(1000 * (wide * narrow) ** 0.5))
+        plain = connector(dsn, "t")
+
+        async def connect() -> asyncpg.Connection:
+            conn = await plain()
+            await conn.execute(f"SET statement_timeout = {timeout_ms}")
+            return conn
+
+        delivered: list[Any] = []
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            delivered.extend(e.event_id for e in batch.events)
+
+        feed = Changefeed()
+        await asyncio.wait_for(
+            follow(LocalReader(feed), connect, handle, asyncio.Event(), limit=50), 60
+        )
+        assert feed.cancelled > 0 and feed.window < 64, (feed.cancelled, feed.window)
+        assert len(delivered) == len(set(delivered)) >= 50, (len(delivered), timeout_ms)
 
     asyncio.run(go())
 
@@ -734,13 +797,7 @@ def test_a_connection_lost_mid_batch_reconnects_and_delivers_once(dsn: str) -> N
     same batch again; the table holds each event once."""
 
     async def go() -> tuple[int, list[Any]]:
-        epochs = await take(dsn, [0])
-        database = Database(dsn)
-        writer = BatchWriter(database, GROUP, "w")
-        for k in range(3):
-            envs = [step(f"r{k}", "a1", i) for i in range(3)]
-            await writer.write(batch_of(envs, epochs[0], 0, k * 3))
-        await database.close()
+        await write_batches(dsn, [f"r{k}" for k in range(3)], 3)
         admin = await asyncpg.connect(dsn)
         await admin.execute(DELIVERIES)
         handled: list[Any] = []
@@ -1010,14 +1067,14 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     feed goes on from the first batch it still holds, and nothing said some were taken.
     Each reader now says so at WARNING as it starts; one that starts after the drop's
     events does not."""
-    asyncio.run(_write_at(dsn, "r-old", 3, first=0))
+    asyncio.run(write_batches(dsn, ["r-old"], 3))
     _, end = _tail(dsn, "--from-start")
     past_old = end.strip().rsplit(" ", 1)[-1]  # the cursor after the old events
     today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
     tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
     dropped = asyncio.run(_apply_retention(dsn, tomorrow))
     assert any(d.dropped for d in dropped), dropped
-    asyncio.run(_write_at(dsn, "r-new", 2, first=3))  # into a partition made anew
+    asyncio.run(write_batches(dsn, ["r-new"], 2, first=3))  # into a partition made anew
 
     for args in (["--from-cursor", "1"], ["--from-start"], ["--reader", "late", "--follow"]):
         if "--follow" in args:  # a new reader, created at the start after the drop
@@ -1029,14 +1086,6 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     lines, err = _tail(dsn, "--from-cursor", past_old)
     assert [o["request_id"] for o in lines] == ["r-new", "r-new"]
     assert "retention dropped" not in err, err
-
-
-async def _write_at(dsn: str, request: str, n: int, first: int) -> None:
-    epochs = await take(dsn, [0])
-    database = Database(dsn)
-    envs = [step(request, "a1", i) for i in range(n)]
-    await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
-    await database.close()
 
 
 async def _apply_retention(dsn: str, now: datetime) -> list[Any]:
