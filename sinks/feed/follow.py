@@ -200,13 +200,11 @@ async def _position(reader: AnyReader, conn: asyncpg.Connection, starting: bool)
 async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor) -> None:
     """Say at WARNING, once as a reader starts, that retention dropped events after its
     ``cursor`` (:mod:`~ackline.sinks.feed.gaps`): it reads on from the first batch the
-    feed still holds, and nothing in what it reads says some were taken. A look only: a
-    read that fails is said and the reader goes on."""
+    feed still holds, and nothing in what it reads says some were taken. At INFO from
+    the start. A look only: a read that fails is said and the reader goes on."""
     try:
         lost = lost_after(await drops(conn), cursor)
-    except asyncpg.UndefinedTableError:
-        return  # before migration 0011: retention has never dropped anything
-    except asyncpg.PostgresError as exc:  # a role that may not read them, a cancel
+    except asyncpg.PostgresError as exc:  # a role that may not read it, before 0014, a cancel
         log.warning(
             "reader %s: could not tell whether retention dropped events after cursor %s (%s)",
             name,
@@ -215,7 +213,10 @@ async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor) -> No
         )
         return
     if lost:
-        log.warning(
+        # From the start, the feed's start is where retention left it: said, not warned
+        # (every `ackline tail` and every new processor starts there).
+        log.log(
+            logging.INFO if cursor == START else logging.WARNING,
             "reader %s: retention dropped %d partition(s) holding events after cursor %s "
             "(the last %s): the feed no longer holds them, and this reader goes on from the "
             "first batch it still holds",

@@ -1335,11 +1335,14 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
 
 
-def test_a_rebuild_of_a_processor_made_after_a_retention_drop_is_not_refused(dsn: str) -> None:
-    """A processor whose first run came after a drop never read what the drop took: its
-    rebuild from the start gives what that first run gave, and loses nothing. It was
-    refused all the same (the gap check looked at every drop); only drops after the
-    processor's cursor row was made count now."""
+def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn: str) -> None:
+    """A processor whose first run comes after a drop starts at the start of what the
+    feed holds and says so (at INFO: it is where a new reader starts), as the processor
+    role, which reads the columns of retention_drops that tell (migration 0014). Its
+    rebuild is still refused: no clock safely tells a drop before its first run from one
+    it read through (a review reproduced both ways a created_at rule lost a run); the
+    refusal says when --accept-gap loses nothing, and with it the rebuild gives the same
+    rows."""
     write(dsn, steps_of("r-old", 5))
     today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
     tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
@@ -1351,10 +1354,15 @@ def test_a_rebuild_of_a_processor_made_after_a_retention_drop_is_not_refused(dsn
     write(dsn, steps_of("r-new", 3))
     done = ackline(dsn, "process", "runs", "--until-caught-up")
     assert done.code == 0, done.err[-2000:]
-    assert "retention dropped 1 partition(s) holding events after cursor 0" in done.err, done.err
+    said = [line for line in done.err.splitlines() if "retention dropped 1 partition(s)" in line]
+    assert len(said) == 1 and " INFO " in said[0], done.err
+    assert "after cursor 0" in said[0], said
     assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]
-    rebuilt = ackline(dsn, "processors", "reset", "runs")
-    assert rebuilt.code == 0, (rebuilt.code, rebuilt.err)
+    refused = ackline(dsn, "processors", "reset", "runs")
+    assert refused.code == 2, (refused.code, refused.err)
+    assert "it loses nothing if 'runs' first ran after that drop" in refused.err, refused.err
+    rebuilt = ackline(dsn, "processors", "reset", "runs", "--accept-gap")
+    assert rebuilt.code == 0, rebuilt.err
     again = ackline(dsn, "process", "runs", "--until-caught-up")
     assert again.code == 0, again.err[-2000:]
     assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]

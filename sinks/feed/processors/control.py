@@ -153,8 +153,6 @@ SELECT position::text AS xid, within_batch, within_partition, within_offset, wit
 FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
-_CURSOR_MADE_AT = "SELECT created_at FROM feed_cursors WHERE reader = $1"
-
 # Retention's lock (schemas/sql/0011's ackline_drop_partitions_before takes it first): held
 # by a rebuild from its gap check to its COMMIT, so that no drop commits in between, reads
 # the processor's cursor as it was and takes what the rebuild was checked to still have.
@@ -489,19 +487,26 @@ async def head(conn: asyncpg.Connection) -> Cursor:
 
 
 async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> None:
-    """Raise FeedError when a rebuild from ``target`` would lack events retention dropped
-    that the processor's state may hold. A drop before the processor's cursor row was
-    made (its first run) took nothing its state holds: it never read those events, and
-    the rebuild gives what its first run gave."""
+    """Raise FeedError when a rebuild from ``target`` would lack events retention dropped.
+
+    Every drop after ``target`` counts, also one made before the processor first ran
+    (its state never held those events): no clock tells them apart safely. A drop's
+    transaction may wait on this very lock, or at its DETACH, while a processor is made
+    and reads the partition, and a cursor row deleted by hand is made anew with the
+    state kept (a review reproduced both). The refusal says when --accept-gap is safe."""
     try:
         recorded = await drops(conn)
-        born = await conn.fetchval(_CURSOR_MADE_AT, name)
+    except asyncpg.UndefinedColumnError as exc:
+        raise FeedError(
+            f"retention_drops has no up_to column ({exc}): run `ackline migrate` "
+            "(0014_retention_drops_up_to.sql) before a rebuild"
+        ) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
         raise FeedError(
             f"cannot read retention_drops and ingest_batches to tell whether a rebuild of "
             f"{name!r} would lack dropped events ({exc}); --accept-gap rebuilds without that check"
         ) from exc
-    lost = [d for d in lost_after(recorded, target) if born is None or d.dropped_at >= born]
+    lost = lost_after(recorded, target)
     if lost:
         last = lost[-1]
         raise FeedError(
@@ -509,7 +514,8 @@ async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> 
             f"{len(lost)} partition(s) holding events after it (the last "
             f"{last.describe()}), which the feed no "
             f"longer holds, so what {name!r} derived from them would be lost for good; "
-            "--accept-gap rebuilds anyway"
+            f"--accept-gap rebuilds anyway (it loses nothing if {name!r} first ran after "
+            "that drop, or was rebuilt with --accept-gap since)"
         )
 
 
