@@ -133,7 +133,6 @@ class ConsumerRuntime:
         # Until records are seen, assume each may be as large as a valid record may be: the
         # first few hundred records come in small calls (once), never a whole queue at once.
         self._size_hint = float(config.limits.max_bytes)
-        self._held_last: TP | None = None  # the held partition whose end was asked last
         self._paused = False
         self._holds: Holds[Record] = Holds(config.newer_version_wait_s)
         self._watch = PartitionWatch(metrics)
@@ -1084,12 +1083,12 @@ class ConsumerRuntime:
             positions = {_tp_of(p): p.offset for p in consumer.position(asked)}
         except KafkaException:
             positions = {}
-        held = self._held_ends(consumer, sorted(tp for tp in owned if tp in blocked))
+        held = self._held_ends(sorted(tp for tp in owned if tp in blocked))
         for tp in owned:
             if tp in blocked:
                 if tp not in held:
                     continue
-                end = held[tp][1]  # asked of the broker as read_committed: the LSO
+                end = held[tp]  # the last stable offset
             else:
                 # the last stable offset, not the high watermark: a read_committed reader
                 # is not behind on a transaction still open upstream (streams.lag)
@@ -1113,32 +1112,14 @@ class ConsumerRuntime:
         self._watch.not_consumed(assigned, self.ledger.owned())
         self._metrics.note_behind(time.time())
 
-    def _held_ends(self, consumer: Consumer, held: list[TP]) -> dict[TP, tuple[int, int]]:
-        """The watermarks of as many ``held`` partitions as answer within
-        :data:`_HELD_READ_BUDGET_S` (asked of the broker by a read_committed consumer: the
-        end is the last stable offset), asked in turn from where the last report stopped. One
-        timeout per partition, one after another, held the consumer thread N x 5 s a
-        report while the broker was away; a deadline over the same order starved the
-        partitions behind one whose leader never answers. The turn goes on after the
-        partition asked last, by name (the list changes as partitions are released)."""
-        found: dict[TP, tuple[int, int]] = {}
-        last = self._held_last
-        order = (
-            held if last is None else [t for t in held if t > last] + [t for t in held if t <= last]
-        )
-        deadline = time.monotonic() + _HELD_READ_BUDGET_S
-        for tp in order:
-            left = deadline - time.monotonic()
-            # not with a sliver left: a request that times out unanswered makes librdkafka
-            # drop its connection to that broker (socket.max.fails), fetches and all
-            if left < 0.25:
-                break
-            self._held_last = tp
-            try:
-                found[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=left)
-            except KafkaException:
-                continue
-        return found
+    def _held_ends(self, held: list[TP]) -> dict[TP, int]:
+        """The last stable offsets of the ``held`` partitions that answer within
+        :data:`_HELD_READ_BUDGET_S`, all in one read_committed request on the admin
+        client's connection. Asked of the consumer, each partition's watermarks waited
+        behind its own long-poll fetch (``fetch.wait.max.ms``) one after another: about two
+        held partitions a report, so the last of twelve whose log end reached its DB offset
+        was released half a minute after the first."""
+        return stable_ends(self._admin(), held, _HELD_READ_BUDGET_S) if held else {}
 
     def _past_retention(self, consumer: Consumer) -> None:
         """A partition re-read after a rewind whose mark retention deleted (its log start

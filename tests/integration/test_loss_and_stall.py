@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +393,56 @@ def test_item_3_a_db_offset_past_the_log_end_is_reported_not_skipped(
     assert "past the log end" in w.log()
     assert offset_rows(dsn, group)[0].next_offset == 5000  # nothing skipped or rewritten
     assert w.stop() == 0
+
+
+def test_held_partitions_whose_log_end_reached_their_db_offset_are_released_together(
+    services: Services, dsn: str, tmp_path: Path
+) -> None:
+    """Partitions held because their DB offset is past the log end are released once the
+    log end reaches it, read at each lag report (every 5 s). Their ends were asked of the
+    consumer one partition after another, each waiting behind the consumer's long-poll
+    fetch of the partitions that flow (up to fetch.wait.max.ms, 500 ms), within 1 s a
+    report: about two a report, so the last of twelve was released half a minute after
+    the first, its records waiting. They are asked in one request on the admin client's
+    connection now: all twelve go in one report."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    ensure_topic(services.bootstrap, topic, partitions=24)
+    group = f"g-{topic}"
+    held = list(range(12))  # 12..23 flow (empty: the consumer long-polls them)
+    for p in held:
+        db(
+            dsn,
+            "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch, "
+            "owner) VALUES ($1, $2, $3, 3, 1, 'gone')",
+            group,
+            topic,
+            p,
+        )
+    w = Worker(services, dsn, topic, tmp_path, name="w", **FAST)
+    try:
+        wait_until(lambda: w.log().count("past the log end") >= len(held), 60, "held partitions")
+        time.sleep(6)  # a lag report with nothing to release, then the long polls go on
+        sc = Scenario(services.bootstrap, topic, tmp_path / "m.jsonl.gz")
+        try:  # offsets 0-2 of each held partition and one record past, in one transaction
+            sc.send([Item.event(step(i), partition=p) for p in held for i in range(4)])
+        finally:
+            sc.close()
+        released = "the log end reached the DB offset"
+        wait_until(lambda: w.log().count(released) >= len(held), 90, "every release")
+        wait_until(
+            lambda: all((offset_rows(dsn, group).get(p) or _NONE).next_offset == 4 for p in held),
+            60,
+            "the record past each DB offset to be ingested",
+        )
+        times = [
+            datetime.fromisoformat(json.loads(line)["ts"])
+            for line in w.log().splitlines()
+            if released in line
+        ]
+        spread = (max(times) - min(times)).total_seconds()
+        assert spread < 2.0, f"released over {spread:.1f} s"
+    finally:
+        assert w.stop() == 0
 
 
 # A previous owner stopped inside a COPY: it claims, fences (the UPDATE that holds the offset
