@@ -158,3 +158,17 @@ def exit_flushed(status: int) -> NoReturn:
             handler.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+FATAL_EXIT = 70
+"""EX_SOFTWARE: the status of a crash-only exit (:func:`die`)."""
+
+
+def die(what: str, exc: BaseException) -> NoReturn:
+    """Crash-only exit: log ``what`` and ``exc`` at CRITICAL, flush, ``os._exit`` with
+    :data:`FATAL_EXIT`. Nothing is acked or committed after it: what was not committed to
+    PostgreSQL is read again by the next owner."""
+    logging.getLogger("ackline").critical(
+        "%s: %r; exiting without acking (crash-only)", what, exc, exc_info=exc
+    )
+    exit_flushed(FATAL_EXIT)

@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from ackline.core.faults import DISARMED, Faults
-from ackline.core.logs import exit_flushed
+from ackline.core.logs import die
 from ackline.core.metrics import Metrics
 from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
@@ -45,8 +45,6 @@ from ackline.streams.lag import retention_gap
 from ackline.streams.ownership import Ledger, past_log_end
 
 log = logging.getLogger(__name__)
-
-FATAL_EXIT = 70  # EX_SOFTWARE: a batch failed; crash-only exit, nothing acked
 
 
 @dataclass
@@ -457,9 +455,3 @@ def _record(event: Any) -> Record:
         headers=headers_of(msg.headers),
         generation=msg.generation_id,
     )
-
-
-def die(what: str, exc: BaseException) -> NoReturn:
-    """Crash-only exit: log, flush the log handlers, ``os._exit`` (no ack, no commit)."""
-    log.critical("%s: %r; exiting without acking (crash-only)", what, exc, exc_info=exc)
-    exit_flushed(FATAL_EXIT)

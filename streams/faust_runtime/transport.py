@@ -51,9 +51,9 @@ from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.core.logs import die
 from ackline.streams.errors import StreamError
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
-from ackline.streams.faust_runtime.sink import die
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from ackline.core.logs import FATAL_EXIT
 from ackline.load.verify import drained
-from ackline.streams.faust_runtime.sink import FATAL_EXIT
 from tests.integration.harness import (
     Services,
     Worker,
