@@ -317,14 +317,15 @@ class Changefeed:
         bytes_cut = 0 < within < len(events)
         kept, end = window_end(cursor, upper, events, within if bytes_cut else limit)
         self._fits = fits_next(self._fits, len(kept), bytes_cut, limit < asked, asked)
-        self._window.read(len(kept))
-        return FeedBatch(
+        batch = FeedBatch(
             start=cursor,
             end=end,
             events=kept,
             transactions=passed(head["xids"] or [], end),
             pending=bool(head["pending"]),
         )
+        self._window.read(batch.progress)
+        return batch
 
 
 def fits_next(fits: int, kept: int, bytes_cut: bool, shortened: bool, most: int) -> int:

@@ -167,7 +167,7 @@ async def follow(
                 await follower.backoff(exc, stop)
                 continue
             follower.reset_backoff()
-            cap.read(len(batch.events))
+            cap.read(batch.progress)
             cursor = batch.end
             if on_commit is not None:
                 on_commit(Committed(batch, result))
@@ -214,9 +214,11 @@ async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor) -> No
         return
     if lost:
         # From the start, the feed's start is where retention left it: said, not warned
-        # (every `ackline tail` and every new processor starts there).
+        # (every `ackline tail` and every new processor starts there), unless this reader
+        # was stored already and a forced drop left it behind at the start.
+        left_behind = any(name in d.readers_behind for d in lost)
         log.log(
-            logging.INFO if cursor == START else logging.WARNING,
+            logging.INFO if cursor == START and not left_behind else logging.WARNING,
             "reader %s: retention dropped %d partition(s) holding events after cursor %s "
             "(the last %s): the feed no longer holds them, and this reader goes on from the "
             "first batch it still holds",
@@ -307,9 +309,11 @@ class ReadCap:
         self.size = max(1, asked // 2)
         return True
 
-    def read(self, events: int) -> None:
-        """A read answered with ``events`` events (an empty one proves nothing)."""
-        if self.size >= self.full or events == 0:
+    def read(self, progress: int) -> None:
+        """A read answered, with ``progress`` events or transactions passed (one that
+        passed nothing, at the head, proves nothing; one that passed transactions a filter
+        emptied does: a filtered reader's reads stayed small for good)."""
+        if self.size >= self.full or progress == 0:
             return
         self._answered += 1
         if self._answered >= self.GROW_AFTER:

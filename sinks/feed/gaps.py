@@ -26,7 +26,7 @@ from ackline.sinks.feed.types import Cursor
 # transaction of the batches whose rows it dropped; NULL when it took none). A reader from
 # a cursor before that transaction lacks what the drop took.
 _DROPS = """
-SELECT partition_name, ends_before, up_to::text AS up_to
+SELECT partition_name, ends_before, readers_behind, up_to::text AS up_to
 FROM retention_drops
 WHERE up_to IS NOT NULL
 ORDER BY drop_id
@@ -35,11 +35,13 @@ ORDER BY drop_id
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """One partition retention dropped: its name, the end of its days, and the newest
-    transaction whose events it held."""
+    """One partition retention dropped: its name, the end of its days, the stored
+    readers it left behind (a forced drop), and the newest transaction whose events it
+    held."""
 
     partition_name: str
     ends_before: datetime
+    readers_behind: tuple[str, ...]
     up_to: Cursor
 
     def describe(self) -> str:
@@ -51,7 +53,15 @@ async def drops(conn: asyncpg.Connection) -> list[Drop]:
     that may not read the table: InsufficientPrivilegeError; before migration 0014:
     UndefinedColumnError), for the caller to say so."""
     rows = await conn.fetch(_DROPS)
-    return [Drop(str(r["partition_name"]), r["ends_before"], Cursor(int(r["up_to"]))) for r in rows]
+    return [
+        Drop(
+            str(r["partition_name"]),
+            r["ends_before"],
+            tuple(r["readers_behind"] or ()),
+            Cursor(int(r["up_to"])),
+        )
+        for r in rows
+    ]
 
 
 def lost_after(recorded: Sequence[Drop], cursor: Cursor) -> list[Drop]:

@@ -220,6 +220,12 @@ class FeedBatch:
         cut inside one large transaction passes none, yet moves on)."""
         return self.end == self.start
 
+    @property
+    def progress(self) -> int:
+        """Events delivered or transactions passed: 0 only for a read at the head (how a
+        cancelled read's sizes know that a read fit again, a filtered one too)."""
+        return len(self.events) or self.transactions or (0 if self.caught_up else 1)
+
 
 def erasure_notices(events: Iterable[FeedEvent]) -> int:
     """How many of ``events`` are erasure notices: a reader's cursor and a processor's

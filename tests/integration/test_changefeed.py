@@ -47,7 +47,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
 from ackline.sinks.feed.dispatcher import ERASE_AGENT
-from ackline.sinks.feed.types import START, Cursor, FeedBatch
+from ackline.sinks.feed.types import START, Cursor, FeedBatch, Filter
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
@@ -747,6 +747,45 @@ def test_a_read_too_slow_for_its_window_shrinks_the_window_not_only_the_events(d
     asyncio.run(go())
 
 
+def test_a_filtered_reader_s_window_grows_back_over_transactions_it_filters_out(
+    dsn: str,
+) -> None:
+    """From a review: after cancelled reads the window grew back only on reads that
+    returned events, so a filtered reader passing transactions it filters out (a
+    processor's filter, `tail --agent`) read one small window at a time for good. A read
+    that passed transactions counts now."""
+
+    async def go() -> None:
+        await write_batches(dsn, [f"r{k}" for k in range(200)], 1)
+        feed = Changefeed(Filter.of(agents=["nobody"]))
+        locker = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("SET statement_timeout = 100")
+            tx = locker.transaction()
+            await tx.start()
+            await locker.execute("LOCK TABLE activity IN ACCESS EXCLUSIVE MODE")
+            for _ in range(3):
+                with pytest.raises(asyncpg.exceptions.QueryCanceledError):
+                    await feed.read(conn, START)
+            await tx.rollback()
+            assert feed.window == 8
+            cursor, reads = START, 0
+            while True:
+                batch = await feed.read(conn, cursor)
+                if batch.caught_up:
+                    break
+                assert batch.events == []
+                cursor, reads = batch.end, reads + 1
+            # 16 reads of 8 transactions, then of 16: the window grew back
+            assert feed.window == 16 and reads == 16 + 5, (feed.window, reads)
+        finally:
+            await conn.close()
+            await locker.close()
+
+    asyncio.run(go())
+
+
 def test_a_one_shot_read_held_behind_an_open_transaction_names_it(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1066,7 +1105,8 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     """A cursor kept outside feed_cursors (`tail --from-cursor`), or a reader a forced
     drop left behind, starts behind events retention dropped: the feed goes on from the
     first batch it still holds, and nothing said some were taken. Each now says so at
-    WARNING as it starts; a reader from the start (a new one too) says it at INFO, and one
+    WARNING as it starts (a stored reader left behind at the start too); a reader from the
+    start (a new one too) says it at INFO, and one
     that starts after the drop's events says nothing. A batch of the dropped day that
     commits after the drop (into a partition made anew) is not counted lost."""
     asyncio.run(write_batches(dsn, ["r-old"], 3))
@@ -1074,11 +1114,16 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     past_old = end.strip().rsplit(" ", 1)[-1]  # the cursor after the old events
     kept, _ = _tail(dsn, "--reader", "keep", "--commit", "--limit", "1")  # behind the drop
     assert len(kept) == 1
+    db(dsn, "INSERT INTO feed_cursors (reader) VALUES ('zero')")  # stored, read nothing yet
     dropped = asyncio.run(_apply_retention(dsn, _tomorrow(dsn)))
-    assert [d.readers_behind for d in dropped if d.dropped] == [("keep",)], dropped
+    assert [d.readers_behind for d in dropped if d.dropped] == [("keep", "zero")], dropped
     asyncio.run(write_batches(dsn, ["r-new"], 2, first=3))  # into a partition made anew
     cases = {
-        "warning": [["--from-cursor", "1"], ["--reader", "keep", "--commit"]],
+        "warning": [
+            ["--from-cursor", "1"],
+            ["--reader", "keep", "--commit"],
+            ["--reader", "zero", "--commit"],  # left behind at the start: not a new reader
+        ],
         "info": [["--from-start"], ["--reader", "late", "--follow"]],  # late: made now
     }
     for level, runs in cases.items():

@@ -503,7 +503,7 @@ async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> 
         ) from exc
     except asyncpg.InsufficientPrivilegeError as exc:
         raise FeedError(
-            f"cannot read retention_drops and ingest_batches to tell whether a rebuild of "
+            f"cannot read retention_drops to tell whether a rebuild of "
             f"{name!r} would lack dropped events ({exc}); --accept-gap rebuilds without that check"
         ) from exc
     lost = lost_after(recorded, target)
