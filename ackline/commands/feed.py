@@ -273,7 +273,14 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
             dlog.warning("stopped with a feed transaction cancelled (rolled back: read again)")
             report = runner.report(Outcome.CANCELLED)
         cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
+        if report.outcome is Outcome.PAUSED:  # exit 0 as `process`: say so where cron sees it
+            dlog.warning(
+                "reader %s is paused: nothing was read or started (`ackline processors resume %s`)",
+                args.reader,
+                args.reader,
+            )
         summary = {
+            "outcome": report.outcome.value,
             "reader": args.reader,
             "instance": instance,
             "started": dispatcher.started,

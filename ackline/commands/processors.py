@@ -328,7 +328,8 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
         if clear is None:
             raise AcklineError(
                 f"processor {args.name!r} has no reset(): it cannot forget its effects. "
-                "--cursor-only moves the cursor and keeps them (events are then applied again)"
+                "--cursor-only moves the cursor and keeps them (back: the events after it "
+                "are applied again; forward past unread ones: refused without --skip-events)"
             )
         name = processor.name
     else:
@@ -341,7 +342,8 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
     faults = settings.fault_points()
     moved = run_stoppable(
         _with_conn(
-            _operator_dsn(settings), lambda c: reset(c, name, to, clear, args.accept_gap, faults)
+            _operator_dsn(settings),
+            lambda c: reset(c, name, to, clear, args.accept_gap, faults, args.skip_events),
         )
     )
     kept = " (its state kept)" if args.cursor_only else " and its state cleared"
@@ -456,6 +458,11 @@ def register(sub: Subparsers) -> None:
         "--accept-gap",
         action="store_true",
         help="rebuild although retention dropped events after the target (they are lost to it)",
+    )
+    rs.add_argument(
+        "--skip-events",
+        action="store_true",
+        help="with --cursor-only: move forward past events it has not applied (never applied)",
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")

@@ -1410,6 +1410,53 @@ def test_two_dispatchers_and_one_killed_before_its_commit(
     assert cursor[0]["delivered"] == 60
 
 
+async def ingest_at(dsn: str, envs: list[Envelope], first: int) -> None:
+    """``envs`` ingested in one batch on partition 0 from offset ``first``."""
+    epochs = await take(dsn, [0])
+    database = Database(dsn)
+    try:
+        await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
+    finally:
+        await database.close()
+
+
+def test_a_cursor_only_reset_never_skips_requests_the_dispatcher_has_not_started(
+    dsn: str,
+) -> None:
+    """From a review: `processors reset dispatcher --cursor-only --to-now` (the way the
+    refusal of a full reset pointed to) moved the cursor past requests not started yet,
+    exit 0: they were never started, and nothing said so. A kept-state move forward past
+    transactions the feed holds is refused now unless --skip-events; one with nothing to
+    skip, and one back, go on. `dispatch --once` on a paused dispatcher says it is paused."""
+    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x")], 0))
+    _dispatch_once(dsn)
+    asyncio.run(ingest_at(dsn, [requested("r2", "agent-x"), requested("r3", "agent-y")], 1))
+    refused = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now")
+    assert refused.returncode == 2, (refused.returncode, refused.stderr)
+    assert "--skip-events" in refused.stderr and "never started" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    paused = _ackline(dsn, "processors", "pause", "dispatcher")
+    assert paused.returncode == 0, paused.stderr
+    idle = _ackline(dsn, "dispatch", "--once", "--instance", "d1")
+    assert idle.returncode == 0 and json.loads(idle.stdout)["outcome"] == "paused", idle.stdout
+    assert "is paused: nothing was read or started" in idle.stderr, idle.stderr
+    assert _ackline(dsn, "processors", "resume", "dispatcher").returncode == 0
+
+    _dispatch_once(dsn)
+    runs = db(dsn, "SELECT request_id FROM agent_runs ORDER BY request_id")
+    assert [r["request_id"] for r in runs] == ["r1", "r2", "r3"]
+    caught_up = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now")
+    assert caught_up.returncode == 0, caught_up.stderr  # nothing to skip
+    asyncio.run(ingest_at(dsn, [requested("r4", "agent-x")], 3))
+    skipped = _ackline(
+        dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now", "--skip-events"
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    _dispatch_once(dsn)
+    assert db(dsn, "SELECT count(*) AS n FROM agent_runs")[0]["n"] == 3  # r4 skipped, as asked
+
+
 def _dispatch_once(dsn: str) -> None:
     done = _ackline(dsn, "dispatch", "--once", "--instance", "d1")
     assert done.returncode == 0, done.stderr
@@ -1424,14 +1471,6 @@ def test_the_cleanup_after_an_erasure_keeps_a_request_from_starting_twice(dsn: s
     doc = (Path(__file__).resolve().parents[2] / "docs" / "retention.md").read_text()
     assert ERASE_AGENT in doc  # the statement the page gives is the one tested here
 
-    async def ingest(envs: list[Envelope], first: int) -> None:
-        epochs = await take(dsn, [0])
-        database = Database(dsn)
-        try:
-            await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
-        finally:
-            await database.close()
-
     async def forget(agent: str) -> None:
         conn = await asyncpg.connect(dsn)
         try:
@@ -1440,10 +1479,10 @@ def test_the_cleanup_after_an_erasure_keeps_a_request_from_starting_twice(dsn: s
         finally:
             await conn.close()
 
-    asyncio.run(ingest([requested("r1", "agent-x")], 0))
+    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x")], 0))
     _dispatch_once(dsn)
     asyncio.run(forget("agent-x"))
-    asyncio.run(ingest([requested("r1", "agent-x", txn="req:r1:again")], 1))
+    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x", txn="req:r1:again")], 1))
     assert db(dsn, "SELECT count(*) AS n FROM activity WHERE request_id = 'r1'")[0]["n"] == 1
     _dispatch_once(dsn)
     runs = db(dsn, "SELECT request_id, agent_id, deliveries FROM agent_runs")

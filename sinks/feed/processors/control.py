@@ -153,6 +153,17 @@ SELECT position::text AS xid, within_batch, within_partition, within_offset, wit
 FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
+# Whether the feed holds a transaction in (from, to] (from itself too when $3: a cursor
+# stopped inside it), by the commit_xid indexes.
+_SKIPS = """
+SELECT EXISTS (SELECT 1 FROM ingest_batches AS b
+               WHERE b.inserted > 0 AND b.commit_xid >= $1::xid8 AND b.commit_xid <= $2::xid8
+                 AND (b.commit_xid > $1::xid8 OR $3::boolean))
+    OR EXISTS (SELECT 1 FROM erasures AS e
+               WHERE e.commit_xid >= $1::xid8 AND e.commit_xid <= $2::xid8
+                 AND (e.commit_xid > $1::xid8 OR $3::boolean))
+"""
+
 # Retention's lock (schemas/sql/0011's ackline_drop_partitions_before takes it first): held
 # by a rebuild from its gap check to its COMMIT, so that no drop commits in between, reads
 # the processor's cursor as it was and takes what the rebuild was checked to still have.
@@ -519,6 +530,22 @@ async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> 
         )
 
 
+async def _refuse_a_skip(conn: asyncpg.Connection, name: str, current: Cursor, to: Cursor) -> None:
+    """Raise FeedError when moving ``name``'s cursor from ``current`` to ``to`` with its
+    state kept passes transactions of the feed it has not read (its own transaction too
+    when ``current`` stops inside it). Any such transaction counts, whatever the
+    processor's filter: the check errs towards refusing."""
+    if to.sort_key() <= current.sort_key():
+        return
+    if await conn.fetchval(_SKIPS, current.xid, to.xid, current.within is not None):
+        raise FeedError(
+            f"not moving {name!r} forward from cursor {current.encode()} to {to.encode()} "
+            "with its state kept: the feed holds transactions between them that it has not "
+            "read, and their events would never be applied (for the dispatcher: requests "
+            "never started); --skip-events moves it anyway"
+        )
+
+
 async def reset(
     conn: asyncpg.Connection,
     name: str,
@@ -526,6 +553,7 @@ async def reset(
     clear: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
     accept_gap: bool = False,
     faults: Faults = DISARMED,
+    skip_events: bool = False,
 ) -> Cursor:
     """Rewind a processor to ``to`` (None: the feed head now) and clear its failure, in
     one transaction with ``clear(conn)``, which deletes the processor's own state: the
@@ -534,7 +562,10 @@ async def reset(
     A rebuild (``clear``) from a cursor before events retention dropped is refused unless
     ``accept_gap``: the feed no longer holds what the drop took, so the rebuilt state
     would lack it for good (a review found docs/retention.md advising such a rebuild
-    after an erasure). A reset that keeps the state loses nothing and is not checked.
+    after an erasure). A reset that keeps the state is not checked for that, but one that
+    moves the cursor forward past transactions the feed holds is refused unless
+    ``skip_events``: their events would never be applied (the dispatcher's requests never
+    started), where the operator was told such a reset loses nothing (a review).
 
     Order of effects: BEGIN; read the head if asked (before any xid); the
     reset_after_head point; for a rebuild, take retention's lock (a drop then waits for
@@ -565,11 +596,13 @@ async def reset(
         at = await conn.fetchrow(_LOCK_CURSOR_AT, name)
         if at is None:
             raise FeedError(f"processor {name!r} has no cursor yet (it has never run)")
+        current = stored_cursor(at, "xid")
         if to is None and clear is None:
-            current = stored_cursor(at, "xid")
             newest = int(await conn.fetchval(_NEWEST))
             if current.xid <= newest:  # else past the feed: to the head
                 target = max(target, current, key=Cursor.sort_key)
+        if clear is None and not skip_events:
+            await _refuse_a_skip(conn, name, current, target)
         if clear is not None:
             await clear(conn)
         w = target.within
