@@ -345,10 +345,13 @@ class ConsumerRuntime:
             key = _tp_of(tp)
             if key not in ends:  # no answer in time: not known to be read to its end
                 return False
+            db_next = self.ledger.db_next(key)  # 0 is an offset: not "unknown"
             pos = (
                 tp.offset
                 if tp.offset >= 0
-                else self.ledger.db_next(key) or log_start(consumer, key)
+                else db_next
+                if db_next is not None
+                else log_start(consumer, key)
             )
             if pos is None or pos < ends[key]:
                 return False
