@@ -275,8 +275,10 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
         if report.outcome is Outcome.PAUSED:  # exit 0 as `process`: say so where cron sees it
             dlog.warning(
-                "reader %s is paused: nothing was read or started (`ackline processors resume %s`)",
+                "reader %s is paused, after %d transaction(s) read (`ackline processors "
+                "resume %s`): what follows waits",
                 args.reader,
+                runner.reader.stats.transactions,
                 args.reader,
             )
         summary = {

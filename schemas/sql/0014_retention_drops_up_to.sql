@@ -16,9 +16,11 @@ ALTER TABLE retention_drops ADD COLUMN up_to xid8;
 -- The trigger below and ackline_readers_behind (twice per dropped partition, 0011) find a
 -- drop's batches by committed_at: each scanned the whole table (about 0.7-1 s at 3M
 -- batches, a review measured) while the drop held activity's ACCESS EXCLUSIVE lock, which
--- stops ingest and every reader. The build holds a SHARE lock on ingest_batches: a
--- worker's batch waits for it to end.
-CREATE INDEX ingest_batches_committed_at_idx ON ingest_batches (committed_at);
+-- stops ingest and every reader. The build takes a SHARE lock on ingest_batches, held
+-- until this migration commits (the build and the backfill below): a worker's batch
+-- waits for it. To keep that short on a large table, build the index beforehand with
+-- CREATE INDEX CONCURRENTLY under this name; this migration then keeps it.
+CREATE INDEX IF NOT EXISTS ingest_batches_committed_at_idx ON ingest_batches (committed_at);
 
 CREATE FUNCTION ackline_drop_up_to() RETURNS trigger
 LANGUAGE plpgsql
@@ -61,7 +63,8 @@ UPDATE retention_drops AS d SET up_to = took.xid FROM took WHERE took.drop_id = 
 
 -- The processor role tells too: the columns that say which days went, how far into the
 -- feed, and which stored readers a forced drop left behind (one left at the start is
--- warned, not told as a new reader is), not who dropped them. The reader role's SELECT on
--- every table (0010) covers the new column.
+-- warned, not told as a new reader is; the names of other readers, which feed_cursors'
+-- row security hides from it, are then visible to it: names only), not who dropped them.
+-- The reader role's SELECT on every table (0010) covers the new column.
 GRANT SELECT (drop_id, partition_name, ends_before, readers_behind, up_to)
     ON TABLE retention_drops TO ackline_processor;

@@ -1440,12 +1440,14 @@ def test_a_cursor_only_reset_never_skips_requests_the_dispatcher_has_not_started
     assert paused.returncode == 0, paused.stderr
     idle = _ackline(dsn, "dispatch", "--once", "--instance", "d1")
     assert idle.returncode == 0 and json.loads(idle.stdout)["outcome"] == "paused", idle.stdout
-    assert "is paused: nothing was read or started" in idle.stderr, idle.stderr
+    assert "is paused, after 0 transaction(s) read" in idle.stderr, idle.stderr
     assert _ackline(dsn, "processors", "resume", "dispatcher").returncode == 0
 
     _dispatch_once(dsn)
     runs = db(dsn, "SELECT request_id FROM agent_runs ORDER BY request_id")
     assert [r["request_id"] for r in runs] == ["r1", "r2", "r3"]
+    nothing = _ackline(dsn, "erase", "--agent", "nobody-at-all", "--reason", "test")
+    assert nothing.returncode == 0, nothing.stderr  # an erasure that erased nothing
     caught_up = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now")
     assert caught_up.returncode == 0, caught_up.stderr  # nothing to skip
     asyncio.run(ingest_at(dsn, [requested("r4", "agent-x")], 3))

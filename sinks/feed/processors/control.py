@@ -154,13 +154,16 @@ FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
 # Whether the feed holds a transaction in (from, to] (from itself too when $3: a cursor
-# stopped inside it), by the commit_xid indexes.
+# stopped inside it) with an event still in it, by the commit_xid and batch indexes: a
+# batch whose rows retention dropped, or erasure or replay, and an erasure that erased
+# nothing, hold none.
 _SKIPS = """
 SELECT EXISTS (SELECT 1 FROM ingest_batches AS b
                WHERE b.inserted > 0 AND b.commit_xid >= $1::xid8 AND b.commit_xid <= $2::xid8
-                 AND (b.commit_xid > $1::xid8 OR $3::boolean))
+                 AND (b.commit_xid > $1::xid8 OR $3::boolean)
+                 AND EXISTS (SELECT 1 FROM activity AS a WHERE a.batch_id = b.batch_id))
     OR EXISTS (SELECT 1 FROM erasures AS e
-               WHERE e.commit_xid >= $1::xid8 AND e.commit_xid <= $2::xid8
+               WHERE e.events > 0 AND e.commit_xid >= $1::xid8 AND e.commit_xid <= $2::xid8
                  AND (e.commit_xid > $1::xid8 OR $3::boolean))
 """
 
@@ -540,8 +543,8 @@ async def _refuse_a_skip(conn: asyncpg.Connection, name: str, current: Cursor, t
     if await conn.fetchval(_SKIPS, current.xid, to.xid, current.within is not None):
         raise FeedError(
             f"not moving {name!r} forward from cursor {current.encode()} to {to.encode()} "
-            "with its state kept: the feed holds transactions between them that it has not "
-            "read, and their events would never be applied (for the dispatcher: requests "
+            "with its state kept: the feed holds events between them that it has not read, "
+            "and those its filter takes would never be applied (for the dispatcher: requests "
             "never started); --skip-events moves it anyway"
         )
 
