@@ -19,7 +19,17 @@ ALTER TABLE retention_drops ADD COLUMN up_to xid8;
 -- stops ingest and every reader. The build takes a SHARE lock on ingest_batches, held
 -- until this migration commits (the build and the backfill below): a worker's batch
 -- waits for it. To keep that short on a large table, build the index beforehand with
--- CREATE INDEX CONCURRENTLY under this name; this migration then keeps it.
+-- CREATE INDEX CONCURRENTLY under this name; this migration then keeps it, unless that
+-- build failed and left it INVALID (never used): then it is built again here.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_index AS i
+               WHERE i.indexrelid = to_regclass('public.ingest_batches_committed_at_idx')
+                 AND NOT i.indisvalid) THEN
+        DROP INDEX public.ingest_batches_committed_at_idx;
+    END IF;
+END
+$$;
 CREATE INDEX IF NOT EXISTS ingest_batches_committed_at_idx ON ingest_batches (committed_at);
 
 CREATE FUNCTION ackline_drop_up_to() RETURNS trigger

@@ -287,7 +287,8 @@ class ReadCap:
 
     A read cancelled by the server (a ``statement_timeout`` shorter than one read, or a
     cancel) was retried at the same size for ever. Each cancelled read halves what it
-    asked for; after :data:`GROW_AFTER` reads in a row that answered with events the size
+    asked for; after :data:`GROW_AFTER` reads in a row that made progress (events, or
+    transactions passed) the size
     doubles again, up to ``full``, so a slow moment does not shrink the reads for good.
     Pure: :func:`follow` feeds it what happened."""
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -108,6 +109,13 @@ def db(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(go())
+
+
+def next_utc_midnight(dsn: str) -> datetime:
+    """The next midnight UTC by the database's clock: a retention run "now" at it drops
+    today's partition (the tests' way to make a drop without waiting a day)."""
+    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
+    return datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
 
 
 def run_async(coro: Awaitable[T]) -> T:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -52,7 +53,14 @@ from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.producer import ActivityProducer, serialize
-from tests.integration.harness import Services, Worker, database_upto, db, wait_until
+from tests.integration.harness import (
+    Services,
+    Worker,
+    database_upto,
+    db,
+    next_utc_midnight,
+    wait_until,
+)
 
 GROUP = "g"
 TOPIC = "t"
@@ -138,16 +146,24 @@ async def write_steps(dsn: str, request: str, agent: str, n: int) -> None:
     await database.close()
 
 
+async def ingest(dsn: str, batches: list[list[Envelope]], first: int = 0) -> None:
+    """Each of ``batches`` ingested as one batch on partition 0, in order, from offset
+    ``first``."""
+    epochs = await take(dsn, [0])
+    database = Database(dsn)
+    try:
+        writer = BatchWriter(database, GROUP, "w")
+        for envs in batches:
+            await writer.write(batch_of(envs, epochs[0], 0, first))
+            first += len(envs)
+    finally:
+        await database.close()
+
+
 async def write_batches(dsn: str, requests: list[str], size: int, first: int = 0) -> None:
     """One ingested batch of ``size`` steps per request, in order, on partition 0 from
     offset ``first``."""
-    epochs = await take(dsn, [0])
-    database = Database(dsn)
-    writer = BatchWriter(database, GROUP, "w")
-    for k, request in enumerate(requests):
-        envs = [step(request, "a1", i) for i in range(size)]
-        await writer.write(batch_of(envs, epochs[0], 0, first + k * size))
-    await database.close()
+    await ingest(dsn, [[step(r, "a1", i) for i in range(size)] for r in requests], first)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -769,6 +785,7 @@ def test_a_filtered_reader_s_window_grows_back_over_transactions_it_filters_out(
                 with pytest.raises(asyncpg.exceptions.QueryCanceledError):
                     await feed.read(conn, START)
             await tx.rollback()
+            await conn.execute("SET statement_timeout = 0")  # no cancel from a slow moment
             assert feed.window == 8
             cursor, reads = START, 0
             while True:
@@ -1115,7 +1132,7 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     kept, _ = _tail(dsn, "--reader", "keep", "--commit", "--limit", "1")  # behind the drop
     assert len(kept) == 1
     db(dsn, "INSERT INTO feed_cursors (reader) VALUES ('zero')")  # stored, read nothing yet
-    dropped = asyncio.run(_apply_retention(dsn, _tomorrow(dsn)))
+    dropped = asyncio.run(_apply_retention(dsn, next_utc_midnight(dsn)))
     assert [d.readers_behind for d in dropped if d.dropped] == [("keep", "zero")], dropped
     asyncio.run(write_batches(dsn, ["r-new"], 2, first=3))  # into a partition made anew
     cases = {
@@ -1147,17 +1164,12 @@ def test_drops_made_before_migration_0014_are_worked_out_by_it(services: Service
     with database_upto(services, upto=13) as dsn:
         asyncio.run(write_batches(dsn, ["r-old"], 3))
         newest = db(dsn, "SELECT max(commit_xid)::text AS x FROM ingest_batches")[0]["x"]
-        dropped = asyncio.run(_apply_retention(dsn, _tomorrow(dsn)))
+        dropped = asyncio.run(_apply_retention(dsn, next_utc_midnight(dsn)))
         assert any(d.dropped for d in dropped), dropped
         asyncio.run(_migrate_all(dsn))
         assert [r["u"] for r in db(dsn, "SELECT up_to::text AS u FROM retention_drops")] == [newest]
         _, err = _tail(dsn, "--from-cursor", "1")
         assert "retention dropped 1 partition(s) holding events after cursor 1" in err, err
-
-
-def _tomorrow(dsn: str) -> datetime:
-    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
-    return datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
 
 
 async def _migrate_all(dsn: str) -> None:
@@ -1188,7 +1200,12 @@ def _tail_until_caught_up(dsn: str, *args: str) -> tuple[list[dict[str, Any]], s
         text=True,
     ) as proc:
         assert proc.stdout is not None
-        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        deadline = threading.Timer(60, proc.kill)  # fewer lines than that: fail, not hang
+        deadline.start()
+        try:
+            lines = [json.loads(proc.stdout.readline() or "null") for _ in range(2)]
+        finally:
+            deadline.cancel()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     return lines, err
@@ -1410,16 +1427,6 @@ def test_two_dispatchers_and_one_killed_before_its_commit(
     assert cursor[0]["delivered"] == 60
 
 
-async def ingest_at(dsn: str, envs: list[Envelope], first: int) -> None:
-    """``envs`` ingested in one batch on partition 0 from offset ``first``."""
-    epochs = await take(dsn, [0])
-    database = Database(dsn)
-    try:
-        await BatchWriter(database, GROUP, "w").write(batch_of(envs, epochs[0], 0, first))
-    finally:
-        await database.close()
-
-
 def test_a_cursor_only_reset_never_skips_requests_the_dispatcher_has_not_started(
     dsn: str,
 ) -> None:
@@ -1428,9 +1435,9 @@ def test_a_cursor_only_reset_never_skips_requests_the_dispatcher_has_not_started
     exit 0: they were never started, and nothing said so. A kept-state move forward past
     transactions the feed holds is refused now unless --skip-events; one with nothing to
     skip, and one back, go on. `dispatch --once` on a paused dispatcher says it is paused."""
-    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x")], 0))
+    asyncio.run(ingest(dsn, [[requested("r1", "agent-x")]], 0))
     _dispatch_once(dsn)
-    asyncio.run(ingest_at(dsn, [requested("r2", "agent-x"), requested("r3", "agent-y")], 1))
+    asyncio.run(ingest(dsn, [[requested("r2", "agent-x"), requested("r3", "agent-y")]], 1))
     refused = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now")
     assert refused.returncode == 2, (refused.returncode, refused.stderr)
     assert "--skip-events" in refused.stderr and "never started" in refused.stderr
@@ -1450,13 +1457,28 @@ def test_a_cursor_only_reset_never_skips_requests_the_dispatcher_has_not_started
     assert nothing.returncode == 0, nothing.stderr  # an erasure that erased nothing
     caught_up = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now")
     assert caught_up.returncode == 0, caught_up.stderr  # nothing to skip
-    asyncio.run(ingest_at(dsn, [requested("r4", "agent-x")], 3))
+    asyncio.run(ingest(dsn, [[requested("r4", "agent-x")]], 3))
     skipped = _ackline(
         dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-now", "--skip-events"
     )
     assert skipped.returncode == 0, skipped.stderr
     _dispatch_once(dsn)
     assert db(dsn, "SELECT count(*) AS n FROM agent_runs")[0]["n"] == 3  # r4 skipped, as asked
+    # past the readable feed: a batch still running at or below it would commit behind it
+    ahead = _ackline(
+        dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-cursor", str(2**62)
+    )
+    assert ahead.returncode == 2 and "past the readable feed" in ahead.stderr, ahead.stderr
+    back = _ackline(dsn, "processors", "reset", "dispatcher", "--cursor-only", "--to-cursor", "1")
+    assert back.returncode == 0, back.stderr  # back: re-delivered, each request started once
+    _dispatch_once(dsn)
+    runs = db(dsn, "SELECT request_id, deliveries FROM agent_runs ORDER BY request_id")
+    assert [(r["request_id"], r["deliveries"]) for r in runs] == [
+        ("r1", 2),
+        ("r2", 2),
+        ("r3", 2),
+        ("r4", 1),
+    ]
 
 
 def _dispatch_once(dsn: str) -> None:
@@ -1481,10 +1503,10 @@ def test_the_cleanup_after_an_erasure_keeps_a_request_from_starting_twice(dsn: s
         finally:
             await conn.close()
 
-    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x")], 0))
+    asyncio.run(ingest(dsn, [[requested("r1", "agent-x")]], 0))
     _dispatch_once(dsn)
     asyncio.run(forget("agent-x"))
-    asyncio.run(ingest_at(dsn, [requested("r1", "agent-x", txn="req:r1:again")], 1))
+    asyncio.run(ingest(dsn, [[requested("r1", "agent-x", txn="req:r1:again")]], 1))
     assert db(dsn, "SELECT count(*) AS n FROM activity WHERE request_id = 'r1'")[0]["n"] == 1
     _dispatch_once(dsn)
     runs = db(dsn, "SELECT request_id, agent_id, deliveries FROM agent_runs")

@@ -66,7 +66,7 @@ from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.producer import serialize
-from tests.integration.harness import db
+from tests.integration.harness import db, next_utc_midnight
 from tests.integration.processing import (
     EXAMPLE,
     ROOT,
@@ -1314,8 +1314,7 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     done = ackline(dsn, "process", "runs", "--until-caught-up")
     assert done.code == 0, done.err[-2000:]
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1
-    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
-    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    tomorrow = next_utc_midnight(dsn)
     dropped = run(
         with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
     )
@@ -1344,8 +1343,7 @@ def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn:
     refusal says when --accept-gap loses nothing, and with it the rebuild gives the same
     rows."""
     write(dsn, steps_of("r-old", 5))
-    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
-    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    tomorrow = next_utc_midnight(dsn)
     dropped = run(
         with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
     )
@@ -1453,8 +1451,7 @@ def test_a_retention_drop_during_a_rebuild_waits_and_keeps_what_the_rebuild_read
     write(dsn, steps_of("r-held", 5))
     done = ackline(dsn, "process", "runs", "--until-caught-up")
     assert done.code == 0, done.err[-2000:]
-    today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
-    tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    tomorrow = next_utc_midnight(dsn)
 
     async def go() -> list[Any]:
         reached, release = asyncio.Event(), asyncio.Event()

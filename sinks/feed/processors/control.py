@@ -154,9 +154,9 @@ FROM feed_cursors WHERE reader = $1 FOR UPDATE
 """
 
 # Whether the feed holds a transaction in (from, to] (from itself too when $3: a cursor
-# stopped inside it) with an event still in it, by the commit_xid and batch indexes: a
+# stopped inside it) with an event still in it, by the commit_xid and batch indexes (a
 # batch whose rows retention dropped, or erasure or replay, and an erasure that erased
-# nothing, hold none.
+# nothing, hold none), or may still get one there.
 _SKIPS = """
 SELECT EXISTS (SELECT 1 FROM ingest_batches AS b
                WHERE b.inserted > 0 AND b.commit_xid >= $1::xid8 AND b.commit_xid <= $2::xid8
@@ -165,6 +165,9 @@ SELECT EXISTS (SELECT 1 FROM ingest_batches AS b
     OR EXISTS (SELECT 1 FROM erasures AS e
                WHERE e.events > 0 AND e.commit_xid >= $1::xid8 AND e.commit_xid <= $2::xid8
                  AND (e.commit_xid > $1::xid8 OR $3::boolean))
+    -- past the readable feed: a transaction at or below `to` may still be running, and
+    -- its batch would commit behind the cursor (the head is below this, always)
+    OR $2::xid8 >= pg_snapshot_xmin(pg_current_snapshot())
 """
 
 # Retention's lock (schemas/sql/0011's ackline_drop_partitions_before takes it first): held
@@ -536,16 +539,19 @@ async def _refuse_a_gap(conn: asyncpg.Connection, name: str, target: Cursor) -> 
 async def _refuse_a_skip(conn: asyncpg.Connection, name: str, current: Cursor, to: Cursor) -> None:
     """Raise FeedError when moving ``name``'s cursor from ``current`` to ``to`` with its
     state kept passes transactions of the feed it has not read (its own transaction too
-    when ``current`` stops inside it). Any such transaction counts, whatever the
-    processor's filter: the check errs towards refusing."""
+    when ``current`` stops inside it), or goes past the readable feed, where a transaction
+    still running would commit behind it. Any such transaction counts, whatever the
+    processor's filter: the check errs towards refusing. It reads ``activity``: a
+    retention drop of a partition it reads waits for this transaction."""
     if to.sort_key() <= current.sort_key():
         return
     if await conn.fetchval(_SKIPS, current.xid, to.xid, current.within is not None):
         raise FeedError(
             f"not moving {name!r} forward from cursor {current.encode()} to {to.encode()} "
-            "with its state kept: the feed holds events between them that it has not read, "
-            "and those its filter takes would never be applied (for the dispatcher: requests "
-            "never started); --skip-events moves it anyway"
+            "with its state kept: the feed holds events between them that it has not read "
+            "(or may still: a cursor past the readable feed), and those its filter takes "
+            "would never be applied (for the dispatcher: requests never started); "
+            "--skip-events moves it anyway"
         )
 
 
@@ -575,8 +581,10 @@ async def reset(
     this COMMIT and sees the rewound cursor behind it) and check for a gap; name the
     filter in effect for this transaction (0012's guard holds every cursor update to it);
     lock the cursor row (an instance with a batch in flight commits first; its next
-    compare-and-set then fails and it reads on from the new cursor); ``clear``; rewind;
-    clear the failure; COMMIT. A crash before COMMIT changes
+    compare-and-set then fails and it reads on from the new cursor); with the state kept,
+    check that a move forward skips nothing (a refusal raises: everything rolls back);
+    ``clear``; rewind; clear the failure; COMMIT. ``skip_events`` is looked at only with
+    the state kept. A crash before COMMIT changes
     nothing; after it, the processor's next batch starts at ``to`` with nothing of the old
     state left.
 
