@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from ackline.core.faults import Faults
 from ackline.dev.ports import pick_free_port
 from ackline.load.chaos.workers import metric_total
 from ackline.sinks.admin.migrate import load_migrations, migrate
@@ -109,6 +110,25 @@ def db(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(go())
+
+
+class PointGate(Faults):
+    """Holds whatever reaches fault point ``point`` until ``release`` is set (only the
+    first to reach it when ``once``); ``reached`` says one has."""
+
+    def __init__(self, point: str, once: bool = False) -> None:
+        super().__init__()
+        self.point = point
+        self.armed = True
+        self.once = once
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def ahit(self, point: str) -> None:
+        if point == self.point and self.armed:
+            self.armed = not self.once
+            self.reached.set()
+            await self.release.wait()
 
 
 def next_utc_midnight(dsn: str) -> datetime:

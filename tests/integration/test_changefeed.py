@@ -36,7 +36,6 @@ import asyncpg
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from ackline.core.faults import Faults
 from ackline.dev.ports import pick_free_port
 from ackline.dev.postgres import PostgresNode, find_pg_bindir
 from ackline.schemas import Envelope, new_envelope
@@ -54,6 +53,7 @@ from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.producer import ActivityProducer, serialize
 from tests.integration.harness import (
+    PointGate,
     Services,
     Worker,
     database_upto,
@@ -120,20 +120,6 @@ async def take(dsn: str, partitions: list[int]) -> dict[int, int]:
     finally:
         await conn.close()
     return {c.partition: c.epoch for c in claims}
-
-
-class Gate(Faults):
-    """Holds a writer's transaction open just before COMMIT until released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def ahit(self, point: str) -> None:
-        if point == "before_commit":
-            self.reached.set()
-            await self.release.wait()
 
 
 async def write_steps(dsn: str, request: str, agent: str, n: int) -> None:
@@ -211,7 +197,7 @@ def test_naive_batch_id_cursor_skips_and_the_feed_does_not(dsn: str) -> None:
 
     async def go() -> None:
         epochs = await take(dsn, [0, 1])
-        gate = Gate()
+        gate = PointGate("before_commit")
         db_a, db_b = Database(dsn), Database(dsn)
         writer_a = BatchWriter(db_a, GROUP, "wa", gate)
         writer_b = BatchWriter(db_b, GROUP, "wb")

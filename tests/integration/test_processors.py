@@ -39,7 +39,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from ackline.core.faults import Faults
 from ackline.dev.ports import pick_free_port
 from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
@@ -66,7 +65,7 @@ from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.producer import serialize
-from tests.integration.harness import db, next_utc_midnight
+from tests.integration.harness import PointGate, db, next_utc_midnight
 from tests.integration.processing import (
     EXAMPLE,
     ROOT,
@@ -262,22 +261,6 @@ def test_killed_between_its_effects_and_its_commit(dsn: str) -> None:
 # --- two copies of one processor -------------------------------------------------------------
 
 
-class Gate(Faults):
-    """Holds the first batch's transaction open just before COMMIT until released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-        self.armed = True
-
-    async def ahit(self, point: str) -> None:
-        if point == "processor_before_commit" and self.armed:
-            self.armed = False
-            self.reached.set()
-            await self.release.wait()
-
-
 def test_two_copies_the_second_loses_the_cursor_race_and_applies_nothing_twice(dsn: str) -> None:
     setup_journal(dsn)
     events = synthetic_runs(600, seed=5)
@@ -285,7 +268,7 @@ def test_two_copies_the_second_loses_the_cursor_race_and_applies_nothing_twice(d
     role_dsn = with_user(dsn, PROCESSOR)
 
     async def go() -> tuple[ProcessorRunner, ProcessorRunner]:
-        gate = Gate()
+        gate = PointGate("processor_before_commit", once=True)
         first = ProcessorRunner(JOURNAL, instance="first", faults=gate, poll_interval=0.2)
         second = ProcessorRunner(JOURNAL, instance="second", poll_interval=0.2)
         stop = asyncio.Event()
@@ -560,7 +543,7 @@ def test_a_takeover_waits_for_the_batch_in_flight(dsn: str) -> None:
     write(dsn, events, chunk=100)
 
     async def go() -> tuple[Report, Report]:
-        gate = Gate()
+        gate = PointGate("processor_before_commit", once=True)
         old = ProcessorRunner(TYPED_V1, instance="old", faults=gate, poll_interval=0.2)
         new = ProcessorRunner(TYPED_V2, instance="new", poll_interval=0.2)
         stop = asyncio.Event()
@@ -1366,20 +1349,6 @@ def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn:
     assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]
 
 
-class _HeadRead(Faults):
-    """Holds a reset between its read of the feed head and its lock of the cursor row."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def ahit(self, point: str) -> None:
-        if point == "reset_after_head":
-            self.reached.set()
-            await self.release.wait()
-
-
 def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> None:
     """`processors reset NAME --to-now --cursor-only` reads the head before it locks the
     cursor row (it must, before its transaction holds an xid). An instance that committed
@@ -1402,7 +1371,7 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     run(catch_up("a"))
 
     async def reset_meanwhile() -> Cursor:
-        gate = _HeadRead()
+        gate = PointGate("reset_after_head")
         conn = await asyncpg.connect(dsn)
         try:
             task = asyncio.create_task(reset(conn, "journal", None, None, faults=gate))
