@@ -52,6 +52,7 @@ from tests.integration.harness import (
     Worker,
     database_upto,
     db,
+    next_utc_midnight,
     run_async,
     wait_until,
 )
@@ -347,8 +348,7 @@ def test_retention_drop_then_replay_of_the_dropped_range_is_all_duplicates(
         assert unique == 1500
         db(dsn, "INSERT INTO feed_cursors (reader) VALUES ('lagging')")  # has read nothing
 
-        today = _one(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date")
-        tomorrow = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+        tomorrow = next_utc_midnight(dsn)
 
         async def drop(force: bool) -> list[Any]:
             conn = await asyncpg.connect(dsn)

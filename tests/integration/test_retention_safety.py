@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
 import asyncpg
 import pytest
@@ -14,7 +14,7 @@ import pytest
 from ackline.roles import INGEST, with_user
 from ackline.sinks.admin.migrate import migrate
 from ackline.sinks.admin.partitions import apply_retention
-from tests.integration.harness import Services, database_upto, db
+from tests.integration.harness import Services, database_upto, db, next_utc_midnight
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +105,8 @@ def test_a_batch_committed_while_the_detach_waited_keeps_its_partition(dsn: str)
     retention (its clock past midnight, keep 0) looks at the readers: none behind. Its
     detach waits for the batch, which commits: the reader is now behind, so the partition
     must stay, attached, with the batch's row, unless forced."""
-    today = _today(dsn)
-    name = f"activity_p{today:%Y%m%d}"
-    after_midnight = datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    after_midnight = next_utc_midnight(dsn)
+    name = f"activity_p{after_midnight - timedelta(days=1):%Y%m%d}"
 
     async def go() -> list[tuple[str, bool, tuple[str, ...]]]:
         admin = await asyncpg.connect(dsn)
