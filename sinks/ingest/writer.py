@@ -268,6 +268,15 @@ FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::te
 ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 """
 
+# A batch's transaction begins in one round trip and lifts the server's statement and
+# lock timeouts for itself: a shorter statement_timeout an operator sets on the role or
+# the database (a guard against runaway queries) cancelled every try of a batch whose COPY
+# outlasts it, the same batch at the same size, so the writer retried it for ever and kept
+# its partitions. Every statement stays bounded by the client (command_timeout,
+# statement_s; COMMIT by commit_s), and the server ends a vanished client's statement
+# (client_connection_check_interval): ackline.sinks.connection.
+_BEGIN = "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
+
 _READ_BOUNDS = """
 SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)
 """
@@ -422,10 +431,11 @@ class BatchWriter:
         the outcome is unknown and is reconciled by reading (never by re-sending), on a
         fresh connection: end the old session and wait until it is gone (after that nothing
         it received can still commit); read the offset rows FOR SHARE under a lock and a
-        statement timeout; then the batch row decides: present means committed (return),
-        absent means rolled back (retry under the same epoch, or raise FencedError if the
-        epoch moved on). A crash at any step leaves the database alone deciding what was
-        committed; nothing outside it is changed here. Cancelling this coroutine is always
+        statement timeout; then those rows decide (:meth:`_reconcile`): advanced past the
+        batch under its epoch means committed (return), not advanced means rolled back
+        (retry under the same epoch), another epoch raises FencedError. A crash at any
+        step leaves the database alone deciding what was committed; nothing outside it is
+        changed here. Cancelling this coroutine is always
         safe: cancellation drops the connection at once (no polite ROLLBACK that could wait
         on a dead server), the server rolls back whatever had not committed, and the next
         write starts on a fresh connection after ending the old session, never sharing one
@@ -514,8 +524,8 @@ class BatchWriter:
     async def _attempt(self, conn: asyncpg.Connection, batch: Batch) -> WriteResult:
         """BEGIN, the statements, COMMIT (bounded by the commit timeout, not the statement
         timeout: asyncpg's Transaction object cannot bound its COMMIT apart, so the
-        transaction is plain SQL)."""
-        await conn.execute("BEGIN")
+        transaction is plain SQL; :data:`_BEGIN` says why it lifts the server's timeouts)."""
+        await conn.execute(_BEGIN)
         try:
             result = await self._statements(conn, batch)
             await self._faults.ahit("before_commit")

@@ -446,3 +446,37 @@ def test_a_batch_waits_for_an_erasure_in_progress_and_is_retried_past_its_bound(
     with caplog.at_level(logging.WARNING, logger="ackline.sinks.ingest.writer"):
         asyncio.run(go())
     assert "no erasure lock within 1s" in caplog.text
+
+
+def test_a_role_s_statement_timeout_shorter_than_a_batch_does_not_stall_the_writer(
+    dsn: str,
+) -> None:
+    """An operator's statement_timeout on the database (or the role), shorter than one
+    batch's COPY: every try of the batch was cancelled (57014, transient), the same batch
+    at the same size, so the writer retried it for ever and the partition never moved.
+    The batch's transaction lifts the server's timeouts for itself (the client bounds each
+    statement), so it commits once."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "w", [0]))[0]
+        admin = await asyncpg.connect(dsn)
+        name = await admin.fetchval("SELECT current_database()")
+        # 10 ms: a COPY of 5,000 events into three indexed tables takes far longer on any
+        # host; the statements before the transaction (connect, a claim) take far less.
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET statement_timeout = '10ms'")
+        await admin.close()
+        rows = [row(i, thought="t" * 200) for i in range(1, 5001)]
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w")
+        try:
+            result = await asyncio.wait_for(writer.write(batch(0, rows, epoch)), 60)
+        except TimeoutError:
+            pytest.fail(f"the batch never committed; retries {dict(writer.retries)}")
+        finally:
+            await database.close()
+        assert result.inserted == 5000
+        assert writer.retries["transient"] == 0, dict(writer.retries)
+        assert await _count(dsn, "SELECT count(*) FROM activity") == 5000
+        assert await _count(dsn, "SELECT next_offset FROM consumer_offsets") == 5000
+
+    asyncio.run(go())
