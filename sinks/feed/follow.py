@@ -25,7 +25,7 @@ import asyncpg
 
 from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.errors import FeedError
-from ackline.sinks.feed.gaps import drops, lost_after
+from ackline.sinks.feed.gaps import Told, drops, lost_after
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ async def follow(
     on_transient: Callable[[BaseException], None] | None = None,
     idle_in_transaction_s: float | None = None,
     on_end: Callable[[], None] = lambda: None,
+    told: Told | None = None,
 ) -> Cursor:
     """Run ``handle(conn, batch)`` inside each of ``reader``'s batches until ``stop``.
 
@@ -122,7 +123,9 @@ async def follow(
     without ``wait``, or ``limit`` reached), not at a stop: a stop that lands as the
     last batch commits must not make a run that finished look cut short.
     ``on_commit`` runs after each COMMIT, ``on_transient`` on
-    each transient error before the reconnect.
+    each transient error before the reconnect. ``told``: the retention drops this reader
+    was told of already (:func:`warn_of_gap`), for a caller that follows the same reader
+    again in this process; each follow() starts its own otherwise.
 
     What ``handle`` raises is retried only when it is the database's doing
     (:func:`~ackline.sinks.connection.went_away`): a full disk under the handler's own
@@ -138,6 +141,7 @@ async def follow(
     cursor: Cursor | None = None
     cap = ReadCap(batch_events if batch_events is not None else reader.feed.max_events)
     held = _Held(reader.name)
+    told = told if told is not None else Told()
     try:
         while not stop.is_set():
             handler_failed = False
@@ -146,7 +150,7 @@ async def follow(
             try:
                 conn = await follower.connection()
                 if cursor is None or follower.fresh:
-                    cursor = await _position(reader, conn, starting=cursor is None)
+                    cursor = await _position(reader, conn, told, starting=cursor is None)
                     follower.fresh = False
                 wake.clear()
                 async with reader.next_batch(conn, asked) as batch:
@@ -188,22 +192,25 @@ async def follow(
     return cursor if cursor is not None else START
 
 
-async def _position(reader: AnyReader, conn: asyncpg.Connection, starting: bool) -> Cursor:
+async def _position(
+    reader: AnyReader, conn: asyncpg.Connection, told: Told, starting: bool
+) -> Cursor:
     """The reader's cursor; as it starts, said at WARNING if retention took events after
     it (:func:`warn_of_gap`)."""
     cursor = await reader.position(conn)
     if starting:
-        await warn_of_gap(conn, reader.name, cursor)
+        await warn_of_gap(conn, reader.name, cursor, told)
     return cursor
 
 
-async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor) -> None:
+async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor, told: Told) -> None:
     """Say at WARNING, once as a reader starts, that retention dropped events after its
     ``cursor`` (:mod:`~ackline.sinks.feed.gaps`): it reads on from the first batch the
     feed still holds, and nothing in what it reads says some were taken. At INFO from
-    the start. A look only: a read that fails is said and the reader goes on."""
+    the start. A drop ``told`` already is not said again. A look only: a read that fails
+    is said and the reader goes on."""
     try:
-        lost = lost_after(await drops(conn), cursor)
+        lost = told.news(lost_after(await drops(conn), cursor))
     except asyncpg.UndefinedTableError:
         return  # no ackline schema here: the read that follows says so, in one line
     except asyncpg.PostgresError as exc:  # a role that may not read it, before 0014, a cancel

@@ -9,7 +9,8 @@ then goes on from the first batch it still holds, and nothing in the events says
 were taken: this module tells.
 
 The I/O is one read of ``retention_drops``, where each drop recorded the newest
-transaction whose rows it took (migration 0014); :func:`lost_after` is pure.
+transaction whose rows it took (migration 0014); :func:`lost_after` and :class:`Told`
+are pure.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ackline.sinks.feed.types import Cursor
 # transaction of the batches whose rows it dropped; NULL when it took none). A reader from
 # a cursor before that transaction lacks what the drop took.
 _DROPS = """
-SELECT partition_name, ends_before, readers_behind, up_to::text AS up_to
+SELECT drop_id, partition_name, ends_before, readers_behind, up_to::text AS up_to
 FROM retention_drops
 WHERE up_to IS NOT NULL
 ORDER BY drop_id
@@ -35,10 +36,11 @@ ORDER BY drop_id
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """One partition retention dropped: its name, the end of its days, the stored
-    readers it left behind (a forced drop), and the newest transaction whose events it
-    held."""
+    """One partition retention dropped: its drop's id, its name, the end of its days, the
+    stored readers it left behind (a forced drop), and the newest transaction whose events
+    it held."""
 
+    drop_id: int
     partition_name: str
     ends_before: datetime
     readers_behind: tuple[str, ...]
@@ -55,6 +57,7 @@ async def drops(conn: asyncpg.Connection) -> list[Drop]:
     rows = await conn.fetch(_DROPS)
     return [
         Drop(
+            int(r["drop_id"]),
             str(r["partition_name"]),
             r["ends_before"],
             tuple(r["readers_behind"] or ()),
@@ -68,3 +71,19 @@ def lost_after(recorded: Sequence[Drop], cursor: Cursor) -> list[Drop]:
     """The drops that took events after ``cursor``, oldest first. Pure."""
     here = cursor.sort_key()
     return [d for d in recorded if d.up_to.sort_key() > here]
+
+
+class Told:
+    """The drops one reader has been told of, by id: kept for as long as the reader runs
+    in this process, across the follow() calls of a processor's runner (it follows the
+    feed again after narrowing a failing batch down, from a cursor that may still be
+    behind the drop: the drop was told again each time). Pure."""
+
+    def __init__(self) -> None:
+        self._told: set[int] = set()
+
+    def news(self, lost: Sequence[Drop]) -> list[Drop]:
+        """Those of ``lost`` not told yet, now counted told."""
+        new = [d for d in lost if d.drop_id not in self._told]
+        self._told.update(d.drop_id for d in new)
+        return new

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 import urllib.request
@@ -75,7 +76,7 @@ from tests.integration.processing import (
     copy_ingest,
     synthetic_runs,
 )
-from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2, Picky
+from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2, Journal, Picky
 
 RUN_COLUMNS = ", ".join(RunRow.__dataclass_fields__)
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -1347,6 +1348,54 @@ def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn:
     again = ackline(dsn, "process", "runs", "--until-caught-up")
     assert again.code == 0, again.err[-2000:]
     assert [r["request_id"] for r in db(dsn, "SELECT request_id FROM runs")] == ["r-new"]
+
+
+def test_a_drop_is_told_once_across_the_retry_of_a_failing_batch(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A processor behind a retention drop says so as it starts. When a batch raised, the
+    runner narrowed it down and then followed the feed again from the cursor, and each
+    follow told the drop again while the cursor was still behind it: here the operator
+    pauses the processor as its batch fails (the narrowing then stops at once, nothing
+    committed), and it is resumed and run again in the same process. The drop is told
+    once in the process."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.feed.follow")
+    setup_journal(dsn)
+    write(dsn, steps_of("r-old", 5))
+    tomorrow = next_utc_midnight(dsn)
+    dropped = run(
+        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
+    )
+    assert any(d.dropped for d in dropped), dropped
+    run(with_conn(dsn, lambda c: ensure_partitions(c, "day", 0)))  # today's, made anew
+    events = steps_of("r-new", 10)
+    write(dsn, events, chunk=10)
+
+    class Hiccup(Journal):
+        """A journal whose first batch of more than one event raises, once, as the
+        operator pauses it to look."""
+
+        name = "hiccup"
+        raised = False
+
+        async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+            if not self.raised and len(batch.events) > 1:
+                self.raised = True
+                await with_conn(dsn, lambda c: set_paused(c, self.name, True))
+                raise RuntimeError("a hiccup")
+            return await super().apply(conn, batch)
+
+    runner = ProcessorRunner(Hiccup(), instance="hiccup", poll_interval=0.2)
+    connect = connector(with_user(dsn, PROCESSOR), "hiccup")
+    report = run(runner.run(connect, asyncio.Event(), wait=False))
+    assert (report.outcome, report.applied) == (Outcome.PAUSED, 0), report
+    assert "retrying it in smaller batches" in caplog.text  # narrowed down, followed anew
+    run(with_conn(dsn, lambda c: set_paused(c, "hiccup", False)))
+    report = run(runner.run(connect, asyncio.Event(), wait=False))
+    assert (report.outcome, report.applied) == (Outcome.CAUGHT_UP, len(events)), report
+    said = [r for r in caplog.records if "retention dropped 1 partition(s)" in r.message]
+    assert [r.levelno for r in said] == [logging.INFO], caplog.text  # a new one: where it starts
+    assert journal(dsn, "hiccup") == Counter(e.event_id for e in events)
 
 
 def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> None:
