@@ -13,6 +13,7 @@ batch transaction; PostgreSQL delivers on COMMIT only) and falls back to polling
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -25,7 +26,7 @@ import asyncpg
 
 from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.errors import FeedError
-from ackline.sinks.feed.gaps import Told, drops, lost_after
+from ackline.sinks.feed.gaps import Drop, Told, drops, newest_drop
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ HELD_WARN_AFTER_S = 5.0
 """How long committed batches may wait behind an open transaction before the reader says
 which transaction it is (and again every :data:`HELD_WARN_EVERY_S`)."""
 HELD_WARN_EVERY_S = 30.0
+
+GAP_LOOK_EVERY_S = 5.0
+"""How often a running reader looks whether retention dropped a partition since it last
+looked (:class:`GapWatch`): one read of the newest ``drop_id``, between two reads."""
 
 _HOLDER = """
 SELECT kind, id, database, name, state,
@@ -106,7 +111,7 @@ async def follow(
     on_transient: Callable[[BaseException], None] | None = None,
     idle_in_transaction_s: float | None = None,
     on_end: Callable[[], None] = lambda: None,
-    told: Told | None = None,
+    gaps: GapWatch | None = None,
 ) -> Cursor:
     """Run ``handle(conn, batch)`` inside each of ``reader``'s batches until ``stop``.
 
@@ -123,9 +128,10 @@ async def follow(
     without ``wait``, or ``limit`` reached), not at a stop: a stop that lands as the
     last batch commits must not make a run that finished look cut short.
     ``on_commit`` runs after each COMMIT, ``on_transient`` on
-    each transient error before the reconnect. ``told``: the retention drops this reader
-    was told of already (:func:`warn_of_gap`), for a caller that follows the same reader
-    again in this process; each follow() starts its own otherwise.
+    each transient error before the reconnect. ``gaps`` tells the reader of retention's
+    drops that took events after its cursor (:class:`GapWatch`), as it starts and while it
+    runs; a caller that follows the same reader again in this process passes the same
+    one, so a drop is told once. Each follow() makes its own otherwise.
 
     What ``handle`` raises is retried only when it is the database's doing
     (:func:`~ackline.sinks.connection.went_away`): a full disk under the handler's own
@@ -141,7 +147,7 @@ async def follow(
     cursor: Cursor | None = None
     cap = ReadCap(batch_events if batch_events is not None else reader.feed.max_events)
     held = _Held(reader.name)
-    told = told if told is not None else Told()
+    gaps = gaps if gaps is not None else GapWatch(reader.name)
     try:
         while not stop.is_set():
             handler_failed = False
@@ -150,8 +156,9 @@ async def follow(
             try:
                 conn = await follower.connection()
                 if cursor is None or follower.fresh:
-                    cursor = await _position(reader, conn, told, starting=cursor is None)
+                    cursor = await _position(reader, conn, gaps, starting=cursor is None)
                     follower.fresh = False
+                await gaps.look(conn, cursor)
                 wake.clear()
                 async with reader.next_batch(conn, asked) as batch:
                     began = time.monotonic()
@@ -179,11 +186,13 @@ async def follow(
                 remaining -= len(batch.events)
                 if remaining <= 0:
                     on_end()  # before the close, which a stop may cut short
+                    await gaps.last_look(conn, cursor)
                     break
             await held.seen(conn, batch.caught_up and batch.pending)
             if batch.caught_up:
                 if not wait and not batch.pending:
                     on_end()
+                    await gaps.last_look(conn, cursor)
                     break
                 delay = min(0.05, poll_interval) if batch.pending else poll_interval
                 await _sleep_until(delay, wake, stop)
@@ -193,48 +202,105 @@ async def follow(
 
 
 async def _position(
-    reader: AnyReader, conn: asyncpg.Connection, told: Told, starting: bool
+    reader: AnyReader, conn: asyncpg.Connection, gaps: GapWatch, starting: bool
 ) -> Cursor:
-    """The reader's cursor; as it starts, said at WARNING if retention took events after
-    it (:func:`warn_of_gap`)."""
+    """The reader's cursor; as it starts, the drops after it told (:class:`GapWatch`)."""
     cursor = await reader.position(conn)
     if starting:
-        await warn_of_gap(conn, reader.name, cursor, told)
+        await gaps.starting(conn, cursor)
     return cursor
 
 
-async def warn_of_gap(conn: asyncpg.Connection, name: str, cursor: Cursor, told: Told) -> None:
-    """Say at WARNING, once as a reader starts, that retention dropped events after its
-    ``cursor`` (:mod:`~ackline.sinks.feed.gaps`): it reads on from the first batch the
-    feed still holds, and nothing in what it reads says some were taken. At INFO from
-    the start. A drop ``told`` already is not said again. A look only: a read that fails
-    is said and the reader goes on."""
-    try:
-        lost = told.news(lost_after(await drops(conn), cursor))
-    except asyncpg.UndefinedTableError:
-        return  # no ackline schema here: the read that follows says so, in one line
-    except asyncpg.PostgresError as exc:  # a role that may not read it, before 0014, a cancel
+class GapWatch:
+    """Tells one reader, at WARNING, that retention dropped a partition holding events
+    after its cursor (:mod:`~ackline.sinks.feed.gaps`): it reads on from the first batch
+    the feed still holds, and nothing in what it reads says some were taken.
+
+    As it starts (:meth:`starting`), every drop; then, while it runs, at most every
+    :data:`GAP_LOOK_EVERY_S` between two reads and once more as a one-shot read ends
+    (:meth:`look`), whether a drop was made since it last looked: one read of the newest
+    ``drop_id``, and only when there is one, a read of the new drops. A reader running and
+    behind when `retention --force` dropped what it had not read was told nothing. Each drop
+    is told once (:class:`~ackline.sinks.feed.gaps.Told`). A look only: a read that fails is
+    said and the reader goes on; a role that may not read ``retention_drops`` (or a
+    database before migration 0014) is said once, and not looked at again."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._told = Told()
+        self._looked = time.monotonic()
+        self._blind = False
+
+    async def starting(self, conn: asyncpg.Connection, cursor: Cursor) -> None:
+        """Tell the drops after ``cursor``, the reader's as it starts. At INFO from the
+        start: every `ackline tail` and every new processor starts where retention left
+        the feed, unless this reader was stored already and a forced drop left it behind
+        at the start."""
+        if self._blind:
+            return
+        self._looked = time.monotonic()
+        try:
+            recorded = await drops(conn)
+        except asyncpg.PostgresError as exc:
+            self._cannot(exc, cursor)
+            return
+        here, lost = self._told.news(recorded, cursor)
+        left_behind = any(self.name in d.readers_behind for d in lost)
+        self._say(
+            logging.INFO if here == START and not left_behind else logging.WARNING, here, lost
+        )
+
+    async def look(self, conn: asyncpg.Connection, cursor: Cursor, *, now: bool = False) -> None:
+        """Tell a drop made since the last look that took events after the reader's
+        cursor then, if :data:`GAP_LOOK_EVERY_S` passed since (``now``: whatever the time)."""
+        if self._blind or (not now and time.monotonic() - self._looked < GAP_LOOK_EVERY_S):
+            return
+        self._looked = time.monotonic()
+        try:
+            newest = await newest_drop(conn)
+            seen = self._told.seen
+            recorded = await drops(conn, seen) if newest > seen else []
+        except asyncpg.PostgresError as exc:
+            self._cannot(exc, cursor)
+            return
+        here, lost = self._told.news(recorded, cursor, newest)
+        self._say(logging.WARNING, here, lost)
+
+    async def last_look(self, conn: asyncpg.Connection, cursor: Cursor) -> None:
+        """:meth:`look` as a one-shot read ends, whatever the time (it may have read past
+        a drop since it last looked); a lost connection is only that."""
+        with contextlib.suppress(OSError, asyncpg.InterfaceError):
+            await self.look(conn, cursor, now=True)
+
+    def _say(self, level: int, here: Cursor, lost: list[Drop]) -> None:
+        if lost:
+            log.log(
+                level,
+                "reader %s: retention dropped %d partition(s) holding events after cursor %s "
+                "(the last %s): the feed no longer holds them, and this reader goes on from "
+                "the first batch it still holds",
+                self.name,
+                len(lost),
+                here.encode(),
+                lost[-1].describe(),
+            )
+
+    def _cannot(self, exc: asyncpg.PostgresError, cursor: Cursor) -> None:
+        """A read of ``retention_drops`` failed: said (no ackline schema: the read that
+        follows says so, in one line); one that will fail again is not tried again."""
+        self._blind = isinstance(
+            exc,
+            asyncpg.UndefinedTableError
+            | asyncpg.UndefinedColumnError  # before migration 0014
+            | asyncpg.InsufficientPrivilegeError,
+        )
+        if isinstance(exc, asyncpg.UndefinedTableError):
+            return
         log.warning(
             "reader %s: could not tell whether retention dropped events after cursor %s (%s)",
-            name,
+            self.name,
             cursor.encode(),
             exc,
-        )
-        return
-    if lost:
-        # From the start, the feed's start is where retention left it: said, not warned
-        # (every `ackline tail` and every new processor starts there), unless this reader
-        # was stored already and a forced drop left it behind at the start.
-        left_behind = any(name in d.readers_behind for d in lost)
-        log.log(
-            logging.INFO if cursor == START and not left_behind else logging.WARNING,
-            "reader %s: retention dropped %d partition(s) holding events after cursor %s "
-            "(the last %s): the feed no longer holds them, and this reader goes on from the "
-            "first batch it still holds",
-            name,
-            len(lost),
-            cursor.encode(),
-            lost[-1].describe(),
         )
 
 

@@ -9,8 +9,8 @@ then goes on from the first batch it still holds, and nothing in the events says
 were taken: this module tells.
 
 The I/O is one read of ``retention_drops``, where each drop recorded the newest
-transaction whose rows it took (migration 0014); :func:`lost_after` and :class:`Told`
-are pure.
+transaction whose rows it took (migration 0014), and, for a reader that runs on, a look at
+its newest ``drop_id`` now and then; :func:`lost_after` and :class:`Told` are pure.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from ackline.sinks.feed.types import Cursor
 _DROPS = """
 SELECT drop_id, partition_name, ends_before, readers_behind, up_to::text AS up_to
 FROM retention_drops
-WHERE up_to IS NOT NULL
+WHERE up_to IS NOT NULL AND drop_id > $1
 ORDER BY drop_id
 """
+
+# Whether a drop was made since a running reader last looked: the newest drop_id, read
+# from the primary key's index (one row), a column the processor role may read (0014).
+_NEWEST = "SELECT coalesce(max(drop_id), 0) AS newest FROM retention_drops"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +54,12 @@ class Drop:
         return f"{self.partition_name}, rows ingested before {self.ends_before:%Y-%m-%d %H:%M} UTC"
 
 
-async def drops(conn: asyncpg.Connection) -> list[Drop]:
-    """Every drop retention recorded, oldest first. Raises what the read raises (a role
-    that may not read the table: InsufficientPrivilegeError; before migration 0014:
-    UndefinedColumnError), for the caller to say so."""
-    rows = await conn.fetch(_DROPS)
+async def drops(conn: asyncpg.Connection, after: int = 0) -> list[Drop]:
+    """The drops retention recorded after drop id ``after`` (every one by default), oldest
+    first. Raises what the read raises (a role that may not read the table:
+    InsufficientPrivilegeError; before migration 0014: UndefinedColumnError), for the
+    caller to say so."""
+    rows = await conn.fetch(_DROPS, after)
     return [
         Drop(
             int(r["drop_id"]),
@@ -67,6 +72,11 @@ async def drops(conn: asyncpg.Connection) -> list[Drop]:
     ]
 
 
+async def newest_drop(conn: asyncpg.Connection) -> int:
+    """The id of the newest drop retention recorded (0: none). Raises as :func:`drops`."""
+    return int(await conn.fetchval(_NEWEST))
+
+
 def lost_after(recorded: Sequence[Drop], cursor: Cursor) -> list[Drop]:
     """The drops that took events after ``cursor``, oldest first. Pure."""
     here = cursor.sort_key()
@@ -74,16 +84,31 @@ def lost_after(recorded: Sequence[Drop], cursor: Cursor) -> list[Drop]:
 
 
 class Told:
-    """The drops one reader has been told of, by id: kept for as long as the reader runs
-    in this process, across the follow() calls of a processor's runner (it follows the
-    feed again after narrowing a failing batch down, from a cursor that may still be
-    behind the drop: the drop was told again each time). Pure."""
+    """What one reader has been told of retention's drops: their ids, the newest drop it
+    looked at (``seen``) and its cursor then (``since``). Kept for as long as the reader
+    runs in this process, across the follow() calls of a processor's runner too (it
+    follows the feed again after narrowing a failing batch down, from a cursor that may
+    still be behind a drop: the drop was told again each time). Pure."""
 
     def __init__(self) -> None:
+        self.seen = 0
+        self.since: Cursor | None = None
         self._told: set[int] = set()
 
-    def news(self, lost: Sequence[Drop]) -> list[Drop]:
-        """Those of ``lost`` not told yet, now counted told."""
-        new = [d for d in lost if d.drop_id not in self._told]
-        self._told.update(d.drop_id for d in new)
-        return new
+    def news(
+        self, recorded: Sequence[Drop], cursor: Cursor, newest: int = 0
+    ) -> tuple[Cursor, list[Drop]]:
+        """The drops of ``recorded`` to tell a reader now at ``cursor`` (not told yet, and
+        holding events after it), now counted told, and the cursor they are measured from;
+        ``newest``: the newest drop id the look found. A drop made since the last look is
+        measured from the cursor of that look: the reader may have read on past some of
+        what it took only after it went (it is told of a gap it may not have, never not
+        told of one it has, as migration 0014 counts too)."""
+        here = cursor
+        if self.since is not None and self.since.sort_key() < cursor.sort_key():
+            here = self.since
+        lost = [d for d in lost_after(recorded, here) if d.drop_id not in self._told]
+        self._told.update(d.drop_id for d in lost)
+        self.seen = max([self.seen, newest, *(d.drop_id for d in recorded)])
+        self.since = cursor
+        return here, lost

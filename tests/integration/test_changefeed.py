@@ -1143,6 +1143,64 @@ def test_a_reader_starting_behind_a_retention_drop_is_told_what_the_feed_lost(ds
     assert "retention dropped" not in err, err
 
 
+def test_a_running_reader_behind_a_forced_drop_is_told_while_it_runs(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader already running is behind when `retention --force` drops a partition
+    holding events after its cursor (here `tail` reading the backlog into a slow
+    consumer: its first batch's lines wait, in no transaction, while the drop runs). It
+    looked at the drops only as it started: it read on from the first batch the feed
+    still held, in silence. It now notices the new drop while it runs and says so at
+    WARNING, as a reader starting behind one does."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.feed.follow")
+    tomorrow = next_utc_midnight(dsn)
+
+    async def go() -> None:
+        await write_batches(dsn, ["r1", "r2", "r3"], 2)  # three batches of today's partition
+        got: list[str] = []
+        first_read = asyncio.Event()
+        dropped = asyncio.Event()
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            got.extend(e.request_id for e in batch.events)
+            if got and not first_read.is_set():
+                first_read.set()
+                await dropped.wait()  # the slow consumer: r2 and r3 not read yet
+
+        stop = asyncio.Event()
+        reading = asyncio.create_task(
+            follow(
+                LocalReader(Changefeed(max_transactions=1)),
+                connector(dsn, "t"),
+                handle,
+                stop,
+                poll_interval=0.2,
+            )
+        )
+        try:
+            await asyncio.wait_for(first_read.wait(), 30)
+            took = await _apply_retention(dsn, tomorrow)
+            assert [d.dropped for d in took] == [True], took
+            await write_batches(dsn, ["r-new"], 2, first=6)  # into a partition made anew
+            dropped.set()
+
+            async def told() -> bool:
+                return any("retention dropped 1 partition(s)" in r.message for r in caplog.records)
+
+            await eventually(told, 30, "the running reader to say what the drop took")
+            assert not reading.done()
+        finally:
+            stop.set()
+            await asyncio.wait_for(reading, 30)
+        assert got == ["r1", "r1", "r-new", "r-new"]  # r2 and r3 went with the partition
+        said = [r for r in caplog.records if "retention dropped" in r.message]
+        assert [(r.levelno, r.message.split(":")[0]) for r in said] == [
+            (logging.WARNING, "reader (local)")
+        ], caplog.text
+
+    asyncio.run(go())
+
+
 def test_drops_made_before_migration_0014_are_worked_out_by_it(services: Services) -> None:
     """Migration 0014 records what each drop took as it drops (a reader's start read it
     by joining every drop with every batch: 85 s on a year of history). For the drops

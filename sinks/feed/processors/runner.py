@@ -60,8 +60,7 @@ import asyncpg
 from ackline.core.faults import DISARMED, Faults
 from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
-from ackline.sinks.feed.follow import Committed, follow
-from ackline.sinks.feed.gaps import Told
+from ackline.sinks.feed.follow import Committed, GapWatch, follow
 from ackline.sinks.feed.processors import control
 from ackline.sinks.feed.processors.contract import (
     IdleTooLongError,
@@ -183,7 +182,7 @@ class ProcessorRunner:
         self._in_hand: ProcessorBatch | None = None
         self._races_counted = 0
         # the retention drops told, across the follow() calls of run(): said once each
-        self._told = Told()
+        self._gaps = GapWatch(self.name)
         self.metrics.failed.labels(self.name).set(0)
         self.metrics.paused.labels(self.name).set(0)
 
@@ -370,7 +369,7 @@ class ProcessorRunner:
                     on_commit=self._committed,
                     on_transient=self._transient,
                     on_end=lambda: ended.append(True),
-                    told=self._told,
+                    gaps=self._gaps,
                 )
             except ProcessorError as exc:
                 failed, self._in_hand = self._in_hand, None
