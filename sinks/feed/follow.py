@@ -268,8 +268,8 @@ class GapWatch:
 
     async def last_look(self, conn: asyncpg.Connection, cursor: Cursor) -> None:
         """:meth:`look` as a one-shot read ends, whatever the time (it may have read past
-        a drop since it last looked); a lost connection is only that."""
-        with contextlib.suppress(OSError, asyncpg.InterfaceError):
+        a drop since it last looked); a lost or timed-out connection is only that."""
+        with contextlib.suppress(OSError, TimeoutError, asyncpg.InterfaceError):
             await self.look(conn, cursor, now=True)
 
     def _say(self, level: int, here: Cursor, lost: list[Drop]) -> None:
