@@ -274,8 +274,12 @@ ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 # outlasts it, the same batch at the same size, so the writer retried it for ever and kept
 # its partitions. Every statement stays bounded by the client (command_timeout,
 # statement_s; COMMIT by commit_s), and the server ends a vanished client's statement
-# (client_connection_check_interval): ackline.sinks.connection.
+# (client_connection_check_interval): ackline.sinks.connection. PostgreSQL 17's
+# transaction_timeout ends the session instead (FATAL 25P04, the same batch retried for
+# ever); a server before 17 refuses the name, so it has a string of its own (verified on
+# 17.6: SET LOCAL transaction_timeout = 0 stops the timer of the transaction under way).
 _BEGIN = "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0"
+_BEGIN_17 = _BEGIN + "; SET LOCAL transaction_timeout = 0"
 
 _READ_BOUNDS = """
 SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)
@@ -525,7 +529,7 @@ class BatchWriter:
         """BEGIN, the statements, COMMIT (bounded by the commit timeout, not the statement
         timeout: asyncpg's Transaction object cannot bound its COMMIT apart, so the
         transaction is plain SQL; :data:`_BEGIN` says why it lifts the server's timeouts)."""
-        await conn.execute(_BEGIN)
+        await conn.execute(_BEGIN_17 if conn.get_server_version().major >= 17 else _BEGIN)
         try:
             result = await self._statements(conn, batch)
             await self._faults.ahit("before_commit")
