@@ -385,6 +385,8 @@ class ReaderStats:
 class Reader:
     """A named reader whose cursor lives in ``feed_cursors``, next to its side effects."""
 
+    stored = True  # a forced retention drop names it when it leaves it behind
+
     def __init__(
         self,
         name: str,
@@ -522,6 +524,8 @@ class LocalReader:
     the in-memory cursor once the body returns. Use it to inspect the feed (`ackline
     tail` without ``--commit``); resuming is the caller's business (print the cursor).
     """
+
+    stored = False
 
     def __init__(self, feed: Changefeed | None = None, *, start: Cursor = START) -> None:
         self.name = "(local)"

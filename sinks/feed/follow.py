@@ -40,6 +40,10 @@ HELD_WARN_AFTER_S = 5.0
 which transaction it is (and again every :data:`HELD_WARN_EVERY_S`)."""
 HELD_WARN_EVERY_S = 30.0
 
+LAST_LOOK_S = 5.0
+"""How long a one-shot read that has ended waits for its last look (a host that died then
+must not hold a finished read open: the close after it is bounded the same)."""
+
 GAP_LOOK_EVERY_S = 5.0
 """How often a running reader looks whether retention dropped a partition since it last
 looked (:class:`GapWatch`): one read of the newest ``drop_id``, between two reads."""
@@ -86,6 +90,7 @@ class _Sized(Protocol):
 
 class AnyReader(Protocol):
     name: str
+    stored: bool  # its cursor is a row of feed_cursors
 
     @property
     def feed(self) -> _Sized: ...
@@ -147,7 +152,7 @@ async def follow(
     cursor: Cursor | None = None
     cap = ReadCap(batch_events if batch_events is not None else reader.feed.max_events)
     held = _Held(reader.name)
-    gaps = gaps if gaps is not None else GapWatch(reader.name)
+    gaps = gaps if gaps is not None else GapWatch(reader.name, stored=reader.stored)
     try:
         while not stop.is_set():
             handler_failed = False
@@ -225,8 +230,9 @@ class GapWatch:
     said and the reader goes on; a role that may not read ``retention_drops`` (or a
     database before migration 0014) is said once, and not looked at again."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, stored: bool) -> None:
         self.name = name
+        self._stored = name if stored else None
         self._told = Told()
         self._looked = time.monotonic()
         self._blind = False
@@ -261,16 +267,21 @@ class GapWatch:
             seen = self._told.seen
             recorded = await drops(conn, seen) if newest > seen else []
         except asyncpg.PostgresError as exc:
+            if is_transient(exc, conn) and not isinstance(exc, asyncpg.QueryCanceledError):
+                raise  # the connection's fault: the reader reconnects, and looks again
             self._cannot(exc, cursor)
             return
-        here, lost = self._told.news(recorded, cursor, newest)
+        here, lost = self._told.news(recorded, cursor, newest, self._stored)
         self._say(logging.WARNING, here, lost)
 
     async def last_look(self, conn: asyncpg.Connection, cursor: Cursor) -> None:
         """:meth:`look` as a one-shot read ends, whatever the time (it may have read past
         a drop since it last looked); a lost or timed-out connection is only that."""
-        with contextlib.suppress(OSError, TimeoutError, asyncpg.InterfaceError):
-            await self.look(conn, cursor, now=True)
+        with contextlib.suppress(
+            OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError
+        ):
+            async with asyncio.timeout(LAST_LOOK_S):  # no command_timeout on a feed's connection
+                await self.look(conn, cursor, now=True)
 
     def _say(self, level: int, here: Cursor, lost: list[Drop]) -> None:
         if lost:

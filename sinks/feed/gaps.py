@@ -96,18 +96,29 @@ class Told:
         self._told: set[int] = set()
 
     def news(
-        self, recorded: Sequence[Drop], cursor: Cursor, newest: int = 0
+        self,
+        recorded: Sequence[Drop],
+        cursor: Cursor,
+        newest: int = 0,
+        stored: str | None = None,
     ) -> tuple[Cursor, list[Drop]]:
         """The drops of ``recorded`` to tell a reader now at ``cursor`` (not told yet, and
         holding events after it), now counted told, and the cursor they are measured from;
         ``newest``: the newest drop id the look found. A drop made since the last look is
         measured from the cursor of that look: the reader may have read on past some of
-        what it took only after it went (it is told of a gap it may not have, never not
-        told of one it has, as migration 0014 counts too)."""
+        what it took only after it went. A reader whose cursor is stored (``stored``: its
+        name) is told such a drop only if the drop named it as left behind: retention
+        drops unforced only once every stored reader has read past, so measuring from the
+        last look would warn of a gap it does not have. A reader kept in memory is told of
+        a gap it may not have, never not told of one it has (as migration 0014 counts)."""
         here = cursor
         if self.since is not None and self.since.sort_key() < cursor.sort_key():
             here = self.since
-        lost = [d for d in lost_after(recorded, here) if d.drop_id not in self._told]
+        if stored is not None and self.since is not None:
+            taken = [d for d in recorded if stored in d.readers_behind]
+        else:
+            taken = lost_after(recorded, here)
+        lost = [d for d in taken if d.drop_id not in self._told]
         self._told.update(d.drop_id for d in lost)
         self.seen = max([self.seen, newest, *(d.drop_id for d in recorded)])
         self.since = cursor

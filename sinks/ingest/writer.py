@@ -435,9 +435,9 @@ class BatchWriter:
         the outcome is unknown and is reconciled by reading (never by re-sending), on a
         fresh connection: end the old session and wait until it is gone (after that nothing
         it received can still commit); read the offset rows FOR SHARE under a lock and a
-        statement timeout; then those rows decide (:meth:`_reconcile`): advanced past the
-        batch under its epoch means committed (return), not advanced means rolled back
-        (retry under the same epoch), another epoch raises FencedError. A crash at any
+        statement timeout; then those rows decide (:meth:`_reconcile`): at the offset
+        after the batch under its epoch means committed (return), elsewhere under it rolled
+        back (retry under the same epoch), another epoch raises FencedError. A crash at any
         step leaves the database alone deciding what was committed; nothing outside it is
         changed here. Cancelling this coroutine is always
         safe: cancellation drops the connection at once (no polite ROLLBACK that could wait

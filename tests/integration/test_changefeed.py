@@ -47,6 +47,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
 from ackline.sinks.feed.dispatcher import ERASE_AGENT
+from ackline.sinks.feed.follow import GAP_LOOK_EVERY_S, LAST_LOOK_S
 from ackline.sinks.feed.types import START, Cursor, FeedBatch, Filter
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
@@ -1201,6 +1202,136 @@ def test_a_running_reader_behind_a_forced_drop_is_told_while_it_runs(
     asyncio.run(go())
 
 
+def _follow_as_s(
+    dsn: str, got: list[str], stop: asyncio.Event, on_commit: Callable[[Any], None] | None = None
+) -> asyncio.Task[Cursor]:
+    """Stored reader "s" following the feed a transaction at a time into ``got``."""
+
+    async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+        got.extend(e.request_id for e in batch.events)
+
+    return asyncio.create_task(
+        follow(
+            Reader("s", Changefeed(max_transactions=1)),
+            connector(dsn, "t"),
+            handle,
+            stop,
+            poll_interval=0.2,
+            on_commit=on_commit,
+        )
+    )
+
+
+def test_a_stored_reader_is_not_warned_of_an_unforced_drop_of_what_it_had_read(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention drops unforced only once every stored reader has read past (its
+    readers_behind is empty). A running stored reader that read the partition within the
+    5 s before the drop was warned all the same: the drop was measured from its cursor at
+    its previous look. It is told only of a drop that named it as left behind."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.feed.follow")
+    tomorrow = next_utc_midnight(dsn)
+
+    async def go() -> None:
+        await write_batches(dsn, ["r1", "r2", "r3"], 2)
+        got: list[str] = []
+        stop = asyncio.Event()
+        reading = _follow_as_s(dsn, got, stop)
+        try:
+            for _ in range(500):
+                if len(got) == 6:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(got) == 6, got
+            took = await _apply_retention(dsn, tomorrow, force=False)
+            assert [(d.dropped, list(d.readers_behind)) for d in took] == [(True, [])], took
+            await write_batches(dsn, ["r-new"], 2, first=6)
+            await asyncio.sleep(GAP_LOOK_EVERY_S + 2)  # past the next look
+        finally:
+            stop.set()
+            await asyncio.wait_for(reading, 30)
+        assert got[-2:] == ["r-new", "r-new"], got
+        said = [r for r in caplog.records if "retention dropped" in r.message]
+        assert said == [], [(r.levelname, r.message) for r in said]
+
+    asyncio.run(go())
+
+
+def test_a_stored_reader_left_behind_by_a_forced_drop_is_told_while_it_runs(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same stored reader, running and behind (between two transactions: its
+    handler's transaction would hold the drop's DETACH) when a forced drop names it as
+    left behind, is told at WARNING, once."""
+    caplog.set_level(logging.INFO, logger="ackline.sinks.feed.follow")
+    tomorrow = next_utc_midnight(dsn)
+    took: list[Any] = []
+
+    def drop_in_a_thread() -> None:
+        took.extend(asyncio.run(_apply_retention(dsn, tomorrow)))
+
+    async def go() -> None:
+        await write_batches(dsn, ["r1", "r2", "r3"], 2)
+        got: list[str] = []
+
+        def committed(_: object) -> None:
+            if got == ["r1", "r1"]:  # out of its transaction, behind r2 and r3: drop now
+                dropping = threading.Thread(target=drop_in_a_thread)
+                dropping.start()
+                dropping.join(30)
+
+        stop = asyncio.Event()
+        reading = _follow_as_s(dsn, got, stop, committed)
+        try:
+            await asyncio.sleep(1)
+            await write_batches(dsn, ["r-new"], 2, first=6)
+            await asyncio.sleep(GAP_LOOK_EVERY_S + 2)
+        finally:
+            stop.set()
+            await asyncio.wait_for(reading, 30)
+        assert [(d.dropped, list(d.readers_behind)) for d in took] == [(True, ["s"])], took
+        assert got == ["r1", "r1", "r-new", "r-new"], got
+        said = [r for r in caplog.records if "retention dropped 1 partition(s)" in r.message]
+        assert [r.levelno for r in said] == [logging.WARNING], caplog.text
+
+    asyncio.run(go())
+
+
+def test_a_one_shot_read_that_ended_returns_when_its_server_stops_answering(dsn: str) -> None:
+    """A one-shot read (`tail` without --follow, `dispatch --once`) that has read all it
+    asked for looks once more at retention's drops. Its connection has no statement
+    bound, so a host that died then (here: its backend stopped) held the finished read
+    open for ever; the look is bounded as the close after it is."""
+
+    async def go() -> None:
+        await write_batches(dsn, ["r1"], 2)
+        pids: list[int] = []
+
+        async def handle(conn: asyncpg.Connection, batch: FeedBatch) -> None:
+            pids.append(conn.get_server_pid())
+
+        def ended() -> None:
+            os.kill(pids[-1], signal.SIGSTOP)
+
+        try:
+            await asyncio.wait_for(
+                follow(
+                    LocalReader(Changefeed()),
+                    connector(dsn, "t"),
+                    handle,
+                    asyncio.Event(),
+                    wait=False,
+                    on_end=ended,
+                ),
+                LAST_LOOK_S * 4,
+            )
+        finally:
+            for pid in set(pids):
+                os.kill(pid, signal.SIGCONT)
+
+    asyncio.run(go())
+
+
 def test_drops_made_before_migration_0014_are_worked_out_by_it(services: Services) -> None:
     """Migration 0014 records what each drop took as it drops (a reader's start read it
     by joining every drop with every batch: 85 s on a year of history). For the drops
@@ -1224,10 +1355,10 @@ async def _migrate_all(dsn: str) -> None:
         await conn.close()
 
 
-async def _apply_retention(dsn: str, now: datetime) -> list[Any]:
+async def _apply_retention(dsn: str, now: datetime, force: bool = True) -> list[Any]:
     conn = await asyncpg.connect(dsn)
     try:
-        return list(await apply_retention(conn, timedelta(0), now=now, force=True))
+        return list(await apply_retention(conn, timedelta(0), now=now, force=force))
     finally:
         await conn.close()
 

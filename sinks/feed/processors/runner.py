@@ -138,6 +138,8 @@ class Report:
 class ProcessorRunner:
     """Runs one processor (see the module docstring); also the reader :func:`follow` drives."""
 
+    stored = True  # its cursor is its row of feed_cursors
+
     def __init__(
         self,
         processor: Processor,
@@ -182,7 +184,7 @@ class ProcessorRunner:
         self._in_hand: ProcessorBatch | None = None
         self._races_counted = 0
         # the retention drops told, across the follow() calls of run(): said once each
-        self._gaps = GapWatch(self.name)
+        self._gaps = GapWatch(self.name, stored=self.stored)
         self.metrics.failed.labels(self.name).set(0)
         self.metrics.paused.labels(self.name).set(0)
 
