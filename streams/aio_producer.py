@@ -330,9 +330,17 @@ class AsyncActivityProducer:
         aborts it whole, whether the block lets the error out or not, and every later send
         in its block raises at once, its record not queued
         (:func:`ackline.streams.producer.send_refused`, naming the first error).
+
+        Outside a :meth:`transaction` block it raises :class:`ProduceError` and queues
+        nothing, as the synchronous producer's send with no transaction open does: queued,
+        the record would only fail later (librdkafka refuses it, ``_STATE``) with nobody
+        told, and a :meth:`send_transaction` after it would begin without it.
         """
+        if not self._in_block:
+            self._client()  # an instance not started, closed or unusable says so first
+            raise _outside_block()
         try:
-            if self._in_block and (first := self._failed) is not None:
+            if (first := self._failed) is not None:
                 self._client()  # an instance that send left unusable says so first
                 raise send_refused(first) from first
             record = item if isinstance(item, Outgoing) else prepare(item, self.key_by)
@@ -589,6 +597,15 @@ class AsyncActivityProducer:
         if broken:
             self._broken = settled
         return settled
+
+
+def _outside_block() -> ProduceError:
+    """The error of a :meth:`AsyncActivityProducer.send` with no :meth:`transaction` block
+    open (the record not queued). Pure."""
+    return ProduceError(
+        "send() refused: no open transaction (send() queues a record only inside "
+        "`async with producer.transaction():`; or use send_transaction()); nothing was queued"
+    )
 
 
 class _AbortRequired(Exception):

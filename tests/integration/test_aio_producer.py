@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -239,6 +239,38 @@ def test_a_call_after_close_says_the_instance_was_closed(services: Services, top
     asyncio.run(go())
 
 
+def test_a_send_outside_a_transaction_block_is_refused_and_queues_nothing(
+    services: Services, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """send() with no transaction() block open queued its record and returned its future:
+    librdkafka failed it (``_STATE``), nothing raised, the producer closed cleanly and only
+    close() logged "1 record(s) not delivered, dropped"; a send_transaction() after it
+    began a new transaction without it, the loss told only by asyncio's "Future exception
+    was never retrieved". The synchronous producer raises at once; so does this one now,
+    before anything is queued, before and after a block, and the transactions around the
+    refusal commit what they hold."""
+    stray, *sent = records()[:3]
+
+    async def go() -> None:
+        async with AsyncActivityProducer(
+            services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}"
+        ) as producer:
+            with pytest.raises(ProduceError, match="no open transaction"):
+                await producer.send(stray)
+            await producer.send_transaction(sent[:1])
+            async with producer.transaction():
+                await producer.send(sent[1])
+            with pytest.raises(ProduceError, match="no open transaction"):
+                await producer.send(stray)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(go())
+        gc.collect()  # the futures are gone: asyncio logs any error never retrieved
+    assert "never retrieved" not in caplog.text
+    assert "not delivered" not in caplog.text  # close() dropped nothing
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in sent)
+
+
 def test_a_fenced_zombie_cannot_commit_and_its_successor_resends(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
@@ -432,11 +464,12 @@ def test_a_close_counts_the_records_it_drops_not_librdkafkas_queue(
     async def aio() -> None:
         zombie, successor = await _fenced_aio(services, topic, txn_id)
         try:
-            await zombie._client().begin_transaction()  # left open: no public way
+            block = await _entered(zombie)
             for record in sent:
                 await zombie.send(record)
             with caplog.at_level(logging.WARNING, logger=producer_log.name):
                 await zombie.close(timeout=10)
+            await _left_closed(block)
         finally:
             await zombie.close()
             await successor.close()
@@ -569,16 +602,33 @@ def _aio_close_on_a_frozen_broker(
     async def produce() -> float:
         producer = AsyncActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
         await producer.start()
-        await producer._client().begin_transaction()  # left open: no public way
+        block = await _entered(producer)
         loop = asyncio.get_running_loop()
         with frozen_broker(services):
             for record in sent:
                 await producer.send(record)
             began = loop.time()
             await close(producer)
-            return loop.time() - began
+            took = loop.time() - began
+        await _left_closed(block)
+        return took
 
     return asyncio.run(produce())
+
+
+async def _entered(producer: AsyncActivityProducer) -> AbstractAsyncContextManager[None]:
+    """A ``transaction()`` block entered, to be left by :func:`_left_closed` once the
+    producer is closed in it (as a service may at shutdown): what is sent meanwhile stays
+    in the open transaction, which close() must deal with."""
+    block = producer.transaction()
+    await block.__aenter__()
+    return block
+
+
+async def _left_closed(block: AbstractAsyncContextManager[None]) -> None:
+    """The end of :func:`_entered`'s block, its producer closed: it commits nothing."""
+    with pytest.raises(ProduceError, match="was closed"):
+        await block.__aexit__(None, None, None)
 
 
 def test_an_asyncio_close_drops_what_the_broker_did_not_take_and_says_how_many(
