@@ -895,9 +895,7 @@ class ActivityProducer:
         :meth:`transaction` block every later send raises :func:`send_refused`.
         """
         with self._sending():
-            if on_delivery is not None:
-                check_hook(on_delivery)
-            self._produce(key, value, headers, on_delivery or self._default_hook)
+            self._produce(key, value, headers, self._hook(on_delivery))
 
     @contextmanager
     def _sending(self) -> Iterator[None]:
@@ -935,12 +933,19 @@ class ActivityProducer:
         """:meth:`send_record` without the bookkeeping of :meth:`_sending`; a record
         without a hook of its own gets the configuration's default."""
         check_fits([record], self._limits)
+        self._produce(record.key, record.value, list(record.headers), self._hook(on_delivery))
+
+    def _hook(self, on_delivery: DeliveryHook | None) -> DeliveryHook | None:
+        """The delivery hook of one record a public send queues: the caller's own (checked
+        before the SDK wraps it) or the configuration's default; in a :meth:`transaction`
+        block, after keeping the report there, by which the block's end judges a failed
+        transaction (transient when every record met the broker's absence)."""
         if on_delivery is not None:
-            check_hook(on_delivery)  # the caller's own, before the SDK wraps it
+            check_hook(on_delivery)
         on_delivery = on_delivery or self._default_hook
         if self._reports is not None:
             on_delivery = _collect_into(self._reports, on_delivery)
-        self._produce(record.key, record.value, list(record.headers), on_delivery)
+        return on_delivery
 
     def _produce(
         self,

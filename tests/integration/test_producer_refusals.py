@@ -420,6 +420,48 @@ def test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_b
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
 
 
+def _send_record(producer: ActivityProducer, record: Outgoing) -> None:
+    producer.send_record(record)
+
+
+def _send_bytes(producer: ActivityProducer, record: Outgoing) -> None:
+    producer.send_bytes(record.key, record.value, list(record.headers))
+
+
+@pytest.mark.parametrize("send", [_send_record, _send_bytes], ids=["send_record", "send_bytes"])
+def test_records_a_block_sent_that_time_out_while_the_broker_is_away_say_so(
+    services: Services, topic: str, send: Callable[[ActivityProducer, Outgoing], None]
+) -> None:
+    """:func:`test_records_that_time_out_while_the_broker_is_away_commit_nothing_and_may_be_resent`
+    in a synchronous ``transaction()`` block. Its end judges a failed transaction by the
+    delivery reports of the records sent in it; ``send_bytes`` kept none (``send_record``
+    does), so a raw record timed out with the broker away ended as a plain ProduceError,
+    a refusal by the SDK's own rule, where its docstring and docs/producing.md say
+    TransientProduceError: send the same again."""
+    record = prepare(unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-d", 1)[0])
+    extra = {"message.timeout.ms": 3_000}
+    producer = ActivityProducer(
+        services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=extra
+    )
+    producer.start()
+    timer = _thawed_after(services, 6)
+    try:
+        with pytest.raises(TransientProduceError, match="again"), producer.transaction(30):
+            send(producer, record)
+    finally:
+        timer.join()
+        producer.close()
+    assert committed_values(services.bootstrap, topic) == []
+    producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+    producer.start()
+    try:
+        with producer.transaction(30):  # the same bytes again, broker back
+            send(producer, record)
+    finally:
+        producer.close()
+    assert committed_values(services.bootstrap, topic) == [record.value]
+
+
 _SMALL_QUEUE = {"queue.buffering.max.messages": 4}
 """Room for fewer records than the transaction has (the asyncio producer flushes every two)."""
 
