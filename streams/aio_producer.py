@@ -45,6 +45,7 @@ from typing import Any, Self, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.aio import AIOProducer
 
+from ackline.core.logs import kafka_logger
 from ackline.schemas.envelope import Envelope
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
@@ -107,7 +108,16 @@ class AsyncActivityProducer:
         self.key_by: KeyBy = key_by
         self.transactional_id = transactional_id
         check_callbacks(extra, coroutines=True)
-        self._conf = transactional_config(bootstrap, transactional_id, extra)
+        # librdkafka's lines through Python logging, de-duplicated, as the synchronous
+        # producer's (``extra`` may replace it); without it librdkafka prints each raw line
+        # on stderr (one per failed connection attempt while the broker is away).
+        # AIOProducer hands each line to the event loop (its AsyncLogger); lines of a
+        # client never closed that come after the loop closed are served by nothing and
+        # go with the client, unlogged.
+        self._conf = {
+            "logger": kafka_logger(),
+            **transactional_config(bootstrap, transactional_id, extra),
+        }
         if "on_delivery" in self._conf:
             # AIOProducer gives every record its own callback (its future): a default
             # one would never fire, so say so now rather than stay silent

@@ -3,12 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+import socket
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
 
 from ackline.core.logs import KAFKA_LOGGER, KafkaLogBridge
+from ackline.streams.aio_producer import AsyncActivityProducer
+from ackline.streams.errors import TransientProduceError
+from ackline.streams.producer import ActivityProducer
 
 
 class Clock:
@@ -73,3 +80,31 @@ def test_a_real_client_logs_through_the_bridge(caplog: pytest.LogCaptureFixture)
     assert len(fails) == 1, [r.getMessage() for r in caplog.records]
     repeats = sum(int(e[1]) for e in bridge._seen.values())
     assert repeats >= 1  # librdkafka retried meanwhile: counted, not logged
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _start_sync(bootstrap: str) -> None:
+    ActivityProducer(bootstrap, "t", "tx-log-sync").start(timeout=3)
+
+
+def _start_aio(bootstrap: str) -> None:
+    asyncio.run(AsyncActivityProducer(bootstrap, "t", "tx-log-aio").start(timeout=3))
+
+
+@pytest.mark.parametrize("start", [_start_sync, _start_aio], ids=["sync", "aio"])
+def test_the_sdk_producers_print_no_raw_librdkafka_lines(
+    start: Callable[[str], None], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Both SDK producers against a closed port for 3 s: the asyncio one passed librdkafka
+    no logger, so librdkafka printed its own raw lines on stderr (105 ``%3|...|FAIL|``
+    lines in 5 s, where the synchronous producer printed none). Both pass the bridge,
+    whose lines go through Python logging, folded."""
+    with pytest.raises(TransientProduceError):
+        start(_closed_port())
+    raw = [line for line in capfd.readouterr().err.splitlines() if re.match(r"%\d\|", line)]
+    assert raw == [], raw[:3]
