@@ -361,7 +361,13 @@ class AsyncActivityProducer:
             raise
 
     async def flush(self, timeout: float) -> int:
-        """Hand buffered records to the broker; how many are still undelivered."""
+        """Hand buffered records to librdkafka and wait up to ``timeout`` for their delivery
+        reports; librdkafka's out-queue length after it (records not yet reported, and
+        reports or log lines not yet served), 0 when nothing is left.
+
+        Not a count of failures: a record whose delivery failed has been reported, so it
+        counts 0; its future (from :meth:`send`) holds the error, and the commit checks
+        every future before it asks for the commit."""
         try:
             left: int = await self._client().flush(timeout)
         except (KafkaException, SystemError) as exc:
