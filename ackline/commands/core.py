@@ -72,7 +72,9 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
     like the worker's): it waits out what that loop takes for transient — a connection
     refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
     or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
-    it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds. A
+    it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds, an
+    ERROR once the wait passes ``ACKLINE_DB_DOWN_ERROR_AFTER_S`` (as the settings say of
+    every outage of the worker's: the WARNINGs alone went on for ever). A
     stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
     nothing was taken). The check's connection is dropped: nothing to wait for."""
     import asyncpg
@@ -93,14 +95,19 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
     )
     since = time.monotonic()
     say_at = since
+    error_at = since + settings.db_down_error_after_s  # the first ERROR line, at once
 
     def waiting(exc: BaseException) -> None:
-        nonlocal say_at
+        nonlocal say_at, error_at
         now = time.monotonic()
-        if now < say_at:
+        if now < say_at and now < error_at:
             return
+        level = logging.WARNING
+        if now >= error_at:  # as the worker's own outages: ERROR past the bound
+            level, error_at = logging.ERROR, float("inf")
         waited = f" (waited {now - since:.0f} s)" if now - since >= 1 else ""
-        log.warning(
+        log.log(
+            level,
             "%s; not joining the consumer group until it answers%s",
             DatabaseUnavailableError(target, exc.__cause__ or exc, setting=setting),
             waited,

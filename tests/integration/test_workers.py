@@ -6,6 +6,7 @@ The crash windows of docs/design.md (after commit, zombies, shutdown with a writ
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import urllib.request
@@ -220,3 +221,26 @@ def test_a_verdict_with_lost_events_says_where_they_were(
     assert window.partition == 1 and window.since and window.until, window
     logged = context([("w", w.log().splitlines())], window)
     assert any(" w batch " in x and "committed on partition 1: [" in x for x in logged), logged
+
+
+def test_a_worker_waiting_for_postgresql_past_the_down_bound_says_so_at_error(
+    services: Services, topic: str, tmp_path: Path
+) -> None:
+    """`ackline run` waiting before it joins, PostgreSQL refusing it: WARNING lines only,
+    for ever, where ACKLINE_DB_DOWN_ERROR_AFTER_S says a failure past it is an ERROR (an
+    operator's probe: WARNING at 0, 35, 69 and 101 s, no ERROR). One ERROR line once the
+    wait passes the bound."""
+    away = f"postgresql://postgres@127.0.0.1:{pick_free_port()}/ackline"
+    w = Worker(services, away, topic, tmp_path, name="w", db_down_error_after_s=2)
+
+    def errors() -> list[str]:
+        lines = (json.loads(ln) for ln in w.log().splitlines() if ln.startswith("{"))
+        return [x["msg"] for x in lines if x.get("level") == "error"]
+
+    try:
+        wait_until(lambda: bool(errors()), 30, "an ERROR line past the down bound")
+        time.sleep(3)  # one, not one per retry
+        assert len(errors()) == 1, errors()
+        assert "not joining the consumer group until it answers" in errors()[0], errors()
+    finally:
+        assert w.stop(timeout=30) == 0, w.log()[-2000:]
