@@ -52,7 +52,8 @@ def _dsn(settings: Settings) -> str:
 class _Stopping:
     """SIGTERM/SIGINT set ``stop``; if the work has not returned ``wait_s`` later, it is
     cancelled (a read blocked on a lock or a stalled server must not outlive the grace
-    period of a container)."""
+    period of a container). A second request cancels it at once: an operator's second
+    Ctrl-C on a read blocked on a lock waited out the whole grace period (30 s)."""
 
     def __init__(self, stop: asyncio.Event, wait_s: float) -> None:
         self.stop = stop
@@ -63,16 +64,18 @@ class _Stopping:
 
     def _signalled(self, sig: int) -> None:
         if self.stop.is_set():
+            self._cancel("a second stop request")
             return
         self.signal = sig
         self.stop.set()
         loop = asyncio.get_running_loop()
         loop.call_later(self.wait_s, self._cancel)
 
-    def _cancel(self) -> None:
+    def _cancel(self, why: str = "") -> None:
         if self._task is not None and not self._task.done():
             self.cancelled = True
-            log.warning("still busy %.0f s after the stop request: cancelling", self.wait_s)
+            why = why or f"still busy {self.wait_s:.0f} s after the stop request"
+            log.warning("%s: cancelling", why)
             self._task.cancel()
 
     async def run(self, work: Awaitable[T]) -> T | None:

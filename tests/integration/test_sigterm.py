@@ -159,6 +159,34 @@ def test_a_feed_reader_blocked_on_a_lock_stops(
     assert "cancelling" in text
 
 
+def test_a_second_stop_request_cancels_a_blocked_feed_read_at_once(
+    services: Services, dsn: str, tmp_path: Path
+) -> None:
+    """An operator's Ctrl-C on `tail` blocked on a lock, then a second one: the second
+    changed nothing, and the read was cancelled only when the grace period
+    (ACKLINE_SHUTDOWN_WAIT_S, 30 s by default) ran out (30.1 s in the probe). A second
+    stop request cancels it at once."""
+    log = tmp_path / "reader.log"
+    env = _env(ACKLINE_DATABASE_URL=dsn, ACKLINE_SHUTDOWN_WAIT_S="60")
+    with _locked_feed(dsn):
+        proc = _spawn(["tail", "--from-start", "--limit", "1"], env, log)
+        try:
+            wait_until(lambda: _waiting_on_lock(dsn, "ackline-tail:"), 60, "the read to block")
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert proc.poll() is None, "ended before the second request"
+            began = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            status = _exited(proc, log, 10, "still running 10 s after a second SIGINT")
+        finally:
+            _reap(proc)
+    text = log.read_text(errors="replace")
+    assert time.monotonic() - began < 10
+    assert "Traceback" not in text, text[-3000:]
+    assert status == 130, text[-3000:]
+    assert "a second stop request: cancelling" in text, text[-3000:]
+
+
 def _wchan(pid: int) -> str:
     try:
         return (Path("/proc") / str(pid) / "wchan").read_text()
