@@ -223,8 +223,10 @@ class ProcessorRunner:
         without opening one (follow() then waits as if caught up)."""
         if await control.is_paused(conn, self.name):
             if not self.paused:
+                # not "waiting": a one-shot run (--until-caught-up) ends here, outcome paused
                 log.info(
-                    "processor %s is paused; waiting for `ackline processors resume`", self.name
+                    "processor %s is paused: it reads nothing until `ackline processors resume`",
+                    self.name,
                 )
             self.paused = True
             self.metrics.paused.labels(self.name).set(1)
