@@ -44,6 +44,9 @@ LAST_LOOK_S = 5.0
 """How long a one-shot read that has ended waits for its last look (a host that died then
 must not hold a finished read open: the close after it is bounded the same)."""
 
+RECONNECT_SAY_EVERY_S = 60.0
+"""During one outage a reader says it is reconnecting at WARNING at most this often."""
+
 GAP_LOOK_EVERY_S = 5.0
 """How often a running reader looks whether retention dropped a partition since it last
 looked (:class:`GapWatch`): one read of the newest ``drop_id``, between two reads."""
@@ -489,6 +492,7 @@ class _Follower:
         self.current: asyncpg.Connection | None = None
         self.fresh = True
         self._delay = 0.05
+        self._said_at: float | None = None  # the outage's last WARNING
 
     def _notified(self, *_: Any) -> None:
         self._wake.set()
@@ -507,13 +511,22 @@ class _Follower:
         return self.current
 
     async def backoff(self, exc: BaseException, stop: asyncio.Event) -> None:
-        log.warning("reader %s: transient error, reconnecting: %s", self._name, exc)
+        """Drop the connection and wait before the next try. One WARNING as an outage
+        begins, then one a minute (:data:`RECONNECT_SAY_EVERY_S`; DEBUG between): a
+        45 s outage logged 15 of them besides the ERROR the connect's retries give."""
+        now = time.monotonic()
+        if self._said_at is None or now - self._said_at >= RECONNECT_SAY_EVERY_S:
+            self._said_at = now
+            log.warning("reader %s: transient error, reconnecting: %s", self._name, exc)
+        else:
+            log.debug("reader %s: transient error, reconnecting: %s", self._name, exc)
         await self.close()
         await _sleep_until(self._delay * (0.5 + random.random()), asyncio.Event(), stop)
         self._delay = min(self._delay * 2, 5.0)
 
     def reset_backoff(self) -> None:
         self._delay = 0.05
+        self._said_at = None
 
     async def close(self) -> None:
         conn, self.current = self.current, None
