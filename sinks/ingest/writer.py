@@ -529,7 +529,10 @@ class BatchWriter:
         """BEGIN, the statements, COMMIT (bounded by the commit timeout, not the statement
         timeout: asyncpg's Transaction object cannot bound its COMMIT apart, so the
         transaction is plain SQL; :data:`_BEGIN` says why it lifts the server's timeouts)."""
-        await conn.execute(_BEGIN_17 if conn.get_server_version().major >= 17 else _BEGIN)
+        if conn.get_server_version().major >= 17:
+            await conn.execute(_BEGIN_17)
+        else:
+            await conn.execute(_BEGIN)
         try:
             result = await self._statements(conn, batch)
             await self._faults.ahit("before_commit")
