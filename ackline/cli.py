@@ -38,6 +38,11 @@ GLOBAL_SETTINGS = (("--topic", "global_topic", "topic"), ("--group-id", "group_i
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+DESCRIPTION = (
+    "Move agent activity events from Kafka into PostgreSQL exactly once, and read them "
+    "back: `ackline COMMAND --help` for each command; docs/operating.md for every setting."
+)
+"""What `ackline --help` says (the module docstring is for the code's readers)."""
 
 
 def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -60,6 +65,7 @@ def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--topic",
         dest="global_topic",
+        metavar="TOPIC",
         help="override ACKLINE_TOPIC (a command that does not read it refuses it)",
         **default,
     )
@@ -68,6 +74,18 @@ def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="override ACKLINE_GROUP_ID (a command that does not read it refuses it)",
         **default,
     )
+
+
+def _describe(p: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description of its own its line from the list
+    above it: `ackline run --help` (and twenty-odd others) said only its usage."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for listed in action._choices_actions:
+                child = action.choices[listed.dest]
+                if not child.description and listed.help:
+                    child.description = listed.help
+                _describe(child)
 
 
 def _subparsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -80,11 +98,12 @@ def _subparsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ackline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ackline", description=DESCRIPTION)
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in MODULES:
         importlib.import_module(f"ackline.commands.{name}").register(sub)
+    _describe(p)
     for child in _subparsers(p):
         _global_options(child, suppress=True)
         # set on each parser, so that a subcommand never inherits its group's: an

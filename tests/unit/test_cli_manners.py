@@ -51,6 +51,17 @@ def test_every_subcommand_has_help() -> None:
     assert missing == []
 
 
+def test_every_command_s_help_says_what_it_does_in_the_user_s_words() -> None:
+    """`ackline --help` printed the module's docstring for the code's readers ("Thin:
+    parse, load settings, call one handler, exit"), twenty-odd commands' --help only
+    their usage, and the global --topic read `--topic GLOBAL_TOPIC` (an operator's
+    probe)."""
+    top = cli.parser()
+    assert "Thin:" not in top.format_help()
+    assert [path for path, p in _parsers(top) if not (p.description or "").strip()] == []
+    assert [path for path, p in _parsers(top) if "GLOBAL_TOPIC" in p.format_usage()] == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [
