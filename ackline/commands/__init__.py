@@ -73,6 +73,15 @@ def _seconds(text: str, most: float) -> float:
     return value
 
 
+def nonempty(text: str) -> str:
+    """An argparse type: a name or cursor that is not empty. ``--reader ""`` was taken as
+    no reader (the feed from its start) and ``--to-cursor ""`` as the start: a slip in a
+    script's variable must not mean 'everything'."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 BIGINT_MAX = 2**63 - 1
 """The largest count or id a command takes: PostgreSQL's bigint (asyncpg refuses a larger
 argument with a traceback)."""

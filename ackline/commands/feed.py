@@ -24,7 +24,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from ackline.commands import Subparsers, positive_seconds, uses, whole_from
+from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole_from
 from ackline.commands.guard import guarded_connect
 from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
@@ -308,10 +308,13 @@ def register(sub: Subparsers) -> None:
     src = tail.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--reader",
+        type=nonempty,
         help="start at this reader's saved cursor (with --follow or --commit, a new reader "
         "is created at the start of the feed)",
     )
-    src.add_argument("--from-cursor", help="start after this cursor (a line's 'cursor')")
+    src.add_argument(
+        "--from-cursor", type=nonempty, help="start after this cursor (a line's 'cursor')"
+    )
     src.add_argument("--from-start", action="store_true", help="start at the first batch")
     tail.add_argument(
         "--commit",
@@ -348,8 +351,12 @@ def register(sub: Subparsers) -> None:
         help="start one agent run per agent.requested event "
         "(the dispatcher processor; same as `ackline process dispatcher`)",
     )
-    disp.add_argument("--reader", default="dispatcher", help="cursor name, shared by instances")
-    disp.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")
+    disp.add_argument(
+        "--reader", type=nonempty, default="dispatcher", help="cursor name, shared by instances"
+    )
+    disp.add_argument(
+        "--instance", type=nonempty, help="this instance's name (default ACKLINE_WORKER_ID)"
+    )
     disp.add_argument("--once", action="store_true", help="exit once caught up")
     disp.add_argument(
         "--poll-interval", type=positive_seconds, default=2.0, help="fallback poll, seconds"

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ackline.commands import Subparsers, positive_seconds, uses, whole_from
+from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole_from
 from ackline.commands.feed import FOLLOWS_THE_FEED
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
@@ -385,14 +385,19 @@ def register(sub: Subparsers) -> None:
     proc.add_argument(
         "names",
         nargs="+",
+        type=nonempty,
         metavar="NAME",
         help="a built-in (runs, dispatcher), an entry point of ackline.processors, "
         "or module:attribute",
     )
     proc.add_argument("--until-caught-up", action="store_true", help="stop once caught up")
-    proc.add_argument("--instance", help="this instance's name (default ACKLINE_WORKER_ID)")
+    proc.add_argument(
+        "--instance", type=nonempty, help="this instance's name (default ACKLINE_WORKER_ID)"
+    )
     start = proc.add_mutually_exclusive_group()
-    start.add_argument("--from-cursor", help="a NEW processor starts after this cursor")
+    start.add_argument(
+        "--from-cursor", type=nonempty, help="a NEW processor starts after this cursor"
+    )
     start.add_argument(
         "--from-now", action="store_true", help="a NEW processor skips what is in the feed now"
     )
@@ -426,7 +431,9 @@ def register(sub: Subparsers) -> None:
     st = actions.add_parser(
         "status", help="cursor, lag, pause, failure and filter in effect of each processor"
     )
-    st.add_argument("names", nargs="*", metavar="NAME", help="processors to show (default: all)")
+    st.add_argument(
+        "names", nargs="*", type=nonempty, metavar="NAME", help="processors to show (default: all)"
+    )
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(handler=cmd_status)
     pauses = []
@@ -435,21 +442,23 @@ def register(sub: Subparsers) -> None:
         ("resume", "undo pause"),
     ):
         a = actions.add_parser(action, help=text)
-        a.add_argument("name", help="processor name")
+        a.add_argument("name", type=nonempty, help="processor name")
         a.set_defaults(handler=cmd_pause)
         pauses.append(a)
     cs = actions.add_parser(
         "clear-superseded",
         help="let a filter replaced before take over again (a deliberate rollback)",
     )
-    cs.add_argument("name", help="processor name")
+    cs.add_argument("name", type=nonempty, help="processor name")
     cs.set_defaults(handler=cmd_clear_superseded)
     rs = actions.add_parser(
         "reset", help="rebuild: clear a processor's state and rewind its cursor (one transaction)"
     )
-    rs.add_argument("name", help="processor name, entry point or module:attribute")
+    rs.add_argument("name", type=nonempty, help="processor name, entry point or module:attribute")
     to = rs.add_mutually_exclusive_group()
-    to.add_argument("--to-cursor", help="rewind to after this cursor (default: the start)")
+    to.add_argument(
+        "--to-cursor", type=nonempty, help="rewind to after this cursor (default: the start)"
+    )
     to.add_argument("--to-now", action="store_true", help="move to the feed head now")
     rs.add_argument(
         "--cursor-only", action="store_true", help="move the cursor only; keep the state"
@@ -466,7 +475,7 @@ def register(sub: Subparsers) -> None:
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")
-    su.add_argument("name", help="processor name, entry point or module:attribute")
+    su.add_argument("name", type=nonempty, help="processor name, entry point or module:attribute")
     su.set_defaults(handler=cmd_setup)
     for each in (lst, st, *pauses, cs, rs, su):
         uses(each, why="processors follow the changefeed: every topic and group ingested")

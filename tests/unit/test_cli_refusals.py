@@ -258,3 +258,36 @@ def test_an_outage_names_the_setting_its_url_came_from() -> None:
     )
     with pytest.raises(DatabaseUnavailableError, match="check ACKLINE_DATABASE_PROCESSOR_URL"):
         asyncio.run(outage.wrap(refused)())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["tail", "--reader", ""], "--reader"),
+        (["tail", "--reader="], "--reader"),
+        (["tail", "--from-cursor", ""], "--from-cursor"),
+        (["dispatch", "--reader", ""], "--reader"),
+        (["dispatch", "--instance", ""], "--instance"),
+        (["process", ""], "NAME"),
+        (["process", "runs", "--instance", ""], "--instance"),
+        (["process", "runs", "--from-cursor", ""], "--from-cursor"),
+        (["processors", "status", "runs", ""], "NAME"),
+        (["processors", "pause", ""], "name"),
+        (["processors", "resume", ""], "name"),
+        (["processors", "clear-superseded", ""], "name"),
+        (["processors", "reset", ""], "name"),
+        (["processors", "reset", "runs", "--to-cursor", ""], "--to-cursor"),
+        (["processors", "setup", ""], "name"),
+    ],
+)
+def test_an_empty_reader_processor_instance_or_cursor_is_refused(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ackline tail --reader ""` was taken as no reader: it printed the feed from its
+    start (with --commit: '--commit needs --reader NAME'); `--to-cursor ""` rewound to the
+    start, `--instance ""` fell back to ACKLINE_WORKER_ID. feed_cursors has
+    CHECK (reader <> '')."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(argv)
+    assert stop.value.code == 2
+    assert f"argument {option}: must not be empty" in capsys.readouterr().err
