@@ -321,6 +321,13 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.registry import load
     from ackline.sinks.feed.types import START, Cursor
 
+    if args.skip_events and not args.cursor_only:
+        # without --cursor-only the state is cleared and the cursor rewound: there is
+        # nothing to skip, and the flag was dropped with the state gone
+        raise AcklineError(
+            "--skip-events needs --cursor-only (it moves the cursor forward past unread "
+            "events and keeps the state; without --cursor-only the state is cleared)"
+        )
     clear = None
     if not args.cursor_only:
         processor = load(args.name)
@@ -471,7 +478,8 @@ def register(sub: Subparsers) -> None:
     rs.add_argument(
         "--skip-events",
         action="store_true",
-        help="with --cursor-only: move forward past events it has not applied (never applied)",
+        help="only with --cursor-only (refused without it): move forward past events it has "
+        "not applied (never applied)",
     )
     rs.set_defaults(handler=cmd_reset)
     su = actions.add_parser("setup", help="run a processor's setup_sql (its tables, grants)")

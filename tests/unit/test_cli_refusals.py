@@ -291,3 +291,14 @@ def test_an_empty_reader_processor_instance_or_cursor_is_refused(
         cli.parser().parse_args(argv)
     assert stop.value.code == 2
     assert f"argument {option}: must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_reset_refuses_skip_events_without_cursor_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """`processors reset NAME --skip-events` without --cursor-only dropped the flag and
+    cleared the processor's whole state (exit 0). Refused before PostgreSQL is asked
+    (here it is not there: asked, the line would say it cannot be reached)."""
+    assert cli.main(["processors", "reset", "runs", "--skip-events"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("ackline: error: --skip-events needs --cursor-only (")
+    assert err.count("\n") == 1
