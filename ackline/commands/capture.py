@@ -108,6 +108,12 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
             "--into-ingested-topic if that is meant (reprocessing dead letters, "
             "docs/schema.md), else name a load-test topic"
         )
+    if args.target_partitions is not None and not args.create_topic:
+        # an existing topic keeps its partitions: the count was dropped, unsaid
+        raise ArgumentProblem(
+            "replay: --partitions needs --create-topic (it is the count of the topic "
+            "created; an existing one keeps its own)"
+        )
     ranged = any(
         v is not None
         for v in (args.from_offset, args.to_offset, args.since, args.until, args.partition)
@@ -247,7 +253,7 @@ def register(sub: Subparsers) -> None:
         "--partitions",
         dest="target_partitions",
         type=whole_from(1),
-        help="with --create-topic: the new topic's partition count",
+        help="only with --create-topic (refused without it): the new topic's partition count",
     )
     rep.add_argument(
         "--pace",

@@ -302,3 +302,17 @@ def test_reset_refuses_skip_events_without_cursor_only(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.startswith("ackline: error: --skip-events needs --cursor-only (")
     assert err.count("\n") == 1
+
+
+@pytest.mark.usefixtures("unreachable")
+def test_replay_refuses_partitions_without_create_topic(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`replay ... --partitions 3` without --create-topic was dropped ('partitions: as
+    captured', exit 0): an existing topic keeps its count."""
+    _kafka_must_not_be_asked(monkeypatch)
+    argv = ["replay", "/nonexistent.ackcap", "--to", "t", "--partitions", "3", "--quiet"]
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("ackline: error: replay: --partitions needs --create-topic (")
+    assert err.count("\n") == 1
