@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ackline.commands import Subparsers, uses
@@ -19,6 +20,7 @@ from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
+from ackline.sinks.admin.durations import retention_period
 
 if TYPE_CHECKING:
     import asyncpg
@@ -54,16 +56,22 @@ def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[
     return run_stoppable(go())
 
 
-def _keep(args: argparse.Namespace, settings: Settings) -> Any:
-    from ackline.sinks.admin.durations import retention_period
-
-    text = args.older_than or settings.retention
-    if not text:
-        raise AcklineError("retention apply needs --older-than (or ACKLINE_RETENTION)")
+def older_than(text: str) -> timedelta:
+    """An argparse type: a retention period with its unit (``90d``, ``12w``, ``36h``),
+    refused when parsed. It is saved as the policy: a bare ``90`` is not guessed."""
     try:
-        return retention_period(text)
+        return retention_period(text, unit_required=True)
     except ValueError as exc:
-        raise AcklineError(f"--older-than: {exc}") from exc
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _keep(args: argparse.Namespace, settings: Settings) -> timedelta:
+    if args.older_than is not None:
+        keep: timedelta = args.older_than
+        return keep
+    if not settings.retention:
+        raise AcklineError("retention apply needs --older-than (or ACKLINE_RETENTION)")
+    return retention_period(settings.retention)  # checked and normalized when loaded
 
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
@@ -201,7 +209,9 @@ def register(sub: Subparsers) -> None:
     apply.add_argument(
         "--older-than",
         metavar="DURATION",
-        help="90d, 12w, 36h (default: ACKLINE_RETENTION)",
+        type=older_than,
+        help="a number and its unit (s, m, h, d, w): 90d, 12w, 36h; at least 1d "
+        "(default: ACKLINE_RETENTION)",
     )
     apply.add_argument(
         "--force",

@@ -18,14 +18,18 @@ and a shorter one drops yesterday's partition while a batch that began before mi
 may still write it."""
 
 
-def parse_duration(text: str) -> timedelta:
-    """``90d``, ``12w``, ``36h``, ``30m``, ``45s``; a bare number is days.
+def parse_duration(text: str, *, unit_required: bool = False) -> timedelta:
+    """``90d``, ``12w``, ``36h``, ``30m``, ``45s``; a bare number is days, unless
+    ``unit_required`` (``retention apply --older-than``: ``90`` was saved as 90 days
+    though its help shows only 90d, 12w, 36h — hours or weeks may have been meant).
 
     Raises ValueError naming the accepted forms.
     """
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not a duration like 90d, 12w or 36h")
+    if unit_required and not match[2]:
+        raise ValueError(f"{text!r} has no unit: give one, like {match[1]}d, {match[1]}w or 36h")
     seconds = int(match[1]) * _UNITS[match[2]]
     if seconds > MAX_DURATION.total_seconds():  # past it, date arithmetic overflows
         raise ValueError(f"{text!r} is over {MAX_DURATION.days}d (a century)")
@@ -41,11 +45,11 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
-def retention_period(text: str) -> timedelta:
+def retention_period(text: str, *, unit_required: bool = False) -> timedelta:
     """A retention period (:func:`parse_duration`) of at least :data:`MIN_RETENTION`.
 
     Raises ValueError saying why."""
-    keep = parse_duration(text)
+    keep = parse_duration(text, unit_required=unit_required)
     if keep < MIN_RETENTION:
         raise ValueError("must be at least a day (1d): partitions are days or weeks")
     return keep

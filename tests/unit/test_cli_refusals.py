@@ -316,3 +316,30 @@ def test_replay_refuses_partitions_without_create_topic(
     err = capsys.readouterr().err
     assert err.startswith("ackline: error: replay: --partitions needs --create-topic (")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("90", "'90' has no unit: give one, like 90d, 90w or 36h"),
+        (" 7 ", "' 7 ' has no unit"),
+        ("23h", "must be at least a day (1d)"),
+        ("90 days", "'90 days' is not a duration like 90d, 12w or 36h"),
+    ],
+)
+def test_retention_apply_refuses_a_period_without_its_unit(
+    value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`retention apply --older-than 90` was taken as 90 days and saved as the policy,
+    though the help shows only 90d, 12w, 36h: hours or weeks may have been meant."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(["retention", "apply", f"--older-than={value}"])
+    assert stop.value.code == 2
+    assert f"argument --older-than: {said}" in capsys.readouterr().err
+
+
+def test_retention_apply_takes_a_period_with_its_unit() -> None:
+    from datetime import timedelta
+
+    args = cli.parser().parse_args(["retention", "apply", "--older-than", "12w"])
+    assert args.older_than == timedelta(weeks=12)

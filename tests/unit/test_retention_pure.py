@@ -47,6 +47,15 @@ def test_bad_durations_say_the_forms(text: str) -> None:
         parse_duration(text)
 
 
+def test_a_duration_may_be_asked_to_carry_its_unit() -> None:
+    """ACKLINE_RETENTION keeps taking a bare number as days; `--older-than` does not."""
+    assert parse_duration("90d", unit_required=True) == timedelta(days=90)
+    with pytest.raises(ValueError, match="'90' has no unit"):
+        parse_duration("90", unit_required=True)
+    with pytest.raises(ValueError, match="has no unit"):
+        retention_period("7", unit_required=True)
+
+
 def test_durations_print_in_the_largest_exact_unit() -> None:
     assert [
         format_duration(d)
