@@ -27,7 +27,15 @@ from ackline.sinks.admin.grants import (
     roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
-from ackline.status import OffsetRow, PartitionStatus, db_offsets, merge, unread_starts
+from ackline.status import (
+    OffsetRow,
+    PartitionStatus,
+    db_offsets,
+    groups_with_offsets,
+    merge,
+    no_offsets_note,
+    unread_starts,
+)
 from ackline.streams.dlq_rules import weaker_than_source
 from ackline.streams.kafkainfo import (
     TopicFacts,
@@ -154,8 +162,14 @@ def replication_check(facts: TopicFacts) -> Check:
     return Check(name, "pass", head)
 
 
-def offsets_check(rows: Sequence[PartitionStatus], partitions: int) -> Check:
-    """DB offsets lie inside the log: not below its start (lost), not past its end."""
+def offsets_check(
+    rows: Sequence[PartitionStatus], partitions: int, missing: str | None = None
+) -> Check:
+    """DB offsets lie inside the log: not below its start (lost), not past its end.
+
+    ``missing`` (:func:`ackline.status.no_offsets_note`): the group has no DB offset at
+    all, a warning: "inside the log" would be true of nothing, and a mistyped group id
+    passed as a healthy one."""
     name = "offsets"
     problems = []
     for r in rows:
@@ -176,6 +190,8 @@ def offsets_check(rows: Sequence[PartitionStatus], partitions: int) -> Check:
     if problems:
         return Check(name, "fail", "; ".join(problems))
     lag = sum(r.lag or 0 for r in rows)
+    if missing is not None:
+        return Check(name, "warn", f"{missing}; lag {lag} counted from the log start")
     return Check(name, "pass", f"DB offsets inside the log on {len(rows)} partitions, lag {lag}")
 
 
@@ -245,6 +261,8 @@ class _DbFacts:
     roles: RolesReport | None
     has_tables: bool
     offsets: list[OffsetRow]
+    groups: list[str]
+    """The groups with offsets for the topic, read only when this group has none."""
 
 
 async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) -> _DbFacts:
@@ -264,7 +282,8 @@ async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) ->
             "to_regclass('consumer_offsets') IS NOT NULL"
         )
         offsets = await db_offsets(conn, group, topic) if has_tables else []
-        return _DbFacts(applied, roles, bool(has_tables), offsets)
+        groups = await groups_with_offsets(conn, topic) if has_tables and not offsets else []
+        return _DbFacts(applied, roles, bool(has_tables), offsets, groups)
     finally:
         await conn.close()
 
@@ -341,7 +360,12 @@ def _topic_checks(
             starts, ends = unread_starts(db.offsets, logs)
             oldest, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
             rows = merge(db.offsets, logs, settled=settled)
-            checks.append(offsets_check(rows, facts.partitions))
+            missing = (
+                no_offsets_note(db.offsets, settings.group_id, topic, db.groups)
+                if db.has_tables
+                else None
+            )
+            checks.append(offsets_check(rows, facts.partitions, missing))
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))

@@ -142,13 +142,54 @@ async def db_offsets(conn: asyncpg.Connection, group_id: str, topic: str) -> lis
     ]
 
 
+GROUPS_SHOWN = 5
+
+
+async def groups_with_offsets(conn: asyncpg.Connection, topic: str) -> list[str]:
+    """The groups with an offset row for ``topic``, in name order, at most
+    ``GROUPS_SHOWN + 1`` (one more than shown tells there are more)."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT group_id FROM consumer_offsets WHERE topic = $1 ORDER BY group_id "
+        "LIMIT $2",
+        topic,
+        GROUPS_SHOWN + 1,
+    )
+    return [str(r["group_id"]) for r in rows]
+
+
+def no_offsets_note(
+    db: Sequence[OffsetRow], group_id: str, topic: str, groups: Sequence[str]
+) -> str | None:
+    """A line when PostgreSQL holds no offset of ``group_id`` for ``topic``, else None. Pure.
+
+    A mistyped or never-used group id otherwise looks like a healthy group that has not
+    started yet (every DB offset ``-``, lag counted from the log start); ``groups`` (from
+    :func:`groups_with_offsets`) names the ones that do have offsets, to spot the typo.
+    """
+    if db:
+        return None
+    shown = [g for g in groups if g != group_id][:GROUPS_SHOWN]
+    more = ", ..." if len(groups) > GROUPS_SHOWN else ""
+    others = (
+        f"groups with offsets for it: {', '.join(shown)}{more}"
+        if shown
+        else "no group has offsets for it"
+    )
+    return (
+        f"no DB offsets for group {group_id} on topic {topic}: never ingested by this group, "
+        f"or a mistyped group id (--group-id / ACKLINE_GROUP_ID); {others}"
+    )
+
+
 def _owner(r: PartitionStatus) -> str | None:
     if r.owner is None or r.owner_live is None:
         return r.owner
     return r.owner if r.owner_live else f"{r.owner} (not in group)"
 
 
-def render(topic: str, group_id: str, rows: Sequence[PartitionStatus]) -> str:
+def render(
+    topic: str, group_id: str, rows: Sequence[PartitionStatus], note: str | None = None
+) -> str:
     headers = (
         "partition", "db next", "kafka committed", "high", "lag", "epoch", "owner", "assigned",
     )  # fmt: skip
@@ -168,6 +209,8 @@ def render(topic: str, group_id: str, rows: Sequence[PartitionStatus]) -> str:
         idle = [r.partition for r in rows if r.assigned is None]
         if idle:
             lines.append(f"assigned to no member now: partitions {idle}")
+    if note is not None:
+        lines.append(note)
     return "\n".join(lines)
 
 

@@ -49,7 +49,13 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     kafka = topic_offsets(bootstrap, conf, group, topic)
     if kafka is None:
         raise TopicError(f"topic {topic} does not exist on {bootstrap}")
-    db = _with_db(dsn, lambda conn: status.db_offsets(conn, group, topic))
+
+    async def read(conn: Any) -> tuple[list[status.OffsetRow], list[str]]:
+        db = await status.db_offsets(conn, group, topic)
+        return db, [] if db else await status.groups_with_offsets(conn, topic)
+
+    db, groups = _with_db(dsn, read)
+    note = status.no_offsets_note(db, group, topic, groups)
     starts, ends = status.unread_starts(db, kafka)
     _, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
     try:
@@ -60,8 +66,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     rows = status.merge(db, kafka, settled=settled, members=members, topic=topic)
     if args.json:
         _print_json(status.to_json(topic, group, rows))
+        if note is not None:  # beside the JSON, which stays one document
+            print(f"ackline status: {note}", file=sys.stderr)
     else:
-        print(status.render(topic, group, rows))
+        print(status.render(topic, group, rows, note))
     return 0
 
 

@@ -345,3 +345,33 @@ def test_doctor_takes_a_processors_grants_on_its_own_table(
 
 def _check(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in report["checks"] if c["name"] == name)
+
+
+def test_a_group_without_db_offsets_is_not_called_healthy(
+    services: Services,
+    dsn: str,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A mistyped --group-id showed every partition as `-` with the whole log as lag, and
+    doctor passed "DB offsets inside the log" for a group PostgreSQL never heard of."""
+    db(
+        dsn,
+        "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch) "
+        "VALUES ($1, $2, 0, 0, 1)",
+        f"g-{topic}",
+        topic,
+    )
+    cli = Cli(monkeypatch, capsys, _env(services, dsn, topic))
+    offsets = _check(cli.json("doctor", "--group-id", "nosuch"), "offsets")
+    assert offsets["status"] == "warn", offsets
+    assert "no DB offsets for group nosuch" in offsets["detail"]
+    assert f"groups with offsets for it: g-{topic}" in offsets["detail"]
+    code, text = cli.run("status", "--group-id", "nosuch")
+    assert code == 0, text
+    assert "no DB offsets for group nosuch" in text
+    assert f"g-{topic}" in text
+    assert _check(cli.json("doctor"), "offsets")["status"] == "pass"  # the group ingesting
+    code, text = cli.run("status")
+    assert "no DB offsets" not in text

@@ -320,3 +320,23 @@ def test_partition_lag_counts_to_the_stable_offset() -> None:
     assert partition_lag(6, 3, 6, pending=True) == 3
     assert partition_lag(10, 3, 5, pending=False) == 5
     assert partition_lag(2, 3, None, pending=False) == 0  # a stale LSO is never negative
+
+
+def test_a_group_without_db_offsets_warns() -> None:
+    """No offset row for the group: the offsets check warns, naming the groups that have
+    some (it passed, "DB offsets inside the log", for a mistyped group id)."""
+    from ackline.status import OffsetRow, no_offsets_note
+
+    none = no_offsets_note([], "nosuch", "t", ["g1", "nosuch", "g2"])
+    assert none is not None
+    assert "no DB offsets for group nosuch on topic t" in none
+    assert none.endswith("groups with offsets for it: g1, g2")
+    many = no_offsets_note([], "x", "t", [f"g{i}" for i in range(6)])
+    assert many is not None and many.endswith("g0, g1, g2, g3, g4, ...")
+    assert no_offsets_note([], "x", "t", []) is not None
+    assert "no group has offsets for it" in str(no_offsets_note([], "x", "t", []))
+    assert no_offsets_note([OffsetRow(0, 5, 1, "w", None)], "x", "t", []) is None
+    check = doctor.offsets_check([row(0, None), row(1, None)], 3, none)
+    assert check.status == "warn"
+    assert check.detail.startswith("no DB offsets for group nosuch")
+    assert "lag 0 counted from the log start" in check.detail
