@@ -6,18 +6,23 @@ writes an audit row (sinks/admin/erase.py, docs/retention.md). It runs as
 ``ackline_eraser``: with ``SET ROLE`` when the operator's login (ACKLINE_DATABASE_URL) is
 a member, else the login itself must have its privileges. Prints what it erased and the
 Kafka records it cannot erase (dead-letter copies, source records). Exit 0 when it
-committed (even with nothing to erase), 2 on an error (nothing erased).
+committed (even with nothing to erase: a request for a subject with no data is honoured,
+and audited), 2 on an error (nothing erased); nothing matched is a WARNING, since the
+match is exact and a mistyped id is otherwise indistinguishable from a clean erasure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from ackline.commands import Subparsers, uses
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
+
+log = logging.getLogger("ackline.erase")
 
 
 def _dsn(settings: Settings) -> str:
@@ -50,6 +55,13 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
 
     done = run_stoppable(go())
+    if done.events == done.conflicts == done.rejects == 0:
+        log.warning(
+            "nothing matched %s %r (matching is exact and case-sensitive: check the id)%s",
+            selector,
+            value,
+            "" if done.dry_run else f"; erasure {done.erasure_id} is recorded all the same",
+        )
     if args.json:
         print(json.dumps(done.to_json()))
         return 0

@@ -798,6 +798,18 @@ def test_a_replay_in_flight_during_an_erasure_does_not_store_the_erased_content(
     _assert_erased(dsn, agent, {event_id}, secrets)
 
 
+def test_an_erasure_that_matches_nothing_warns(services: Services, dsn: str) -> None:
+    """`erase --agent nosuch-agent` (a typo, or a different case) printed "0 events, 0
+    conflict bodies, 0 rejects" and exit 0 like any erasure: still honoured and audited,
+    it now also logs a WARNING that nothing matched and that matching is exact."""
+    cli = _cli(services, dsn, "erase", "--agent", "nosuch-agent")
+    assert cli.returncode == 0, cli.stderr
+    assert "agent nosuch-agent: 0 events, 0 conflict bodies, 0 rejects" in cli.stdout
+    assert "warning" in cli.stderr.lower() and "nothing matched agent 'nosuch-agent'" in cli.stderr
+    assert "exact and case-sensitive" in cli.stderr
+    assert _one(dsn, "SELECT count(*) FROM erasures WHERE value = 'nosuch-agent'") == 1
+
+
 def test_conflicts_show_says_an_erased_body_was_erased(services: Services, dsn: str) -> None:
     """A stored event, a replay of it with a changed body (a conflict), then an erasure of
     the event: ``conflicts show`` printed the incoming body and the stored row as ``null``
