@@ -179,6 +179,7 @@ def test_database_on_a_closed_port(
         ("rejects", "list"),
         ("tail", "--from-start", "--limit", "1"),
         ("run",),
+        ("erase", "--agent", "a1"),
     ],
     ids=" ".join,
 )

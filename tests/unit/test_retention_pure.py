@@ -8,12 +8,19 @@ import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import pytest
 
 from ackline.core.errors import SettingsError
 from ackline.settings import load_settings
 from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
-from ackline.sinks.admin.erase import _ERASURE_LOCK, ERASURE_LOCK_KEY, ErasureError, check_value
+from ackline.sinks.admin.erase import (
+    _ERASURE_LOCK,
+    ERASURE_LOCK_KEY,
+    ErasureError,
+    check_value,
+    failure,
+)
 from ackline.sinks.feed.types import ERASED, FeedEvent, event_json
 from ackline.sinks.ingest.writer import _AFTER_ERASURES
 
@@ -165,3 +172,17 @@ def test_a_retention_period_is_at_least_a_day() -> None:
     for short in ("0", "30s", "23h"):
         with pytest.raises(ValueError, match="at least a day"):
             retention_period(short)
+
+
+def test_an_erasure_on_a_database_never_migrated_says_to_migrate() -> None:
+    """`ackline erase` on a fresh cluster said `nothing was erased: role "ackline_eraser"
+    does not exist`, with no fix; a missing erasures table likewise."""
+    for exc in (
+        asyncpg.UndefinedObjectError('role "ackline_eraser" does not exist'),
+        asyncpg.UndefinedTableError('relation "erasures" does not exist'),
+    ):
+        line = failure(exc)
+        assert line.startswith(f"nothing was erased: {exc}: "), line
+        assert "run `ackline migrate`" in line
+    other = failure(asyncpg.InsufficientPrivilegeError("permission denied for table activity"))
+    assert other == "nothing was erased: permission denied for table activity"
