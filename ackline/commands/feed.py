@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole_from
-from ackline.commands.guard import guarded_connect
+from ackline.commands.guard import FEED_TABLES, guarded_connect, require_tables
 from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
@@ -262,9 +262,14 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         give_up=args.once,
         log=log,
     )
-    # PostgreSQL unreachable now is one error line and exit 2, as for tail and process: the
-    # runner would take the failed connect for the processor's failure (summary, exit 1)
-    await (await connect()).close()
+    # PostgreSQL unreachable, or never migrated, now is one error line and exit 2, as for
+    # tail and process: the runner would take either for the processor's failure (summary,
+    # exit 1, no fix)
+    first = await connect()
+    try:
+        await require_tables(first, FEED_TABLES)
+    finally:
+        await first.close()
     dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()
     with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:

@@ -15,7 +15,7 @@ import errno
 import gzip
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ackline.core.errors import AcklineError
@@ -67,6 +67,24 @@ async def connect(dsn: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.
         if _unreached(exc):
             raise DatabaseUnavailableError(dsn, exc) from exc
         raise
+
+
+# Static: the names are a parameter. to_regclass needs no privilege on the table.
+_MISSING_TABLES = "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL ORDER BY t"
+FEED_TABLES = ("feed_cursors", "processors")
+"""What a processor (and `ackline dispatch`) reads and writes from its first step."""
+
+
+async def require_tables(conn: asyncpg.Connection, tables: Sequence[str]) -> None:
+    """AcklineError (one line: run `ackline migrate`) when a table of ``tables`` is
+    missing. For the commands whose loop would otherwise take the missing table for its
+    own failure: `dispatch --once` logged "UndefinedTableError", then "could not record
+    the failure", and exited 1 with no fix. Read-only: nothing to undo."""
+    missing = [str(r["t"]) for r in await conn.fetch(_MISSING_TABLES, list(tables))]
+    if missing:
+        raise AcklineError(
+            f"the database has no ackline schema (no table {', '.join(missing)}): {MIGRATE_HINT}"
+        )
 
 
 def _unreached(exc: BaseException) -> bool:

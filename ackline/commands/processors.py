@@ -76,11 +76,16 @@ def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _reachable(dsn: str) -> None:
     """:class:`DatabaseUnavailableError` (the address and a fix) when PostgreSQL does not
-    answer: checked once, before the runners, each of which retries what fails later."""
-    from ackline.commands.guard import connect
+    answer, and one line saying to run `ackline migrate` when the database lacks the
+    feed's tables: checked once, before the runners, each of which retries what fails
+    later and would take a missing table for its processor's failure (exit 1, no fix)."""
+    from ackline.commands.guard import FEED_TABLES, connect, require_tables
 
     conn = await connect(dsn)
-    await conn.close()
+    try:
+        await require_tables(conn, FEED_TABLES)
+    finally:
+        await conn.close()
 
 
 async def _start_cursor(

@@ -179,6 +179,8 @@ def test_database_on_a_closed_port(
         ("rejects", "list"),
         ("tail", "--from-start", "--limit", "1"),
         ("run",),
+        ("dispatch", "--once"),
+        ("process", "dispatcher", "--until-caught-up"),
         ("erase", "--agent", "a1"),
     ],
     ids=" ".join,
