@@ -57,7 +57,8 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
     done = run_stoppable(go())
     if done.events == done.conflicts == done.rejects == 0:
         log.warning(
-            "nothing matched %s %r (matching is exact and case-sensitive: check the id)%s",
+            "nothing matched %s %r (erased already, or a mistyped id: matching is exact and "
+            "case-sensitive)%s",
             selector,
             value,
             "" if done.dry_run else f"; erasure {done.erasure_id} is recorded all the same",

@@ -52,8 +52,10 @@ def _dsn(settings: Settings) -> str:
 class _Stopping:
     """SIGTERM/SIGINT set ``stop``; if the work has not returned ``wait_s`` later, it is
     cancelled (a read blocked on a lock or a stalled server must not outlive the grace
-    period of a container). A second request cancels it at once: an operator's second
-    Ctrl-C on a read blocked on a lock waited out the whole grace period (30 s)."""
+    period of a container). A second SIGINT (Ctrl-C twice) cancels it at once: an
+    operator's second Ctrl-C on a read blocked on a lock waited out the whole grace
+    period (30 s). A second SIGTERM does not, as for `ackline run` (docs/design.md):
+    supervisors and scripts may send it more than once."""
 
     def __init__(self, stop: asyncio.Event, wait_s: float) -> None:
         self.stop = stop
@@ -64,7 +66,8 @@ class _Stopping:
 
     def _signalled(self, sig: int) -> None:
         if self.stop.is_set():
-            self._cancel("a second stop request")
+            if sig == signal.SIGINT:
+                self._cancel("a second SIGINT")
             return
         self.signal = sig
         self.stop.set()

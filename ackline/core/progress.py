@@ -1,9 +1,9 @@
 """A small progress bar on stderr for long work (no dependency).
 
 On a terminal it redraws one line; elsewhere it prints a line every ~10% (and at least
-every :data:`QUIET_AT_MOST_S` while anything moves) so logs stay short but a slow job is
-not silent. No rate is shown before a second has passed (the first line of a capture
-said 53,490,233/s).
+every :data:`QUIET_AT_MOST_S` while it is updated, moving or not) so logs stay short but
+a slow or stalled job is not silent. No rate is shown before a second has passed (the
+first line of a capture said 53,490,233/s).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 
 QUIET_AT_MOST_S = 30.0
-"""Off a terminal, the longest a moving job goes without a line."""
+"""Off a terminal, the longest an updated job goes without a line."""
 
 RATE_AFTER_S = 1.0
 """No rate before this much time: a count over microseconds is noise."""
