@@ -1318,6 +1318,18 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
 
 
+def _old_events_dropped_by_retention(dsn: str) -> None:
+    """Five events of run "r-old" written, then taken by a forced retention drop of
+    today's partition, which is made anew for what the test writes next."""
+    write(dsn, steps_of("r-old", 5))
+    tomorrow = next_utc_midnight(dsn)
+    dropped = run(
+        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
+    )
+    assert any(d.dropped for d in dropped), dropped
+    run(with_conn(dsn, lambda c: ensure_partitions(c, "day", 0)))  # today's, made anew
+
+
 def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn: str) -> None:
     """A processor whose first run comes after a drop starts at the start of what the
     feed holds and says so (at INFO: it is where a new reader starts), as the processor
@@ -1326,13 +1338,7 @@ def test_a_processor_made_after_a_retention_drop_says_where_its_feed_starts(dsn:
     it read through (a review reproduced both ways a created_at rule lost a run); the
     refusal says when --accept-gap loses nothing, and with it the rebuild gives the same
     rows."""
-    write(dsn, steps_of("r-old", 5))
-    tomorrow = next_utc_midnight(dsn)
-    dropped = run(
-        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
-    )
-    assert any(d.dropped for d in dropped), dropped
-    run(with_conn(dsn, lambda c: ensure_partitions(c, "day", 0)))  # today's, made anew
+    _old_events_dropped_by_retention(dsn)
     write(dsn, steps_of("r-new", 3))
     done = ackline(dsn, "process", "runs", "--until-caught-up")
     assert done.code == 0, done.err[-2000:]
@@ -1361,13 +1367,7 @@ def test_a_drop_is_told_once_across_the_retry_of_a_failing_batch(
     once in the process."""
     caplog.set_level(logging.INFO, logger="ackline.sinks.feed.follow")
     setup_journal(dsn)
-    write(dsn, steps_of("r-old", 5))
-    tomorrow = next_utc_midnight(dsn)
-    dropped = run(
-        with_conn(dsn, lambda c: apply_retention(c, timedelta(0), now=tomorrow, force=True))
-    )
-    assert any(d.dropped for d in dropped), dropped
-    run(with_conn(dsn, lambda c: ensure_partitions(c, "day", 0)))  # today's, made anew
+    _old_events_dropped_by_retention(dsn)
     events = steps_of("r-new", 10)
     write(dsn, events, chunk=10)
 
