@@ -16,12 +16,27 @@ class MigrationError(SinkError):
 class FencedError(SinkError):
     """The batch's owner epoch is no longer current: another worker took a partition.
 
-    The transaction was rolled back; the batch must be dropped, never retried.
+    The batch must be dropped, never retried: the new owner reads on from the DB offsets.
+    Its transaction was rolled back, unless ``outcome_lost``: its COMMIT's reply was lost
+    and the claim came before the read that would have told (it may have committed first;
+    either way the offset rows and the rows move together).
     """
 
-    def __init__(self, partitions: list[tuple[str, int]]) -> None:
+    def __init__(self, partitions: list[tuple[str, int]], *, outcome_lost: bool = False) -> None:
         super().__init__(f"fenced on {partitions}: another worker owns them now")
         self.partitions = partitions
+        self.outcome_lost = outcome_lost
+
+    @property
+    def verdict(self) -> str:
+        """What became of the batch, for its log line (both begin alike: tools look for
+        "fenced and rolled back")."""
+        if self.outcome_lost:
+            return (
+                "fenced and rolled back, or committed before the claim "
+                "(its COMMIT's reply was lost)"
+            )
+        return "fenced and rolled back"
 
 
 class RaceLostError(SinkError):

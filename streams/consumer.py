@@ -593,7 +593,7 @@ class ConsumerRuntime:
             return
         except FencedError as exc:
             self._metrics.fenced.inc()
-            log.error("batch %s fenced and rolled back: %s", batch.describe(), exc)
+            log.error("batch %s %s: %s", batch.describe(), exc.verdict, exc)
             self._not_committed(batch, fenced=set(exc.partitions))
             return
         except RepeatRejectedError as exc:

@@ -854,7 +854,8 @@ class BatchWriter:
                     (r.topic, r.partition)
                     for r in batch.ranges
                     if theirs.get((r.topic, r.partition)) != r.epoch
-                ]
+                ],
+                outcome_lost=True,
             )
         return False
 

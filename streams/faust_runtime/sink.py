@@ -364,7 +364,7 @@ class FaustSink:
             result = await self._writer.write(draft.batch)
         except FencedError as exc:
             self._metrics.fenced.inc()
-            log.error("batch %s fenced and rolled back: %s", draft.batch.describe(), exc)
+            log.error("batch %s %s: %s", draft.batch.describe(), exc.verdict, exc)
             await self._not_committed(draft.batch)
             return None
         await self._faults.ahit("after_commit")

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from ackline.core.faults import Faults
+from ackline.core.faults import Faults, InjectedFault
 from ackline.roles import INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
@@ -116,6 +116,41 @@ def test_unknown_commit_outcome_is_reconciled_by_reading(dsn: str, point: str) -
         assert await _count(dsn, "SELECT max(batch_id) FROM ingest_batches") == result.batch_id
         assert await _count(dsn, "SELECT count(*) FROM activity") == 3
         assert await _count(dsn, "SELECT next_offset FROM consumer_offsets") == 3
+
+    asyncio.run(go())
+
+
+class _ClaimedWhileTheReplyIsLost(Faults):
+    """The COMMIT's reply is lost (the batch did commit), and another worker claims the
+    partition before the writer reads its offset rows to learn the outcome."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__("")
+        self._dsn = dsn
+
+    async def ahit(self, point: str) -> bool:
+        if point != "commit_reply_lost":
+            return False
+        await _take(self._dsn, "successor", [0])
+        raise InjectedFault(point)
+
+
+def test_a_batch_fenced_after_its_commit_s_reply_was_lost_is_not_said_to_have_rolled_back(
+    dsn: str,
+) -> None:
+    """The reconcile finds another epoch: the batch had committed, yet the log line said
+    "fenced and rolled back". It says now that it may have committed."""
+
+    async def go() -> None:
+        epoch = (await _take(dsn, "w", [0]))[0]
+        database = Database(dsn)
+        writer = BatchWriter(database, GROUP, "w", _ClaimedWhileTheReplyIsLost(dsn))
+        with pytest.raises(FencedError) as fenced:
+            await writer.write(batch(0, [row(1), row(2), row(3)], epoch))
+        await database.close()
+        assert await _count(dsn, "SELECT count(*) FROM activity") == 3  # it had committed
+        assert "or committed before the claim" in fenced.value.verdict, fenced.value.verdict
+        assert fenced.value.verdict.startswith("fenced and rolled back")  # what tools look for
 
     asyncio.run(go())
 
