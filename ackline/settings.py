@@ -278,8 +278,8 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="how long SIGTERM waits for the batches in flight (or a changefeed "
-        "read) before cancelling them; a second SIGINT (Ctrl-C twice) to `tail` or "
-        "`dispatch` cancels its read at once",
+        "read) before cancelling them; a second SIGINT (Ctrl-C twice) to `tail`, "
+        "`dispatch` or `process` cancels its read or batch at once",
     )
     db_idle_in_transaction_timeout_ms: int = Field(
         default=15_000,

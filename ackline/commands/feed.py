@@ -4,8 +4,9 @@
 Both stop on SIGTERM or SIGINT: the batch in hand commits (or rolls back), then the
 command returns; a read or commit that does not end within ACKLINE_SHUTDOWN_WAIT_S is
 cancelled (its transaction rolls back: nothing is lost, the batch is read again next
-time). Run to catch up (`tail` without ``--follow``, `dispatch --once`), a stop before it
-had is 128 + the signal, not 0: a script must not take it for the work done.
+time), and at once at a second SIGINT (core.signals.Stopping). Run to catch up (`tail`
+without ``--follow``, `dispatch --once`), a stop before it had is 128 + the signal, not
+0: a script must not take it for the work done.
 PostgreSQL unreachable at the first connect is one error line at once; lost later, it
 is retried — for at most ACKLINE_RETRY_MAX_SECONDS when the command would end by itself,
 else with one ERROR line once that long has passed, and on until it answers or the
@@ -16,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole_from
 from ackline.commands.guard import FEED_TABLES, guarded_connect, require_tables
-from ackline.core.signals import ignore_sigterm, run_stoppable, stopped_status, work_done
+from ackline.core.signals import bounded_stop, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
     from ackline.sinks.feed.types import Cursor
 
-T = TypeVar("T")
 log = logging.getLogger("ackline.feed")
 Connect = Callable[[], Awaitable["asyncpg.Connection"]]
 FOLLOWS_THE_FEED = "it follows the changefeed: every topic and group ingested"
@@ -47,66 +46,6 @@ def _dsn(settings: Settings) -> str:
     from ackline.endpoints import database
 
     return database(settings)
-
-
-class _Stopping:
-    """SIGTERM/SIGINT set ``stop``; if the work has not returned ``wait_s`` later, it is
-    cancelled (a read blocked on a lock or a stalled server must not outlive the grace
-    period of a container). A second SIGINT (Ctrl-C twice) cancels it at once: an
-    operator's second Ctrl-C on a read blocked on a lock waited out the whole grace
-    period (30 s). A second SIGTERM does not, as for `ackline run` (docs/design.md):
-    supervisors and scripts may send it more than once."""
-
-    def __init__(self, stop: asyncio.Event, wait_s: float) -> None:
-        self.stop = stop
-        self.wait_s = wait_s
-        self.cancelled = False
-        self.signal: int | None = None  # the stop request's signal, once one came
-        self._task: asyncio.Task[object] | None = None
-
-    def _signalled(self, sig: int) -> None:
-        if self.stop.is_set():
-            if sig == signal.SIGINT:
-                self._cancel("a second SIGINT")
-            return
-        self.signal = sig
-        self.stop.set()
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.wait_s, self._cancel)
-
-    def _cancel(self, why: str = "") -> None:
-        if self._task is not None and not self._task.done():
-            self.cancelled = True
-            why = why or f"still busy {self.wait_s:.0f} s after the stop request"
-            log.warning("%s: cancelling", why)
-            self._task.cancel()
-
-    async def run(self, work: Awaitable[T]) -> T | None:
-        """``work`` until it returns; None when it was cancelled after a stop request."""
-        self._task = asyncio.ensure_future(work)
-        try:
-            return await self._task
-        except asyncio.CancelledError:
-            if not self.cancelled:
-                raise
-            return None
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: asyncio.Event, wait_s: float) -> Iterator[_Stopping]:
-    loop = asyncio.get_running_loop()
-    stopping = _Stopping(stop, wait_s)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping._signalled, sig)
-    try:
-        yield stopping
-    finally:
-        # a second signal while the loop winds down must not kill cleanup half-way (the
-        # CLI's terminate_as_exit block puts the handler back when the command ends); at
-        # once: asyncio's removal leaves SIGTERM at its default, which kills
-        loop.remove_signal_handler(signal.SIGTERM)
-        ignore_sigterm()
-        loop.remove_signal_handler(signal.SIGINT)
 
 
 class _StdoutClosed(Exception):
@@ -170,7 +109,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
 
     stop = asyncio.Event()
     ended: list[bool] = []  # follow() ended by itself: caught up, or --limit reached
-    with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
+    with bounded_stop(stop, settings.shutdown_wait_s) as stopping:
         try:
             cursor = await stopping.run(
                 follow(
@@ -192,7 +131,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
         except _StdoutClosed:
             # the reader of our stdout left (`| head`); with --commit the batch rolled back
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+            return work_done(0)
         # still under the handlers: a stop from here on does not cut the last line
         said = (
             "stopped (a read was cancelled; nothing committed)"
@@ -275,7 +214,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         await first.close()
     dlog = logging.getLogger("ackline.dispatch")
     stop = asyncio.Event()
-    with _stop_on_signals(stop, settings.shutdown_wait_s) as stopping:
+    with bounded_stop(stop, settings.shutdown_wait_s) as stopping:
         # Logged once SIGTERM is handled: from here a stop request prints the summary.
         dlog.info("dispatcher %s following the feed as reader %s", instance, args.reader)
         report = await stopping.run(runner.run(connect, stop, wait=not args.once))

@@ -3,7 +3,9 @@
 ``process NAME...`` runs processors (each its own cursor and connection) as the processor
 role until SIGTERM/SIGINT, or with ``--until-caught-up`` until there is nothing left to
 read (a stop before then is 128 + the signal, not 0: a cron job must not take it for the
-work done); ``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
+work done). A batch still uncommitted ACKLINE_SHUTDOWN_WAIT_S after the stop is
+cancelled (it rolls back), and at once at a second SIGINT, as in `ackline tail`.
+``/metrics``, ``/healthz`` and ``/readyz`` on ``ACKLINE_METRICS_PORT`` like
 ``ackline run``. PostgreSQL unreachable at start is one error line and exit 2 at once;
 lost later, it is retried for at most ACKLINE_RETRY_MAX_SECONDS with
 ``--until-caught-up``, else with one ERROR line once that long has passed, and on (as
@@ -27,7 +29,7 @@ from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole
 from ackline.commands.feed import FOLLOWS_THE_FEED
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
-from ackline.core.signals import run_stoppable, stop_signals, stopped_status, work_done
+from ackline.core.signals import bounded_stop, run_stoppable, stopped_status, work_done
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -154,10 +156,8 @@ async def _process(
     )
     server = _endpoints(metrics, [r.name for r in runners])
     endpoint = server.serve(settings)
-    stop = asyncio.Event()
-    came: list[int] = []
     try:
-        with stop_signals(asyncio.get_running_loop(), stop.set, on_signal=came.append):
+        with bounded_stop(asyncio.Event(), settings.shutdown_wait_s) as stopping:
             log.info(
                 "processors %s following the feed as instance %s; metrics %s",
                 ", ".join(r.name for r in runners),
@@ -167,9 +167,8 @@ async def _process(
             reports = await run_all(
                 runners,
                 connect,
-                stop,
+                stopping,
                 wait=not args.until_caught_up,
-                shutdown_wait_s=settings.shutdown_wait_s,
                 watch_interval=min(5.0, settings.db_check_interval_s),
                 each=Outage(
                     dsn,
@@ -183,7 +182,7 @@ async def _process(
             # a run that caught up prints its line and exits 0 (the close waits up to 0.5 s)
             server.close()
             cut = (Outcome.STOPPED, Outcome.CANCELLED)
-            by = came[0] if came and any(r.outcome in cut for r in reports) else None
+            by = stopping.signal if any(r.outcome in cut for r in reports) else None
             line = {
                 "instance": instance,
                 "processors": [r.to_json() for r in reports],

@@ -10,12 +10,13 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ackline.core.errors import Terminated
 from ackline.core.logs import exit_flushed
 
 T = TypeVar("T")
+F = TypeVar("F", bound="asyncio.Future[Any]")
 log = logging.getLogger(__name__)
 
 _raised: list[int] = []
@@ -308,18 +309,99 @@ def stop_signals(
                 signal.signal(sig, previous)
 
 
+def means_now(sig: int) -> bool:
+    """Whether a stop signal that comes while a stop is under way means "now": SIGINT again
+    (Ctrl-C twice: someone at a terminal) does. A SIGTERM, which supervisors and scripts
+    may send more than once (docs/design.md), does not: the bounded stop goes on, and the
+    log says so. The one rule of every command that stops (:func:`exit_now`,
+    :class:`Stopping`); what "now" does is theirs."""
+    if sig == signal.SIGINT:
+        return True
+    log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
+    return False
+
+
 def exit_now(sig: int) -> None:
-    """A signal during a worker's stop (either runtime). SIGINT again (Ctrl-C twice:
-    someone at a terminal) exits at once, status 130. Safe at any point: PostgreSQL
-    decides what committed (a transaction cut before its COMMIT rolls back, and its
-    records are re-read from the DB offsets); Kafka's offsets are only advisory. A
-    SIGTERM, which supervisors and scripts may send more than once, keeps the bounded
-    stop going."""
-    if sig != signal.SIGINT:
-        log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
+    """A signal during a worker's stop (either runtime): when it :func:`means_now`, exit
+    at once, status 130. Safe at any point: PostgreSQL decides what committed (a
+    transaction cut before its COMMIT rolls back, and its records are re-read from the DB
+    offsets); Kafka's offsets are only advisory."""
+    if not means_now(sig):
         return
     log.warning(
         "SIGINT again while stopping: exiting now; what committed in PostgreSQL stands, "
         "the batches in flight are re-read by the next owner"
     )
     exit_flushed(128 + sig)
+
+
+class Stopping:
+    """A stop with a bound, for work that runs in tasks of one loop (`tail`, `dispatch`,
+    `process`): once ``stop`` is set (:meth:`request`, or the caller's own ``stop.set()``
+    followed by :meth:`arm`), the work has ``wait_s`` to finish the batch in hand; the
+    tasks still running then are cancelled (a read blocked on a lock or a stalled server
+    must not outlive the grace period of a container; a cancelled batch rolls back, and
+    is read again). A second stop signal that :func:`means_now` (Ctrl-C twice) cancels
+    them at once: an operator's second Ctrl-C waited out the whole grace period (30 s).
+    Signals reach it through :func:`bounded_stop`."""
+
+    def __init__(self, stop: asyncio.Event, wait_s: float) -> None:
+        self.stop = stop
+        self.wait_s = wait_s
+        self.signal: int | None = None  # the stop request's signal, once one came
+        self.cancelled = False  # work of :meth:`run` or :meth:`watch` was cut
+        self._tasks: list[asyncio.Future[Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def request(self, sig: int) -> None:
+        """The first stop signal: remembered, ``stop`` set, the grace period begun."""
+        self.signal = sig
+        self.stop.set()
+        self.arm()
+
+    def again(self, sig: int) -> None:
+        """A later stop signal: cancel the work at once when it :func:`means_now`."""
+        if means_now(sig):
+            self._cancel(f"a second {signal.Signals(sig).name}")
+
+    def arm(self) -> None:
+        """Begin the grace period, once: from the stop request, or from when the caller
+        saw ``stop`` set by other means (a test, a caller without signals)."""
+        if self._timer is None:
+            why = f"shutdown wait ({self.wait_s:.0f}s) ran out"
+            self._timer = asyncio.get_running_loop().call_later(self.wait_s, self._cancel, why)
+
+    def watch(self, task: F) -> F:
+        """``task``, to be cancelled when the grace period runs out or a stop means now."""
+        self._tasks.append(task)
+        return task
+
+    def _cancel(self, why: str) -> None:
+        late = [t for t in self._tasks if not t.done()]
+        if late:
+            self.cancelled = True
+            log.warning("%s: cancelling", why)
+            for task in late:
+                task.cancel()
+
+    async def run(self, work: Awaitable[T]) -> T | None:
+        """``work`` until it returns; None when it was cancelled after a stop request."""
+        task = self.watch(asyncio.ensure_future(work))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not self.cancelled:
+                raise
+            return None
+
+
+@contextlib.contextmanager
+def bounded_stop(stop: asyncio.Event, wait_s: float) -> Iterator[Stopping]:
+    """SIGTERM and SIGINT stop the block's work by a :class:`Stopping` (installed by
+    :func:`stop_signals`: the handlers that were there before are back after the block,
+    so a signal while the command winds down is theirs, and does not cut the cleanup)."""
+    stopping = Stopping(stop, wait_s)
+    with stop_signals(
+        asyncio.get_running_loop(), stop.set, on_signal=stopping.request, on_repeat=stopping.again
+    ):
+        yield stopping

@@ -40,6 +40,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from ackline.core.signals import Stopping
 from ackline.dev.ports import pick_free_port
 from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
@@ -476,7 +477,9 @@ def test_an_instance_that_does_not_check_the_filter_is_refused_by_the_database(
         ProcessorRunner(TYPED_V1, instance="both", metrics=metrics),
         ProcessorRunner(JOURNAL, instance="both", metrics=metrics),
     ]
-    reports = run(run_all(both, connector(role_dsn, "both"), asyncio.Event(), wait=False))
+    reports = run(
+        run_all(both, connector(role_dsn, "both"), Stopping(asyncio.Event(), 30), wait=False)
+    )
     assert [r.outcome for r in reports] == [Outcome.SUPERSEDED, Outcome.CAUGHT_UP], reports
     failed = metrics.registry.get_sample_value("ackline_processor_failed", {"processor": "typed"})
     assert failed == 1
@@ -1411,7 +1414,7 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     async def catch_up(instance: str) -> None:
         runner = ProcessorRunner(JOURNAL, instance=instance)
         (report,) = await run_all(
-            [runner], connector(role_dsn, instance), asyncio.Event(), wait=False
+            [runner], connector(role_dsn, instance), Stopping(asyncio.Event(), 30), wait=False
         )
         assert report.outcome is Outcome.CAUGHT_UP, report
 

@@ -377,7 +377,7 @@ def test_a_deferred_stop_is_raised_however_the_cancelled_call_ends() -> None:
         # `tail`: a stop recorded just before its own handlers go in, which cancels their
         # block; its wind-down then sets SIGTERM to be ignored (a second review found the
         # stop swallowed there, and an AssertionError raised instead)
-        from ackline.commands.feed import _stop_on_signals
+        from ackline.core.signals import bounded_stop
 
         loop = asyncio.get_running_loop()
         closed = loop.create_future()
@@ -389,7 +389,7 @@ def test_a_deferred_stop_is_raised_however_the_cancelled_call_ends() -> None:
         loop.call_soon(stop_then_close)
         await closed
         stop = asyncio.Event()
-        with _stop_on_signals(stop, 5.0) as stopping:
+        with bounded_stop(stop, 5.0) as stopping:
             await stopping.run(stop.wait())
 
     for call in (ends_in_oserror, last_step, cleans_up, takes_the_signals_over):

@@ -58,6 +58,7 @@ from typing import Any
 import asyncpg
 
 from ackline.core.faults import DISARMED, Faults
+from ackline.core.signals import Stopping
 from ackline.sinks.connection import is_transient, went_away
 from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, GapWatch, follow
@@ -566,24 +567,27 @@ def _drop_if_superseded(name: str, live: list[str]) -> Callable[[asyncio.Task[Re
 async def run_all(
     runners: Sequence[ProcessorRunner],
     connect: Connect,
-    stop: asyncio.Event,
+    stopping: Stopping,
     *,
     wait: bool = True,
-    shutdown_wait_s: float = 30.0,
     watch_interval: float = 5.0,
     watch_connect: Connect | None = None,
     each: Callable[[Connect], Connect] | None = None,
 ) -> list[Report]:
-    """Run every runner on its own connection until all return; once ``stop`` is set,
-    give them ``shutdown_wait_s`` to commit the batch in hand, then cancel (a cancelled
-    batch rolls back: nothing of it is applied). ``watch_connect`` (default ``connect``)
+    """Run every runner on its own connection until all return; once ``stopping.stop`` is
+    set, they have its grace period to commit the batch in hand, then are cancelled (a
+    cancelled batch rolls back: nothing of it is applied), or at once on a second Ctrl-C
+    (:class:`~ackline.core.signals.Stopping`). ``watch_connect`` (default ``connect``)
     opens the lag watcher's connection, which retries every failure itself. ``each``
     wraps ``connect`` once for each runner: a bound on its retries that is its own."""
     if not runners:
         return []
+    stop = stopping.stop
     metrics = runners[0].metrics
     tasks = [
-        asyncio.create_task(r.run(connect if each is None else each(connect), stop, wait=wait))
+        stopping.watch(
+            asyncio.create_task(r.run(connect if each is None else each(connect), stop, wait=wait))
+        )
         for r in runners
     ]
     # A superseded processor's heartbeat stops with it: `processors status` must not show
@@ -602,24 +606,19 @@ async def run_all(
             watch_interval,
         )
     )
-    stopping = asyncio.create_task(stop.wait())
+    stopped = asyncio.create_task(stop.wait())
     try:
-        await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
         while not all(t.done() for t in tasks) and not stop.is_set():
-            await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not all(t.done() for t in tasks):
-            _, late = await asyncio.wait(tasks, timeout=shutdown_wait_s)
-            for t in late:
-                log.warning(
-                    "processors: shutdown wait (%.0fs) ran out: cancelling", shutdown_wait_s
-                )
-                t.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            stopping.arm()  # begun already when a signal set ``stop``
+            await asyncio.wait(tasks)  # each returns, or is cancelled by ``stopping``
     finally:
-        stopping.cancel()
+        stopped.cancel()
         watcher_stop.set()
         watcher.cancel()
-        await asyncio.gather(stopping, watcher, return_exceptions=True)
+        await asyncio.gather(stopped, watcher, return_exceptions=True)
     reports = []
     for runner, task in zip(runners, tasks, strict=True):
         if task.cancelled():
