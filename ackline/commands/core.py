@@ -80,7 +80,7 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting
-    from ackline.commands.guard import MIGRATE_HINT, DatabaseUnavailableError, missing_role
+    from ackline.commands.guard import DatabaseUnavailableError, migrate_hint, missing_role
     from ackline.core.errors import AcklineError
     from ackline.sinks.connection import Database
     from ackline.sinks.errors import WaitStoppedError
@@ -136,8 +136,8 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
         )
     if missing:
         raise AcklineError(
-            f"the database at {_address(dsn)} has no ackline schema (no consumer_offsets "
-            f"table): {MIGRATE_HINT}"
+            f"the database at {_address(target)} has no ackline schema (no consumer_offsets "
+            f"table): {migrate_hint(setting)}"
         )
 
 

@@ -18,7 +18,7 @@ import json
 import logging
 
 from ackline.commands import Subparsers, uses
-from ackline.commands.guard import connect
+from ackline.commands.guard import connect, with_migrate_fix
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
@@ -36,7 +36,7 @@ def _dsn(settings: Settings) -> str:
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.sinks.admin.erase import Erasure, Selector, check_value, erase
+    from ackline.sinks.admin.erase import Erasure, ErasureError, Selector, check_value, erase
 
     selector: Selector
     if args.agent is not None:
@@ -54,7 +54,15 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await conn.close()
 
-    done = run_stoppable(go())
+    try:
+        done = run_stoppable(go())
+    except ErasureError as exc:  # nothing erased; on a database never migrated, the fix
+        line = with_migrate_fix(
+            str(exc), exc.__cause__, "it creates the erasure tables and the roles"
+        )
+        if line == str(exc):
+            raise
+        raise ErasureError(line) from exc.__cause__
     if done.events == done.conflicts == done.rejects == 0:
         log.warning(
             "nothing matched %s %r (erased already, or a mistyped id: matching is exact and "

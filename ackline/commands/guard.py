@@ -1,7 +1,9 @@
 """What an operator sees when a command fails for an expected reason: one line, a fix.
 
 :func:`explain` maps the exception classes an operator meets (PostgreSQL unreachable,
-a database never migrated, a missing role or grant, a path that cannot be written,
+a database never migrated (:func:`never_migrated`, the one place that tells it, and
+:func:`migrate_hint`, naming the setting the connection came from), a missing role or
+grant, a path that cannot be written,
 an unreadable manifest) to one line naming the problem and what to do; ``ackline.cli``
 prints it and exits non-zero. :func:`connect` is how the operator commands open a
 PostgreSQL connection: a failure to connect names the address (never the password).
@@ -24,7 +26,6 @@ from ackline.settings import dsn_address, dsn_hint
 if TYPE_CHECKING:
     import asyncpg
 
-MIGRATE_HINT = "run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at this database)"
 DSN_HINT = dsn_hint()
 
 
@@ -75,16 +76,63 @@ FEED_TABLES = ("feed_cursors", "processors")
 """What a processor (and `ackline dispatch`) reads and writes from its first step."""
 
 
-async def require_tables(conn: asyncpg.Connection, tables: Sequence[str]) -> None:
-    """AcklineError (one line: run `ackline migrate`) when a table of ``tables`` is
-    missing. For the commands whose loop would otherwise take the missing table for its
-    own failure: `dispatch --once` logged "UndefinedTableError", then "could not record
-    the failure", and exited 1 with no fix. Read-only: nothing to undo."""
+async def require_tables(
+    conn: asyncpg.Connection, tables: Sequence[str], setting: str = "ACKLINE_DATABASE_URL"
+) -> None:
+    """AcklineError (one line: run `ackline migrate`, naming ``setting``, the one
+    ``conn``'s URL came from) when a table of ``tables`` is missing. For the commands
+    whose loop would otherwise take the missing table for its own failure: `dispatch
+    --once` logged "UndefinedTableError", then "could not record the failure", and
+    exited 1 with no fix. Read-only: nothing to undo."""
     missing = [str(r["t"]) for r in await conn.fetch(_MISSING_TABLES, list(tables))]
     if missing:
         raise AcklineError(
-            f"the database has no ackline schema (no table {', '.join(missing)}): {MIGRATE_HINT}"
+            f"the database has no ackline schema (no table {', '.join(missing)}): "
+            f"{migrate_hint(setting)}"
         )
+
+
+# --- a database never migrated: the one place that tells it, and says the fix -------------
+
+
+def migrate_hint(setting: str = "ACKLINE_DATABASE_URL") -> str:
+    """The fix for a database never migrated, whose connection's URL came from
+    ``setting``. `ackline migrate` connects with ACKLINE_DATABASE_URL: a command that
+    connected by another setting (the processor's, the worker's) names it, since the
+    database to migrate is the one it points at. Pure."""
+    if setting == "ACKLINE_DATABASE_URL":
+        return "run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at this database)"
+    return (
+        f"run `ackline migrate` (with ACKLINE_DATABASE_URL pointing at the database of {setting})"
+    )
+
+
+def _names_a_missing_ackline_role(text: str) -> bool:
+    """PostgreSQL's 'role "X" does not exist' for an ackline role (which only `ackline
+    migrate` creates). Pure."""
+    from ackline.roles import ROLES
+
+    return any(f'role "{role}" does not exist' in text for role in ROLES)
+
+
+def never_migrated(exc: BaseException) -> bool:
+    """Whether ``exc`` shows a database `ackline migrate` never ran on: a missing table,
+    or an ackline role missing where a statement names it (`ackline erase`'s SET ROLE
+    ackline_eraser on a fresh cluster; a login as one is :func:`missing_role`'s). Pure."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return True
+    return isinstance(exc, asyncpg.UndefinedObjectError) and _names_a_missing_ackline_role(str(exc))
+
+
+def with_migrate_fix(line: str, cause: BaseException | None, what: str = "") -> str:
+    """``line``, and the fix (with ``what`` migrate would create) when ``cause`` shows a
+    database never migrated: for a command whose own error already says what failed
+    (`ackline erase`: "nothing was erased: ..."). Pure."""
+    if cause is None or not never_migrated(cause):
+        return line
+    return f"{line}: {migrate_hint()}{f' ({what})' if what else ''}"
 
 
 def _unreached(exc: BaseException) -> bool:
@@ -211,8 +259,8 @@ def missing_role(text: str, setting: str) -> str:
     "ackline_ingset" was sent to migrate, which would never create it."""
     from ackline.roles import ROLES
 
-    if any(f'role "{role}" does not exist' in text for role in ROLES):
-        return f"{text}: {MIGRATE_HINT} (it creates the ackline roles)"
+    if _names_a_missing_ackline_role(text):
+        return f"{text}: {migrate_hint(setting)} (it creates the ackline roles)"
     return (
         f"{text}: check the user in {setting} (`ackline migrate` creates only {', '.join(ROLES)})"
     )
@@ -221,8 +269,8 @@ def missing_role(text: str, setting: str) -> str:
 def _explain_database(exc: BaseException) -> str | None:
     import asyncpg
 
-    if isinstance(exc, asyncpg.UndefinedTableError):
-        return f"the database has no ackline schema ({exc}): {MIGRATE_HINT}"
+    if never_migrated(exc):
+        return f"the database has no ackline schema ({exc}): {migrate_hint()}"
     if isinstance(exc, asyncpg.InvalidPasswordError):
         return (
             f"PostgreSQL refused the password ({exc}): check the password in "

@@ -59,7 +59,7 @@ def _operator_dsn(settings: Settings) -> str:
 
 
 def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.clients import processor_dsn
+    from ackline.clients import processor_dsn, processor_setting
     from ackline.sinks.feed.processors.registry import load
 
     processors = [load(spec) for spec in args.names]
@@ -71,21 +71,22 @@ def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
     dsn = processor_dsn(settings, _operator_dsn(settings))
     # before the loop that takes the signals over: a stop here must not be raised into
     # asyncpg (core.signals.run_stoppable); PostgreSQL unreachable now is one line
-    run_stoppable(_reachable(dsn))
+    run_stoppable(_reachable(dsn, processor_setting(settings)))
     start = run_stoppable(_start_cursor(args, dsn, processors))
     return asyncio.run(_process(args, settings, dsn, processors, start))
 
 
-async def _reachable(dsn: str) -> None:
+async def _reachable(dsn: str, setting: str) -> None:
     """:class:`DatabaseUnavailableError` (the address and a fix) when PostgreSQL does not
     answer, and one line saying to run `ackline migrate` when the database lacks the
-    feed's tables: checked once, before the runners, each of which retries what fails
-    later and would take a missing table for its processor's failure (exit 1, no fix)."""
+    feed's tables (naming ``setting``, the one ``dsn`` came from): checked once, before
+    the runners, each of which retries what fails later and would take a missing table
+    for its processor's failure (exit 1, no fix)."""
     from ackline.commands.guard import FEED_TABLES, connect, require_tables
 
     conn = await connect(dsn)
     try:
-        await require_tables(conn, FEED_TABLES)
+        await require_tables(conn, FEED_TABLES, setting)
     finally:
         await conn.close()
 

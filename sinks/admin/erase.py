@@ -209,19 +209,6 @@ def check_value(selector: str, value: str) -> str:
     return value
 
 
-def failure(exc: asyncpg.PostgresError) -> str:
-    """The one line of an erasure that failed on ``exc``, with the fix when it is a
-    database never migrated: no erasures table, or no ackline_eraser role (PostgreSQL
-    says 'role "ackline_eraser" does not exist', which named no fix). Pure."""
-    text = f"nothing was erased: {exc}"
-    unmigrated = isinstance(exc, asyncpg.UndefinedTableError) or (
-        isinstance(exc, asyncpg.UndefinedObjectError) and '"ackline_eraser"' in str(exc)
-    )
-    if unmigrated:
-        return f"{text}: run `ackline migrate` (it creates the erasure tables and the roles)"
-    return text
-
-
 async def erase(
     conn: asyncpg.Connection,
     selector: Selector,
@@ -301,7 +288,8 @@ async def erase(
         )
     except asyncpg.PostgresError as exc:
         await _rollback(tr, conn)
-        raise ErasureError(failure(exc)) from exc
+        # the shell adds the fix when it is a database never migrated (commands/guard.py)
+        raise ErasureError(f"nothing was erased: {exc}") from exc
     except BaseException:
         await _rollback(tr, conn)
         raise

@@ -200,6 +200,41 @@ def test_database_never_migrated(
     assert_one_line(out, "ackline migrate", logs_allowed=argv == ("run",))
 
 
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (("process", "dispatcher", "--until-caught-up"), "ACKLINE_DATABASE_PROCESSOR_URL"),
+        (("run",), "ACKLINE_DATABASE_INGEST_URL"),
+    ],
+    ids=["process", "run"],
+)
+def test_a_database_never_migrated_is_named_by_the_setting_used(
+    services: Services,
+    topic: str,
+    empty_db: str,
+    work: Path,
+    argv: tuple[str, ...],
+    setting: str,
+) -> None:
+    """`ackline process` connects with ACKLINE_DATABASE_PROCESSOR_URL when it is set (the
+    worker with ACKLINE_DATABASE_INGEST_URL); on a database never migrated its line told
+    to point ACKLINE_DATABASE_URL "at this database" without saying which database that
+    was (the worker's also gave ACKLINE_DATABASE_URL's address). The line names the
+    setting the connection came from, and its database."""
+    env = {
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/elsewhere",
+        setting: empty_db,
+        "ACKLINE_TOPIC": topic,
+        "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
+        "ACKLINE_GROUP_ID": f"g-{topic}",
+        "ACKLINE_METRICS_PORT": "0",
+    }
+    out = ackline(*argv, env=env, cwd=work)
+    last = assert_one_line(out, "ackline migrate", setting, logs_allowed=argv == ("run",))
+    assert "127.0.0.1:1/" not in last, last
+
+
 # --- paths that cannot be written or read ---------------------------------------------------
 
 

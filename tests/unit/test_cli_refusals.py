@@ -238,6 +238,42 @@ def test_a_missing_role_is_blamed_on_migrate_only_when_migrate_creates_it(
         assert migrate or "check the user in ACKLINE_DATABASE" in said, said
 
 
+def test_an_erasure_on_a_database_never_migrated_says_to_migrate() -> None:
+    """`ackline erase` on a fresh cluster said `nothing was erased: role "ackline_eraser"
+    does not exist`, with no fix; a missing erasures table likewise. The fix is added by
+    the one place that tells a database never migrated (commands/guard.py); other
+    failures read as they are."""
+    import asyncpg
+
+    from ackline.commands.guard import with_migrate_fix
+
+    for exc in (
+        asyncpg.UndefinedObjectError('role "ackline_eraser" does not exist'),
+        asyncpg.UndefinedTableError('relation "erasures" does not exist'),
+    ):
+        line = with_migrate_fix(f"nothing was erased: {exc}", exc, "it creates the roles")
+        assert line.startswith(f"nothing was erased: {exc}: "), line
+        assert "run `ackline migrate`" in line
+    denied = asyncpg.InsufficientPrivilegeError("permission denied for table activity")
+    assert with_migrate_fix(f"nothing was erased: {denied}", denied) == (
+        "nothing was erased: permission denied for table activity"
+    )
+    other = asyncpg.UndefinedObjectError('role "someone" does not exist')
+    assert with_migrate_fix("x", other) == "x"
+
+
+def test_the_migrate_hint_names_the_setting_the_connection_came_from() -> None:
+    """`process` on a database never migrated, connected by ACKLINE_DATABASE_PROCESSOR_URL,
+    was told to point ACKLINE_DATABASE_URL "at this database", naming no database."""
+    from ackline.commands.guard import migrate_hint, missing_role
+
+    assert "ACKLINE_DATABASE_URL pointing at this database" in migrate_hint()
+    hint = migrate_hint("ACKLINE_DATABASE_PROCESSOR_URL")
+    assert "the database of ACKLINE_DATABASE_PROCESSOR_URL" in hint, hint
+    said = missing_role('role "ackline_ingest" does not exist', "ACKLINE_DATABASE_INGEST_URL")
+    assert "ACKLINE_DATABASE_INGEST_URL" in said, said
+
+
 def test_an_outage_names_the_setting_its_url_came_from() -> None:
     """`process` with PostgreSQL away logged 'check ACKLINE_DATABASE_URL' while it
     connects with ACKLINE_DATABASE_PROCESSOR_URL: the hint names the setting it is given."""

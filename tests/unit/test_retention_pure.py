@@ -8,7 +8,6 @@ import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 
 from ackline.core.errors import SettingsError
@@ -19,7 +18,6 @@ from ackline.sinks.admin.erase import (
     ERASURE_LOCK_KEY,
     ErasureError,
     check_value,
-    failure,
 )
 from ackline.sinks.feed.types import ERASED, FeedEvent, event_json
 from ackline.sinks.ingest.writer import _AFTER_ERASURES
@@ -172,17 +170,3 @@ def test_a_retention_period_is_at_least_a_day() -> None:
     for short in ("0", "30s", "23h"):
         with pytest.raises(ValueError, match="at least a day"):
             retention_period(short)
-
-
-def test_an_erasure_on_a_database_never_migrated_says_to_migrate() -> None:
-    """`ackline erase` on a fresh cluster said `nothing was erased: role "ackline_eraser"
-    does not exist`, with no fix; a missing erasures table likewise."""
-    for exc in (
-        asyncpg.UndefinedObjectError('role "ackline_eraser" does not exist'),
-        asyncpg.UndefinedTableError('relation "erasures" does not exist'),
-    ):
-        line = failure(exc)
-        assert line.startswith(f"nothing was erased: {exc}: "), line
-        assert "run `ackline migrate`" in line
-    other = failure(asyncpg.InsufficientPrivilegeError("permission denied for table activity"))
-    assert other == "nothing was erased: permission denied for table activity"
