@@ -56,14 +56,18 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         dsn,
         runtime=args.runtime,
         until_drained=args.until_drained,
-        before_join=functools.partial(_preflight, settings, dsn),
+        before_join=functools.partial(_preflight, settings, bootstrap, dsn),
     )
 
 
-async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) -> None:
+async def _preflight(
+    settings: Settings, bootstrap: str, dsn: str, stopped: Callable[[], bool]
+) -> None:
     """What the worker does after its topic checks and before it joins the group: wait
     until PostgreSQL answers, then its schema must be there (else one line: run `ackline
-    migrate`). Returns early, having waited for nothing more, once ``stopped()``.
+    migrate`), then no live member of the group may carry its worker id (else one line
+    naming ACKLINE_WORKER_ID: :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
+    early, having waited for nothing more, once ``stopped()``.
 
     Why wait before joining: a worker that joined the group while PostgreSQL did not
     answer held its partitions, idle, until its leave bound (90 s) handed them to workers
@@ -139,6 +143,10 @@ async def _preflight(settings: Settings, dsn: str, stopped: Callable[[], bool]) 
             f"the database at {_address(target)} has no ackline schema (no consumer_offsets "
             f"table): {migrate_hint(setting)}"
         )
+    if not stopped():
+        from ackline.runtime.twins import refuse_a_namesake
+
+        await refuse_a_namesake(settings, bootstrap, stopped)
 
 
 def _address(dsn: str) -> str:

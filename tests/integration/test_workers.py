@@ -244,3 +244,44 @@ def test_a_worker_waiting_for_postgresql_past_the_down_bound_says_so_at_error(
         assert "not joining the consumer group until it answers" in errors()[0], errors()
     finally:
         assert w.stop(timeout=30) == 0, w.log()[-2000:]
+
+
+def test_a_second_live_worker_with_a_taken_worker_id_is_refused(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Two live workers named alike kept exactly once (the fence compares epochs, not
+    names), but nothing told them apart and neither said so: the operator probe found
+    both in the group as "twin", every offset row and batch row owned by "twin". The
+    second is refused now; a predecessor killed a moment ago (still a member until its
+    session times out) is not mistaken for a live namesake."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 10_000, seed=17)
+    group = f"g-{topic}"
+    dirs = [tmp_path / d for d in ("first", "second", "heir")]
+    for d in dirs:
+        d.mkdir()
+    # the first pauses after its third commit, so that records are left to read while
+    # the second tries to join
+    first = Worker(
+        services,
+        dsn,
+        topic,
+        dirs[0],
+        name="twin",
+        batch_max_events=300,
+        faults="after_commit=stall@3",
+        fault_stall_seconds=30,
+    )
+    wait_until(lambda: batches(dsn, "twin") >= 2, 60, "the first 'twin' to commit")
+    second = Worker(services, dsn, topic, dirs[1], name="twin", batch_max_events=300)
+    wait_until(lambda: second.proc.poll() is not None, 60, "the second 'twin' to be refused")
+    assert second.reap() == 2
+    refusal = second.log()
+    assert "ACKLINE_WORKER_ID" in refusal and group in refusal, refusal[-2000:]
+    assert "assigned" not in refusal  # refused before it joined: it held nothing
+    first.release_stall()
+    wait_drained(dsn, manifest, group, [first], 120)
+    first.kill()  # SIGKILL: its membership outlives it by the session timeout
+    heir = Worker(services, dsn, topic, dirs[2], name="twin", batch_max_events=300)
+    wait_until(lambda: "assigned" in heir.log(), 60, "the heir named 'twin' to join")
+    assert heir.stop() == 0
+    verify_mixed_ok(dsn, manifest, group)
