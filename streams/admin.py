@@ -7,6 +7,7 @@ librdkafka's lines over only when polled, so every function here polls once when
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import time
@@ -209,6 +210,25 @@ def max_message_bytes(shape: TopicShape | None) -> int | None:
     configuration could not be read."""
     value = (shape.config or {}).get("max.message.bytes") if shape is not None else None
     return int(value) if value is not None and value.isdigit() else None
+
+
+def topic_max_message_bytes(
+    bootstrap: str, topic: str, timeout: float, *, conf: Mapping[str, Any] | None = None
+) -> int | None:
+    """The topic's ``max.message.bytes`` (its own, or the broker's it inherits), read in
+    one DescribeConfigs request within ``timeout``; None when it cannot be known: the
+    topic missing, describing it not allowed, no answer in time. The producer SDK
+    batches within it (:func:`ackline.streams.producer.batch_within`)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    with admin_client(bootstrap, conf) as client:
+        try:
+            futures = client.describe_configs([resource], request_timeout=max(timeout, 0.1))
+            entries = futures[resource].result(timeout=max(timeout, 0.1))
+        except (KafkaException, TimeoutError, concurrent.futures.TimeoutError):
+            return None
+    entry = entries.get("max.message.bytes")
+    value = str(entry.value) if entry is not None else ""
+    return int(value) if value.isdigit() else None
 
 
 def broker_max_message_bytes(

@@ -47,6 +47,7 @@ from confluent_kafka.aio import AIOProducer
 
 from ackline.core.logs import kafka_logger
 from ackline.schemas.envelope import Envelope
+from ackline.streams.admin import topic_max_message_bytes
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     RETRY_PAUSE_S,
@@ -54,11 +55,13 @@ from ackline.streams.producer import (
     KeyBy,
     Outgoing,
     abort_failed,
+    batch_bytes,
     call_failed,
     check_callbacks,
     check_fit,
     check_fits,
     client_limits,
+    connection_config,
     failure_causes,
     kafka_error,
     not_committed,
@@ -70,11 +73,14 @@ from ackline.streams.producer import (
     settle,
     start_failed,
     started_twice,
+    topic_absent,
+    topic_missing,
     transactional_config,
     txn_action,
     unexplained,
     unheld,
     warn_dropped,
+    within_topic_limit,
 )
 
 log = logging.getLogger(__name__)
@@ -142,6 +148,8 @@ class AsyncActivityProducer:
         self._drain_s = 60.0
         """How long a send waits for the local queue to drain: the transaction's timeout."""
         self._unflushed = self._unflushed_bytes = 0
+        self._batch_bytes = batch_bytes(self._conf)
+        """The most bytes librdkafka puts in one batch of this instance's client."""
         self._threads = threads
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._aio: AIOProducer | None = None
@@ -164,7 +172,12 @@ class AsyncActivityProducer:
     async def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older instances with the same transactional.id.
 
-        A transaction an older instance left open is finished by the broker first
+        Order of effects, as the synchronous ``start()``: the topic's
+        ``max.message.bytes`` is read (the producer batches within it:
+        :func:`ackline.streams.producer.within_topic_limit`), then the client is made and
+        ``init_transactions`` fences; both within ``timeout``. A crash or a cancel between
+        them leaves nothing (a read changes nothing; nothing is made before it). A
+        transaction an older instance left open is finished by the broker first
         (committed if its commit had begun, aborted otherwise), so after start() the
         earlier attempt's outcome is settled and a resend of the same records is safe.
         A second start() on an open instance, or a start() after close() (a failed
@@ -175,13 +188,21 @@ class AsyncActivityProducer:
             raise not_open("AsyncActivityProducer", closed=True)
         if self._aio is not None:
             raise started_twice("AsyncActivityProducer")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        conf = await asyncio.to_thread(
+            within_topic_limit, self._conf, self.topic, min(5.0, timeout / 2)
+        )
+        if self._aio is not None:  # another start() got in while the limit was read
+            raise started_twice("AsyncActivityProducer")
         executor = concurrent.futures.ThreadPoolExecutor(
             self._threads, thread_name_prefix=f"ackline-producer-{self.transactional_id}"
         )
-        aio = AIOProducer(self._conf, executor=executor)
+        self._batch_bytes = batch_bytes(conf)
+        aio = AIOProducer(conf, executor=executor)
         self._executor, self._aio = executor, aio
         try:
-            await self._guard(aio.init_transactions(timeout))
+            await self._guard(aio.init_transactions(max(timeout - (loop.time() - began), 0.1)))
         except (KafkaException, SystemError) as exc:
             unheld(exc)
             await self.close()
@@ -229,7 +250,9 @@ class AsyncActivityProducer:
         when a newer instance took over, :class:`ProduceError` when nothing was committed
         (a record refused: over ``message.max.bytes``, or by the broker for good), and its
         subclass :class:`TransientProduceError` when nothing was committed because the
-        broker was away (send the same records again, later). Before the commit every
+        broker was away (send the same records again, later), the topic does not exist
+        (the error names it), or the broker refused a batch over a ``max.message.bytes``
+        lowered after :meth:`start` (from a new instance). Before the commit every
         record's delivery is checked: one that failed aborts the whole transaction, and
         the records' delivery errors then say which error it is (not the ``_STATE``
         refusals and purges that follow a failed transaction). A crash before the commit
@@ -265,7 +288,7 @@ class AsyncActivityProducer:
                 await self.abort(timeout)
                 causes = failure_causes(_errors(futures))
                 if causes:
-                    raise not_committed(causes) from None
+                    raise await self._not_committed(causes) from None
                 if attempt == rounds:
                     raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
                 log.warning("transaction aborted (%s); sending the same records again", exc)
@@ -325,7 +348,7 @@ class AsyncActivityProducer:
                 await self.abort(timeout)
                 causes = failure_causes(_errors(self._sent))
                 if causes:
-                    raise not_committed(causes) from None
+                    raise await self._not_committed(causes) from None
                 raise ProduceError(f"transaction aborted, nothing committed: {exc}") from None
         finally:
             _errors_seen(self._sent)
@@ -598,6 +621,9 @@ class AsyncActivityProducer:
                 self._broken = settle(err, "commit_transaction")
                 raise self._broken from exc
             except OutcomeUnknownError as exc:
+                if await self._topic_missing(aio):
+                    self._broken = topic_missing(self.topic)
+                    raise self._broken from None
                 if asked:
                     self._broken = exc
                     raise
@@ -607,6 +633,46 @@ class AsyncActivityProducer:
                     "records again from a new one"
                 )
                 raise self._broken from None
+
+    async def _not_committed(self, causes: list[KafkaError]) -> ProduceError:
+        """As the synchronous ``_not_committed``: records the broker refused as too large
+        weighed against the topic's limit read now; a verdict that a new instance must
+        resend leaves this one unusable."""
+        batch = None
+        if any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for err in causes):
+            limit = await asyncio.to_thread(
+                topic_max_message_bytes,
+                self._conf["bootstrap.servers"],
+                self.topic,
+                5.0,
+                conf=connection_config(self._conf),
+            )
+            batch = None if limit is None else (limit, self._batch_bytes)
+        error = not_committed(causes, self.topic, batch)
+        if batch is not None and isinstance(error, TransientProduceError):
+            self._broken = error
+        return error
+
+    async def _topic_missing(self, aio: AIOProducer) -> bool:
+        """Whether a transaction not confirmed in time failed for want of its topic (see
+        the synchronous ``_not_confirmed``): then none of its records was written, and
+        nothing can be committed. Order of effects: the metadata read; when the topic is
+        missing, the records still queued are purged (none can reach it and be committed
+        later, and close() need not wait for them). A crash at any step leaves nothing
+        committed."""
+        try:
+            meta = await self._guard(aio.list_topics(self.topic, timeout=5.0))
+        except (KafkaException, SystemError) as exc:  # no answer: it cannot say
+            unheld(exc)
+            return False
+        if not topic_absent(meta, self.topic):
+            return False
+        try:
+            await self._guard(aio.purge(in_queue=True, in_flight=False))
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            log.warning("purging the records of the missing topic %s failed: %s", self.topic, exc)
+        return True
 
     def _settled(self, exc: BaseException, what: str) -> ProduceError:
         settled, broken = call_failed(exc, what)

@@ -39,6 +39,7 @@ from ackline.schemas.canonical import canonical_json
 from ackline.schemas.decode import DEFAULT_LIMITS, Rejection, decode
 from ackline.schemas.envelope import Envelope
 from ackline.schemas.errors import SchemaError
+from ackline.streams.admin import topic_max_message_bytes
 from ackline.streams.errors import (
     OutcomeUnknownError,
     ProduceError,
@@ -63,6 +64,26 @@ SDK_MESSAGE_MAX_BYTES: Final = DEFAULT_LIMITS.max_bytes + 65_536
 accepts by default (1 MiB) fits with its key and headers. librdkafka's own default
 (:data:`LIBRDKAFKA_MESSAGE_MAX_BYTES`) refused, before they reached the broker, events
 that :func:`prepare` had accepted."""
+LIBRDKAFKA_BATCH_SIZE: Final = 1_000_000
+"""librdkafka's default ``batch.size``: the most bytes it puts in one batch of several
+records (a record larger than that goes out alone)."""
+_CONNECTION_PREFIXES: Final = (
+    "bootstrap.",
+    "security.",
+    "ssl.",
+    "sasl.",
+    "client.",
+    "socket.",
+    "broker.",
+    "enable.ssl.",
+    "logger",
+)
+"""The settings of a producer's configuration that say how to reach and talk to the
+cluster (address, security, logging): what the admin client that reads the topic's
+limit needs of it, and nothing producer-only (``transactional.id`` would make it a
+transactional client)."""
+_MISSING_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+"""Delivery errors of a topic the cluster does not have (or does not show yet)."""
 _TRANSIENT: Final = frozenset(
     {
         KafkaError._MSG_TIMED_OUT,
@@ -192,6 +213,70 @@ def client_limits(conf: dict[str, Any]) -> ClientLimits:
     return ClientLimits(values[0], values[1], values[2] * 1024)
 
 
+def connection_config(conf: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``conf`` an admin client beside the producer needs (reaching the
+    cluster, security, logging), none of the producer's own. Pure."""
+    return {k: v for k, v in conf.items() if k.startswith(_CONNECTION_PREFIXES)}
+
+
+def batch_within(conf: dict[str, Any], topic_max_bytes: int | None) -> dict[str, Any]:
+    """``conf`` with librdkafka's ``batch.size`` lowered to the topic's
+    ``max.message.bytes`` when that is below the batches the producer would build (the
+    smaller of ``batch.size`` and ``message.max.bytes``); ``conf`` itself otherwise (the
+    limit unknown, or nothing to lower). Pure.
+
+    Why: the broker weighs each record batch against the topic's limit, and librdkafka
+    fills a batch of several records up to ``batch.size`` (the whole request it builds
+    counted, headers included) and never splits one the broker refused: every record of
+    it failed with ``MSG_SIZE_TOO_LARGE``, records that each fit, which a caller told
+    "refused" would drop. Within the limit, a batch of several records always fits (its
+    compressed form is never sent when larger than the plain one); a record too large for
+    the topic goes out alone, and only it is refused.
+    """
+    if topic_max_bytes is None or topic_max_bytes < 1 or topic_max_bytes >= batch_bytes(conf):
+        return conf
+    return {**conf, "batch.size": topic_max_bytes}
+
+
+def batch_bytes(conf: dict[str, Any]) -> int:
+    """The most bytes librdkafka puts in a batch of several records for a producer made
+    from ``conf``: the smaller of ``batch.size`` and ``message.max.bytes``. Pure."""
+    return min(
+        _positive(conf.get("batch.size"), LIBRDKAFKA_BATCH_SIZE),
+        _positive(conf.get("message.max.bytes"), SDK_MESSAGE_MAX_BYTES),
+    )
+
+
+def _positive(raw: object, default: int) -> int:
+    """``raw`` as a positive count, ``default`` when unset or not one (librdkafka refuses
+    such a value when the client is made, which says so better). Pure."""
+    try:
+        value = int(raw) if raw is not None else default  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return default
+    return value if value > 0 else default
+
+
+def within_topic_limit(conf: dict[str, Any], topic: str, timeout: float) -> dict[str, Any]:
+    """``conf`` batching within ``topic``'s ``max.message.bytes`` (:func:`batch_within`),
+    the limit read from the cluster within ``timeout`` (both SDKs' ``start()``, before the
+    client is made: librdkafka takes ``batch.size`` only then). Unknown (the topic missing
+    yet, describing it not allowed, no answer), ``conf`` is left as it is. The limit is
+    read once: one lowered later reaches a new instance, not this one."""
+    limit = topic_max_message_bytes(
+        conf["bootstrap.servers"], topic, timeout, conf=connection_config(conf)
+    )
+    out = batch_within(conf, limit)
+    if out is not conf:
+        log.info(
+            "topic %s takes record batches of at most %d bytes (max.message.bytes): "
+            "batch.size set to it",
+            topic,
+            limit,
+        )
+    return out
+
+
 def check_fits(records: Sequence[Outgoing], limits: ClientLimits) -> None:
     """Raise :class:`ProduceError` if a record is over ``message.max.bytes`` or larger
     than the whole local queue, naming the setting.
@@ -273,18 +358,66 @@ def failure_causes(errors: Sequence[KafkaError]) -> list[KafkaError]:
     return [err for err in errors if err.code() not in _CONSEQUENCES]
 
 
-def not_committed(errors: Sequence[KafkaError]) -> ProduceError:
+def not_committed(
+    errors: Sequence[KafkaError], topic: str = "", batch: tuple[int, int] | None = None
+) -> ProduceError:
     """The error for a transaction aborted because ``errors`` records were not delivered
     (their :func:`failure_causes`, at least one): :class:`TransientProduceError` when every
-    one is the broker's absence, not a refusal."""
+    one is the broker's absence, not a refusal, or ``topic`` missing (librdkafka fails the
+    records of a topic it never saw after ``topic.metadata.propagation.max.ms``), which
+    says so: the same records go through once the topic exists. Pure.
+
+    ``batch``, when the broker refused records as too large: the topic's
+    ``max.message.bytes`` read after the refusal and the producer's :func:`batch_bytes`.
+    A limit below the batches the producer builds (lowered after its ``start()``, which
+    batches within the limit it reads) may have refused a batch of records that each fit
+    (librdkafka fails them all): transient, from a new instance, which batches within the
+    limit; a record too large alone is then refused by itself."""
     first = errors[0]
     text = (
         f"transaction aborted, nothing committed: {len(errors)} record(s) not delivered, "
         f"first: {first.name()}: {first.str()}"
     )
-    if all(err.code() in _TRANSIENT for err in errors):
+    codes = {err.code() for err in errors}
+    if KafkaError.MSG_SIZE_TOO_LARGE in codes and batch is not None and batch[0] < batch[1]:
+        return TransientProduceError(
+            f"{text}; the topic {topic} takes record batches of at most {batch[0]:,} bytes "
+            f"(max.message.bytes), less than this producer puts in one ({batch[1]:,}): the "
+            "records may each fit. Close this instance and send the same records again "
+            "from a new one, which batches within the topic's limit"
+        )
+    if codes & _MISSING_TOPIC and codes <= _MISSING_TOPIC | _TRANSIENT:
+        return TransientProduceError(f"{text}; {topic_missing_text(topic, new_instance=False)}")
+    if codes <= _TRANSIENT:
         return TransientProduceError(f"{text}; send the same records again")
     return ProduceError(text)
+
+
+def topic_missing_text(topic: str, *, new_instance: bool) -> str:
+    """What an error says of ``topic`` the cluster does not have: the records were not
+    refused, so its class is transient (a caller told "refused" drops them). Pure."""
+    again = " from a new instance (close this one)" if new_instance else ""
+    return (
+        f"topic {topic} does not exist (or is not yet visible to this producer); create "
+        f"it (or wait for it), then send the same records again{again}"
+    )
+
+
+def topic_missing(topic: str) -> TransientProduceError:
+    """The error of a transaction not confirmed in time for want of its topic: none of
+    its records was written, so nothing can be committed; the instance is left unusable
+    (its commit, or its flush, goes on in librdkafka). Pure."""
+    return TransientProduceError(
+        "not confirmed in time, and nothing of the transaction was committed: "
+        + topic_missing_text(topic, new_instance=True)
+    )
+
+
+def topic_absent(meta: Any, topic: str) -> bool:
+    """Whether ``meta`` (a metadata answer for ``topic``: ``list_topics(topic)``) says the
+    topic does not exist. Pure."""
+    found = meta.topics.get(topic)
+    return found is None or (found.error is not None and found.error.code() in _MISSING_TOPIC)
 
 
 def send_failed(first: BaseException) -> ProduceError:
@@ -608,6 +741,8 @@ class ActivityProducer:
         begin): :meth:`transaction` aborts instead of committing without its record."""
         self._broken: ProduceError | None = None
         """Why this instance can do no more (an abort not confirmed, fenced)."""
+        self._batch_bytes = batch_bytes(self._conf)
+        """The most bytes librdkafka puts in one batch of this instance's client."""
         self._room_s = 60.0
         """How long a send waits for room in the local queue: the open transaction's
         timeout (the broker away, the queue holds until ``message.timeout.ms`` otherwise)."""
@@ -621,8 +756,12 @@ class ActivityProducer:
     def start(self, timeout: float = 30.0) -> None:
         """Connect and fence older producers with the same transactional.id.
 
-        A transaction an older instance left open is finished by the broker first
-        (committed if its commit had begun, aborted otherwise). A second start() on an
+        Order of effects: the topic's ``max.message.bytes`` is read (an admin request;
+        :func:`within_topic_limit`: the producer batches within it), then the client is
+        made and ``init_transactions`` fences; both within ``timeout``. A crash between
+        them leaves nothing: a read changes nothing. A transaction an older instance
+        left open is finished by the broker first (committed if its commit had begun,
+        aborted otherwise). A second start() on an
         open instance, or a start() after close(), raises :class:`ProduceError` and
         changes nothing: an instance starts once (a closed one may have been marked
         unusable, which a new client would not undo). A start() that fails leaves it
@@ -632,9 +771,12 @@ class ActivityProducer:
             raise not_open("ActivityProducer", closed=True)
         if self._producer is not None:
             raise started_twice("ActivityProducer")
-        producer = Producer(self._conf)
+        began = time.monotonic()
+        conf = within_topic_limit(self._conf, self.topic, min(5.0, timeout / 2))
+        self._batch_bytes = batch_bytes(conf)
+        producer = Producer(conf)
         try:
-            producer.init_transactions(timeout)
+            producer.init_transactions(max(timeout - (time.monotonic() - began), 0.1))
         except (KafkaException, SystemError) as exc:
             unheld(exc)
             self._closed = True
@@ -674,7 +816,9 @@ class ActivityProducer:
         when a newer instance took over, :class:`ProduceError` when nothing was committed (a
         record refused: over ``message.max.bytes``, or by the broker for good), and its
         subclass :class:`TransientProduceError` when nothing was committed because the
-        broker was away (send the same records again, later). A produce() refused because
+        broker was away (send the same records again, later), the topic does not exist
+        (the error names it), or the broker refused a batch over a ``max.message.bytes``
+        lowered after :meth:`start` (from a new instance). A produce() refused because
         the transaction already failed (records timed out behind a full local queue) is
         an abort too: the abort comes first, then the records' delivery errors say which
         error it is. A crash anywhere before the commit marker leaves nothing visible to
@@ -707,7 +851,7 @@ class ActivityProducer:
             self.abort(timeout)  # its flush serves the purged records' delivery reports
             causes = failure_causes(_errors(reports))
             if causes:
-                raise not_committed(causes) from None
+                raise self._not_committed(causes) from None
             if attempt == rounds:
                 raise ProduceError(f"transaction aborted, nothing committed: {failed.str()}")
             log.warning("transaction aborted (%s); sending the same records again", failed)
@@ -779,7 +923,7 @@ class ActivityProducer:
         self.abort(timeout)  # its flush serves the purged records' delivery reports
         causes = failure_causes(_errors(reports))
         if causes:
-            raise not_committed(causes) from None
+            raise self._not_committed(causes) from None
         raise ProduceError(f"transaction aborted, nothing committed: {failed.str()}")
 
     def _commit(self, deadline: float) -> None:
@@ -806,7 +950,7 @@ class ActivityProducer:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._broken = OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+                self._broken = self._not_confirmed(producer)
                 raise self._broken
             try:
                 producer.commit_transaction(left)
@@ -825,6 +969,46 @@ class ActivityProducer:
                     raise self._broken from exc
                 log.warning("commit_transaction retriable error, retrying: %s", err)
             time.sleep(RETRY_PAUSE_S)
+
+    def _not_committed(self, causes: list[KafkaError], final: bool = True) -> ProduceError:
+        """:func:`not_committed` for this instance's aborted transaction; records the
+        broker refused as too large are weighed against the topic's limit read now (an
+        admin request, on this path only). A verdict that a new instance must resend
+        leaves this one unusable, once ``final`` (the abort done): it would build the
+        same batches."""
+        batch = None
+        if any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for err in causes):
+            limit = topic_max_message_bytes(
+                self._conf["bootstrap.servers"], self.topic, 5.0, conf=connection_config(self._conf)
+            )
+            batch = None if limit is None else (limit, self._batch_bytes)
+        error = not_committed(causes, self.topic, batch)
+        if final and batch is not None and isinstance(error, TransientProduceError):
+            self._broken = error
+        return error
+
+    def _not_confirmed(self, producer: Producer) -> ProduceError:
+        """The error of a commit not confirmed by its deadline, which leaves the instance
+        unusable (the commit goes on in librdkafka). Most often the outcome is unknown;
+        but when the topic does not exist (librdkafka holds its records, waiting for it to
+        appear, up to ``topic.metadata.propagation.max.ms``, 30 s), none of them was
+        written, so nothing can be committed: :class:`TransientProduceError` naming the
+        topic. Order of effects: the metadata read; the records still queued are purged
+        (none can reach the topic and be committed later, and close() need not wait for
+        them); the error. A crash at any step leaves nothing committed."""
+        try:
+            absent = topic_absent(producer.list_topics(self.topic, timeout=5.0), self.topic)
+        except (KafkaException, SystemError) as exc:  # no answer: it cannot say
+            unheld(exc)
+            absent = False
+        if not absent:
+            return OutcomeUnknownError("commit not confirmed in time, outcome unknown")
+        try:
+            producer.purge(in_queue=True, in_flight=False)
+        except (KafkaException, SystemError) as exc:
+            unheld(exc)
+            log.warning("purging the records of the missing topic %s failed: %s", self.topic, exc)
+        return topic_missing(self.topic)
 
     @contextmanager
     def _failures_as_outcome(self, what: str) -> Iterator[None]:
@@ -926,7 +1110,7 @@ class ActivityProducer:
             return send_refused(first)
         _serve(self.client)
         causes = failure_causes(_errors(reports))
-        judged = not_committed(causes) if causes else None
+        judged = self._not_committed(causes, final=False) if causes else None
         return send_refused(first, isinstance(judged, TransientProduceError))
 
     def _send_record(self, record: Outgoing, on_delivery: DeliveryHook | None) -> None:

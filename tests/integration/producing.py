@@ -20,7 +20,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 import ackline
 from ackline.schemas import new_envelope
 from ackline.schemas.envelope import Envelope
-from ackline.streams.admin import admin_client
+from ackline.streams.admin import admin_client, topic_max_message_bytes
 from ackline.streams.producer import ActivityProducer, Delivery, Outgoing
 from tests.integration.harness import Worker, db, wait_until
 
@@ -217,7 +217,10 @@ def unit_of_work(request: str, agent: str, steps: int) -> list[Envelope]:
 
 
 def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
-    """The broker takes records of ``topic`` up to ``size`` bytes (``max.message.bytes``)."""
+    """The broker takes records of ``topic`` up to ``size`` bytes (``max.message.bytes``),
+    and says so: the alteration is acknowledged before a broker describes the topic with
+    it (KRaft: the broker learns it from the metadata log), and a producer started in
+    between read the old limit (the producer SDK batches within what it read)."""
     resource = ConfigResource(
         ResourceType.TOPIC,
         topic,
@@ -228,3 +231,8 @@ def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
     with admin_client(bootstrap) as client:
         for future in client.incremental_alter_configs([resource]).values():
             future.result(timeout=30)
+    wait_until(
+        lambda: topic_max_message_bytes(bootstrap, topic, 5.0) == size,
+        30,
+        f"{topic} described with max.message.bytes={size}",
+    )

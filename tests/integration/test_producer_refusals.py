@@ -13,7 +13,11 @@ ways in, each against the real broker, each through both SDK producers:
   away, the wait for room ends at the call's timeout, nothing committed;
 * the broker away for longer than ``message.timeout.ms``: nothing committed, and the
   error says the same records may be sent again (:class:`TransientProduceError`), also
-  when the abort itself cannot reach the broker.
+  when the abort itself cannot reach the broker;
+* a topic whose ``max.message.bytes`` is below librdkafka's batch size: records that each
+  fit are committed (the producer batches within the limit it reads at ``start()``), and
+  with the limit lowered after ``start()`` their batch's refusal is transient;
+* a topic that does not exist, with a short ``timeout``: the error names it, transient.
 """
 
 from __future__ import annotations
@@ -819,4 +823,147 @@ def test_after_a_state_refusal_a_blocks_later_sends_are_refused_as_documented(
         assert len(failed) > 1, out.sends
     assert committed_values(services.bootstrap, topic) == []
     _sync(False)(services, topic, records, {})  # the same records again, broker back
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+@SENDS
+def test_records_that_each_fit_a_lowered_topic_limit_are_committed_together(
+    services: Services, topic: str, send: Send
+) -> None:
+    """The topic's ``max.message.bytes`` lowered below librdkafka's batch size
+    (``batch.size``, 1,000,000 by default): six incompressible records of one key, each
+    well under the limit, went out in one batch over it. The broker refused the batch
+    (MESSAGE_TOO_LARGE), librdkafka failed every record in it with MSG_SIZE_TOO_LARGE
+    (it never splits a batch), and the SDK called that a refusal for good: a caller
+    told so drops records that would have gone through. Now the producer batches within
+    the topic's limit and the transaction commits."""
+    set_max_message_bytes(services.bootstrap, topic, 20_000)
+    records = [_big(6_000) for _ in range(6)]  # one key (agent-a): one partition, one batch
+    assert sum(len(r.value) for r in records) > 20_000
+    send(services, topic, records, {})
+    assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)
+
+
+@SENDS
+def test_a_record_over_a_lowered_topic_limit_alone_is_still_a_refusal(
+    services: Services, topic: str, send: Send
+) -> None:
+    """The other side of the test above: a record that does not fit the topic's
+    ``max.message.bytes`` even alone is refused for good (ProduceError, not transient),
+    and nothing of its transaction is committed."""
+    set_max_message_bytes(services.bootstrap, topic, 20_000)
+    records = _around(_big(30_000))
+    with pytest.raises(ProduceError, match="MSG_SIZE_TOO_LARGE") as refused:
+        send(services, topic, records, {})
+    assert not isinstance(refused.value, TransientProduceError | OutcomeUnknownError)
+    assert committed_values(services.bootstrap, topic) == []
+
+
+def _missing_sync(block: bool) -> Callable[[Services, str, Sequence[Outgoing], float], None]:
+    def send(services: Services, topic: str, records: Sequence[Outgoing], timeout: float) -> None:
+        producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        producer.start()
+        try:
+            _sync_send(producer, records, block, timeout)
+        finally:
+            producer.close()
+
+    return send
+
+
+def _missing_aio(block: bool) -> Callable[[Services, str, Sequence[Outgoing], float], None]:
+    def send(services: Services, topic: str, records: Sequence[Outgoing], timeout: float) -> None:
+        async def run() -> None:
+            producer = AsyncActivityProducer(
+                services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}"
+            )
+            await producer.start()
+            try:
+                await _aio_send(producer, records, block, timeout)
+            finally:
+                await producer.close()
+
+        asyncio.run(run())
+
+    return send
+
+
+@pytest.mark.parametrize(
+    "send",
+    [_missing_aio(False), _missing_aio(True), _missing_sync(False), _missing_sync(True)],
+    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+)
+def test_a_topic_that_does_not_exist_is_named_within_a_short_timeout(
+    services: Services, send: Callable[[Services, str, Sequence[Outgoing], float], None]
+) -> None:
+    """A producer to a topic that does not exist (the test broker creates none on first
+    use), with a ``timeout`` shorter than librdkafka's wait for the topic to appear
+    (``topic.metadata.propagation.max.ms``, 30 s). The synchronous SDK said "commit not
+    confirmed in time, outcome unknown" and the asyncio one "records not delivered in
+    time": neither named the topic. Now the error says the topic does not exist, and is
+    transient: nothing was committed, the same records may be sent once it does."""
+    missing = f"t-missing-{uuid.uuid4().hex[:8]}"
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-m", 1)]
+    began = time.monotonic()
+    with pytest.raises(TransientProduceError) as raised:
+        send(services, missing, records, 3)
+    assert time.monotonic() - began < 20
+    text = str(raised.value)
+    assert f"topic {missing} does not exist" in text, text
+
+
+def _lowered_after_start_sync(block: bool) -> Callable[[Services, str, Sequence[Outgoing]], None]:
+    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
+        producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
+        producer.start()
+        try:
+            set_max_message_bytes(services.bootstrap, topic, 20_000)
+            _sync_send(producer, records, block, 30)
+        finally:
+            producer.close()
+
+    return send
+
+
+def _lowered_after_start_aio(block: bool) -> Callable[[Services, str, Sequence[Outgoing]], None]:
+    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
+        async def run() -> None:
+            producer = AsyncActivityProducer(
+                services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}"
+            )
+            await producer.start()
+            try:
+                await asyncio.to_thread(set_max_message_bytes, services.bootstrap, topic, 20_000)
+                await _aio_send(producer, records, block, 30)
+            finally:
+                await producer.close()
+
+        asyncio.run(run())
+
+    return send
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        _lowered_after_start_aio(False),
+        _lowered_after_start_aio(True),
+        _lowered_after_start_sync(False),
+        _lowered_after_start_sync(True),
+    ],
+    ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
+)
+def test_records_refused_as_a_batch_over_a_limit_lowered_after_start_may_be_resent(
+    services: Services, topic: str, send: Callable[[Services, str, Sequence[Outgoing]], None]
+) -> None:
+    """The topic's limit lowered after the producer started (it batches within the limit
+    it read then): the broker refuses the batch of records that each fit, and that is
+    transient, not a refusal for good. The same records from a new instance, which reads
+    the lowered limit, are committed."""
+    records = [_big(6_000) for _ in range(6)]
+    with pytest.raises(TransientProduceError, match=r"max\.message\.bytes.*new one") as raised:
+        send(services, topic, records)
+    assert "MSG_SIZE_TOO_LARGE" in str(raised.value)
+    assert committed_values(services.bootstrap, topic) == []
+    _sync(False)(services, topic, records, {})
     assert sorted(committed_values(services.bootstrap, topic)) == sorted(r.value for r in records)

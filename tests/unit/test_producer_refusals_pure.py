@@ -18,14 +18,17 @@ from ackline.streams.producer import (
     SDK_MESSAGE_MAX_BYTES,
     ActivityProducer,
     Outgoing,
+    batch_within,
     check_callbacks,
     check_fits,
     client_limits,
+    connection_config,
     failure_causes,
     not_committed,
     record_size,
     send_failed,
     send_refused,
+    topic_missing,
     transactional_config,
 )
 
@@ -71,6 +74,46 @@ def test_only_the_brokers_absence_is_transient() -> None:
     refused = [KafkaError(KafkaError._MSG_TIMED_OUT), KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)]
     error = not_committed(refused)
     assert type(error) is ProduceError and "nothing committed: 2 record(s)" in str(error)
+
+
+def test_a_missing_topic_is_transient_and_named() -> None:
+    """librdkafka fails the records of a topic it never saw (after
+    ``topic.metadata.propagation.max.ms``) with UNKNOWN_TOPIC_OR_PART: not a refusal of
+    the records, which go through once the topic exists."""
+    missing = [KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), KafkaError(KafkaError._TRANSPORT)]
+    error = not_committed(missing, "t-1")
+    assert type(error) is TransientProduceError, repr(error)
+    assert "topic t-1 does not exist" in str(error) and "from a new instance" not in str(error)
+    timed_out = topic_missing("t-1")
+    assert type(timed_out) is TransientProduceError
+    assert "topic t-1 does not exist" in str(timed_out) and "new instance" in str(timed_out)
+    refused = [KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), KafkaError(KafkaError.INVALID_RECORD)]
+    assert type(not_committed(refused, "t-1")) is ProduceError
+
+
+def test_batches_are_kept_within_the_topics_limit() -> None:
+    """librdkafka fills a batch of several records up to ``batch.size`` (or
+    ``message.max.bytes``, the smaller) and never splits one the broker refused."""
+    conf = transactional_config("127.0.0.1:1", "t", None)
+    assert batch_within(conf, None) is conf  # the limit unknown
+    assert batch_within(conf, 1_048_588) is conf  # Kafka's default: above 1,000,000
+    assert batch_within(conf, 20_000)["batch.size"] == 20_000
+    own = {**conf, "batch.size": 10_000}
+    assert batch_within(own, 20_000) is own  # the service's own, lower, is kept
+    low = {**conf, "message.max.bytes": 15_000}
+    assert batch_within(low, 20_000) is low
+    assert "batch.size" not in conf
+
+
+def test_the_admin_client_gets_the_connection_settings_only() -> None:
+    conf = transactional_config(
+        "127.0.0.1:1", "t", {"security.protocol": "SSL", "sasl.mechanism": "PLAIN"}
+    )
+    assert connection_config(conf) == {
+        "bootstrap.servers": "127.0.0.1:1",
+        "security.protocol": "SSL",
+        "sasl.mechanism": "PLAIN",
+    }
 
 
 def test_refusals_and_purges_after_a_failure_are_not_its_cause() -> None:
