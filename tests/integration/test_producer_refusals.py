@@ -859,11 +859,20 @@ def test_a_record_over_a_lowered_topic_limit_alone_is_still_a_refusal(
     assert committed_values(services.bootstrap, topic) == []
 
 
-def _missing_sync(block: bool) -> Callable[[Services, str, Sequence[Outgoing], float], None]:
-    def send(services: Services, topic: str, records: Sequence[Outgoing], timeout: float) -> None:
+Started = Callable[[Services, str], None]
+"""What a test does to the topic once the producer has started (None: nothing)."""
+Sender = Callable[[Services, str, Sequence[Outgoing]], None]
+
+
+def _sync_started(block: bool, timeout: float, then: Started | None = None) -> Sender:
+    """A sync producer started on the topic, ``then`` run, the records sent."""
+
+    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
         producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
         producer.start()
         try:
+            if then is not None:
+                then(services, topic)
             _sync_send(producer, records, block, timeout)
         finally:
             producer.close()
@@ -871,14 +880,18 @@ def _missing_sync(block: bool) -> Callable[[Services, str, Sequence[Outgoing], f
     return send
 
 
-def _missing_aio(block: bool) -> Callable[[Services, str, Sequence[Outgoing], float], None]:
-    def send(services: Services, topic: str, records: Sequence[Outgoing], timeout: float) -> None:
+def _aio_started(block: bool, timeout: float, then: Started | None = None) -> Sender:
+    """:func:`_sync_started` with the asyncio producer."""
+
+    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
         async def run() -> None:
             producer = AsyncActivityProducer(
                 services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}"
             )
             await producer.start()
             try:
+                if then is not None:
+                    await asyncio.to_thread(then, services, topic)
                 await _aio_send(producer, records, block, timeout)
             finally:
                 await producer.close()
@@ -890,11 +903,16 @@ def _missing_aio(block: bool) -> Callable[[Services, str, Sequence[Outgoing], fl
 
 @pytest.mark.parametrize(
     "send",
-    [_missing_aio(False), _missing_aio(True), _missing_sync(False), _missing_sync(True)],
+    [
+        _aio_started(False, 3),
+        _aio_started(True, 3),
+        _sync_started(False, 3),
+        _sync_started(True, 3),
+    ],
     ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
 )
 def test_a_topic_that_does_not_exist_is_named_within_a_short_timeout(
-    services: Services, send: Callable[[Services, str, Sequence[Outgoing], float], None]
+    services: Services, send: Sender
 ) -> None:
     """A producer to a topic that does not exist (the test broker creates none on first
     use), with a ``timeout`` shorter than librdkafka's wait for the topic to appear
@@ -906,55 +924,28 @@ def test_a_topic_that_does_not_exist_is_named_within_a_short_timeout(
     records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-m", 1)]
     began = time.monotonic()
     with pytest.raises(TransientProduceError) as raised:
-        send(services, missing, records, 3)
+        send(services, missing, records)  # timeout=3
     assert time.monotonic() - began < 20
     text = str(raised.value)
     assert f"topic {missing} does not exist" in text, text
 
 
-def _lowered_after_start_sync(block: bool) -> Callable[[Services, str, Sequence[Outgoing]], None]:
-    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
-        producer = ActivityProducer(services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}")
-        producer.start()
-        try:
-            set_max_message_bytes(services.bootstrap, topic, 20_000)
-            _sync_send(producer, records, block, 30)
-        finally:
-            producer.close()
-
-    return send
-
-
-def _lowered_after_start_aio(block: bool) -> Callable[[Services, str, Sequence[Outgoing]], None]:
-    def send(services: Services, topic: str, records: Sequence[Outgoing]) -> None:
-        async def run() -> None:
-            producer = AsyncActivityProducer(
-                services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}"
-            )
-            await producer.start()
-            try:
-                await asyncio.to_thread(set_max_message_bytes, services.bootstrap, topic, 20_000)
-                await _aio_send(producer, records, block, 30)
-            finally:
-                await producer.close()
-
-        asyncio.run(run())
-
-    return send
+def _lowered(services: Services, topic: str) -> None:
+    set_max_message_bytes(services.bootstrap, topic, 20_000)
 
 
 @pytest.mark.parametrize(
     "send",
     [
-        _lowered_after_start_aio(False),
-        _lowered_after_start_aio(True),
-        _lowered_after_start_sync(False),
-        _lowered_after_start_sync(True),
+        _aio_started(False, 30, _lowered),
+        _aio_started(True, 30, _lowered),
+        _sync_started(False, 30, _lowered),
+        _sync_started(True, 30, _lowered),
     ],
     ids=["aio-send_transaction", "aio-transaction", "sync-send_transaction", "sync-transaction"],
 )
 def test_records_refused_as_a_batch_over_a_limit_lowered_after_start_may_be_resent(
-    services: Services, topic: str, send: Callable[[Services, str, Sequence[Outgoing]], None]
+    services: Services, topic: str, send: Sender
 ) -> None:
     """The topic's limit lowered after the producer started (it batches within the limit
     it read then): the broker refuses the batch of records that each fit, and that is
