@@ -302,11 +302,19 @@ def stop_signals(
     try:
         yield
     finally:
-        for sig in stops:
-            loop.remove_signal_handler(sig)
-            previous = before[sig]
-            if previous is not None:  # None: not set from Python; nothing to restore
-                signal.signal(sig, previous)
+        # blocked while the handlers change: the loop's removal sets the default action
+        # (SIGTERM kills) before the previous handler is back, and a SIGTERM then killed
+        # a command whose summary was out (-15: 143 to a shell); a signal meanwhile waits
+        # and goes to the handler put back
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            for sig in stops:
+                loop.remove_signal_handler(sig)
+                previous = before[sig]
+                if previous is not None:  # None: not set from Python; nothing to restore
+                    signal.signal(sig, previous)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def means_now(sig: int) -> bool:

@@ -820,6 +820,44 @@ def test_a_stop_after_the_summary_leaves_the_status_alone(
     assert statuses == [0, 0, 0], statuses
 
 
+def test_sigterms_again_and_again_after_the_summary_leave_the_status_alone(
+    services: Services, dsn: str
+) -> None:
+    """A supervisor that sends SIGTERM more than once (docs/design.md) while a caught-up
+    run winds down: one landed while the command put back the handlers it found, after
+    the loop's removal had set SIGTERM's default action, and killed it (-15, 143 to a
+    shell; 5 of 75 runs of `dispatch --once` in a probe) though its summary said it had
+    finished. Each run here is sent SIGTERM every 0.3 ms from its summary line on (50
+    runs: this failed on the code before the mend; `process` shares the same block)."""
+    argv = ["dispatch", "--reader", "cron", "--once"]
+    statuses = []
+    for _ in range(50):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackline", *argv],
+            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            summary = json.loads(proc.stdout.readline())
+            deadline = time.monotonic() + BOUND_S
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                time.sleep(0.0003)
+            proc.communicate(timeout=BOUND_S)
+        finally:
+            _reap(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        assert summary["stopped"] is None, summary
+        statuses.append(proc.returncode)
+    assert statuses == [0] * len(statuses), statuses
+
+
 def test_until_drained_ends_soon_after_its_last_commit_sigterm_or_not(
     services: Services, dsn: str, tmp_path: Path
 ) -> None:
