@@ -132,7 +132,7 @@ def with_migrate_fix(line: str, cause: BaseException | None, what: str = "") -> 
     (`ackline erase`: "nothing was erased: ..."). Pure."""
     if cause is None or not never_migrated(cause):
         return line
-    return f"{line}: {migrate_hint()}{f' ({what})' if what else ''}"
+    return f"{line}: {migrate_hint()}{f'; {what}' if what else ''}"
 
 
 def _unreached(exc: BaseException) -> bool:

@@ -370,7 +370,9 @@ class Stopping:
     def again(self, sig: int) -> None:
         """A later stop signal: cancel the work at once when it :func:`means_now`."""
         if means_now(sig):
-            self._cancel(f"a second {signal.Signals(sig).name}")
+            name = signal.Signals(sig).name
+            # "a second" only when it is: a SIGINT after a SIGTERM is the first SIGINT
+            self._cancel(f"a second {name}" if sig == self.signal else f"{name} while stopping")
 
     def arm(self) -> None:
         """Begin the grace period, once: from the stop request, or from when the caller
