@@ -302,19 +302,39 @@ def stop_signals(
     try:
         yield
     finally:
-        # blocked while the handlers change: the loop's removal sets the default action
-        # (SIGTERM kills) before the previous handler is back, and a SIGTERM then killed
-        # a command whose summary was out (-15: 143 to a shell); a signal meanwhile waits
-        # and goes to the handler put back
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-        try:
-            for sig in stops:
-                loop.remove_signal_handler(sig)
-                previous = before[sig]
-                if previous is not None:  # None: not set from Python; nothing to restore
-                    signal.signal(sig, previous)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for sig in stops:
+            _put_back(loop, sig, before[sig])
+
+
+def _put_back(
+    loop: asyncio.AbstractEventLoop, sig: int, previous: Callable[..., object] | int | None
+) -> None:
+    """Take ``sig`` from ``loop`` and put ``previous`` back, never through the default
+    action: the loop's ``remove_signal_handler`` sets it (SIGTERM kills) before the
+    previous handler is back, and a SIGTERM then killed a command whose summary was out
+    (-15: 143 to a shell). So the previous handler replaces the loop's in one step, and
+    the loop forgets its own (its table is CPython's, stable since 3.4). Blocking the
+    signal meanwhile is not enough: the mask is the calling thread's, and a process
+    with another thread (an executor's: a host name resolved, ``asyncio.to_thread``)
+    takes the signal there, default action and all. The masked removal stays for a
+    loop without that table, or nothing to put back (``previous`` None: not set from
+    Python)."""
+    handlers = getattr(loop, "_signal_handlers", None)
+    if previous is not None and isinstance(handlers, dict) and sig in handlers:
+        signal.signal(sig, previous)
+        del handlers[sig]
+        if not handlers:
+            with contextlib.suppress(ValueError, OSError):
+                signal.set_wakeup_fd(-1)  # as the loop's removal does when none are left
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # unchanged: restored whatever comes
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # may run a pending handler, which
+        loop.remove_signal_handler(sig)  # may raise: the mask is restored all the same
+        if previous is not None:
+            signal.signal(sig, previous)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def means_now(sig: int) -> bool:
