@@ -124,8 +124,8 @@ class Settings(BaseSettings):
         default_factory=_default_worker_id,
         min_length=1,
         description="this worker's name: the owner of its partitions, its Kafka client.id and "
-        "its PostgreSQL application_name; unique in its group (a worker whose name a live "
-        "member has is refused)",
+        "its PostgreSQL application_name; unique in its group (a worker given a name a live "
+        "member has is refused; the default taken is warned about)",
     )
     group_protocol: Literal["classic", "consumer"] = Field(
         default="classic",

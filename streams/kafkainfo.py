@@ -146,7 +146,7 @@ def group_members(
     try:
         futures = client.describe_consumer_groups([group_id], request_timeout=timeout)
         described = futures[group_id].result(timeout=timeout)
-    except KafkaException as exc:
+    except (KafkaException, TimeoutError) as exc:  # librdkafka's own timeout may come late
         raise KafkaUnavailableError(
             f"cannot describe group {group_id} at {bootstrap}: {exc}"
         ) from exc

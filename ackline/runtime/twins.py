@@ -24,15 +24,21 @@ from ackline.streams.kafkainfo import GroupMember, group_members
 
 log = logging.getLogger(__name__)
 
-CONSUMER_SESSION_S = 45.0
-"""Kafka's default ``group.consumer.session.timeout.ms`` (the broker's, under the
-``consumer`` protocol: the worker cannot read it)."""
+CONSUMER_SESSION_S = 60.0
+"""The longest session a broker allows under the ``consumer`` protocol by default
+(``group.consumer.max.session.timeout.ms``; the broker's own default session is 45 s):
+the session is the broker's there, and the worker cannot read it."""
 LOOK_EVERY_S = 1.0
 
 
 def namesakes(members: Sequence[GroupMember], worker_id: str) -> list[GroupMember]:
     """The members that carry ``worker_id`` as their client.id. Pure."""
     return [m for m in members if m.client_id == worker_id]
+
+
+def named_by_operator(settings: Settings) -> bool:
+    """Whether the worker id was set (ACKLINE_WORKER_ID), not the default. Pure."""
+    return "worker_id" in settings.model_fields_set
 
 
 def leave_bound_s(settings: Settings) -> float:
@@ -58,6 +64,9 @@ async def refuse_a_namesake(
     runs before the worker joins, claims or writes anything: a crash or a refusal at
     any step leaves nothing behind, and the worker that holds the name goes on.
 
+    The default id (``<hostname>-<pid>``) taken is a WARNING, not a refusal: containers
+    sharing a host name all run as pid 1, and a refusal would loop them through restarts.
+
     A namesake may be this worker's own predecessor, killed a moment ago: the group
     keeps it until its session times out. So a namesake seen is looked at again every
     second until :func:`leave_bound_s`, and only one still there is refused (a stopped
@@ -77,6 +86,19 @@ async def refuse_a_namesake(
     seen = await look()
     if not seen:
         return
+    if not named_by_operator(settings):
+        # the default (<hostname>-<pid>) is not unique where containers share a host name
+        # (host networking, a fixed hostname) and all run as pid 1: those kept exactly
+        # once before this check, and a refusal would loop them through restarts
+        log.warning(
+            "group %s already has a member named %s (host %s), this worker's default id: "
+            "set a distinct ACKLINE_WORKER_ID for each worker, or the two cannot be told "
+            "apart (offset owners, batch rows, ackline status); joining",
+            group,
+            me,
+            seen[0].host,
+        )
+        return
     bound = leave_bound_s(settings)
     log.warning(
         "group %s already has a member named %s (host %s): waiting up to %.0f s for it to "
@@ -92,6 +114,8 @@ async def refuse_a_namesake(
         if stopped():
             return
         seen = await look()
+        if seen is None:
+            return  # the group cannot be described now (warned): the check is skipped
         if not seen:
             log.info("the member named %s left group %s: joining", me, group)
             return
@@ -101,5 +125,5 @@ async def refuse_a_namesake(
         f"name, still there after {bound:.0f} s. Two workers of one name keep exactly once "
         "(the epoch fence) but nothing can tell them apart: offset owners, batch rows, "
         "ackline status, the client.id and application_name. Give each worker its own "
-        "ACKLINE_WORKER_ID, or leave it unset (<hostname>-<pid>)",
+        "ACKLINE_WORKER_ID",
     )

@@ -4,8 +4,10 @@ tests/integration/test_workers.py::test_a_second_live_worker_with_a_taken_worker
 
 from __future__ import annotations
 
-from ackline.runtime.twins import CONSUMER_SESSION_S, leave_bound_s, namesakes
-from ackline.settings import Settings
+import pytest
+
+from ackline.runtime.twins import CONSUMER_SESSION_S, leave_bound_s, named_by_operator, namesakes
+from ackline.settings import Settings, load_settings
 from ackline.streams.kafkainfo import GroupMember
 
 
@@ -24,3 +26,16 @@ def test_a_dead_member_is_waited_for_as_long_as_its_session_lasts() -> None:
     assert leave_bound_s(classic) == 11.0
     consumer = Settings(worker_id="w", group_protocol="consumer", session_timeout_ms=6_000)
     assert leave_bound_s(consumer) == CONSUMER_SESSION_S + 5.0
+
+
+def test_only_a_worker_id_the_operator_set_is_refused_when_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default (<hostname>-<pid>) is the same for containers that share a host name
+    and run as pid 1: taken, it is warned about (a refusal looped them through restarts,
+    found by a review); a name the operator gave is refused."""
+    monkeypatch.delenv("ACKLINE_WORKER_ID", raising=False)
+    assert not named_by_operator(load_settings())
+    monkeypatch.setenv("ACKLINE_WORKER_ID", "w-1")
+    assert named_by_operator(load_settings())
+    assert CONSUMER_SESSION_S >= 60.0  # the broker's longest session by default
