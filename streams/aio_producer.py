@@ -51,6 +51,7 @@ from ackline.streams.admin import topic_max_message_bytes
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     RETRY_PAUSE_S,
+    TOPIC_LOOK_S,
     Delivery,
     KeyBy,
     Outgoing,
@@ -193,6 +194,8 @@ class AsyncActivityProducer:
         conf = await asyncio.to_thread(
             within_topic_limit, self._conf, self.topic, min(5.0, timeout / 2)
         )
+        if self._closed:  # close() came while the limit was read: no client to make
+            raise not_open("AsyncActivityProducer", closed=True)
         if self._aio is not None:  # another start() got in while the limit was read
             raise started_twice("AsyncActivityProducer")
         executor = concurrent.futures.ThreadPoolExecutor(
@@ -661,7 +664,7 @@ class AsyncActivityProducer:
         later, and close() need not wait for them). A crash at any step leaves nothing
         committed."""
         try:
-            meta = await self._guard(aio.list_topics(self.topic, timeout=5.0))
+            meta = await self._guard(aio.list_topics(self.topic, timeout=TOPIC_LOOK_S))
         except (KafkaException, SystemError) as exc:  # no answer: it cannot say
             unheld(exc)
             return False

@@ -76,12 +76,19 @@ _CONNECTION_PREFIXES: Final = (
     "socket.",
     "broker.",
     "enable.ssl.",
+    "enable.sasl.",  # enable.sasl.oauthbearer.unsecure.jwt
+    "oauth_cb",  # an OAUTHBEARER token from Python: without it the admin client has none
+    "error_cb",
+    "metadata.broker.list",  # bootstrap.servers' alias
     "logger",
 )
 """The settings of a producer's configuration that say how to reach and talk to the
 cluster (address, security, logging): what the admin client that reads the topic's
 limit needs of it, and nothing producer-only (``transactional.id`` would make it a
 transactional client)."""
+TOPIC_LOOK_S: Final = 1.0
+"""How long a send whose deadline has passed asks the cluster whether its topic exists
+(the caller's timeout is spent already: the answer is worth a second, not more)."""
 _MISSING_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 """Delivery errors of a topic the cluster does not have (or does not show yet)."""
 _TRANSIENT: Final = frozenset(
@@ -997,7 +1004,9 @@ class ActivityProducer:
         (none can reach the topic and be committed later, and close() need not wait for
         them); the error. A crash at any step leaves nothing committed."""
         try:
-            absent = topic_absent(producer.list_topics(self.topic, timeout=5.0), self.topic)
+            absent = topic_absent(
+                producer.list_topics(self.topic, timeout=TOPIC_LOOK_S), self.topic
+            )
         except (KafkaException, SystemError) as exc:  # no answer: it cannot say
             unheld(exc)
             absent = False
