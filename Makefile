@@ -28,7 +28,8 @@ demo: install
 	$(BIN)/ackline demo
 
 ## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here),
-## on two pytest-xdist workers with a stack each: ~16 min on two cores, against ~24 in one
+## on two pytest-xdist workers with a stack each: ~16 min on two cores at the host's usual speed
+## (27-30 on a host running 2.5x slow), against ~24 in one
 ## process (TEST_WORKERS=0; docs/development.md).
 TEST_WORKERS ?= 2
 test: install lint
