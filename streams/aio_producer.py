@@ -47,7 +47,6 @@ from confluent_kafka.aio import AIOProducer
 
 from ackline.core.logs import kafka_logger
 from ackline.schemas.envelope import Envelope
-from ackline.streams.admin import topic_max_message_bytes
 from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
 from ackline.streams.producer import (
     RETRY_PAUSE_S,
@@ -62,18 +61,19 @@ from ackline.streams.producer import (
     check_fit,
     check_fits,
     client_limits,
-    connection_config,
     failure_causes,
     kafka_error,
     not_committed,
     not_open,
     prepare,
     record_size,
+    refusal_batch,
     send_failed,
     send_refused,
     settle,
     start_failed,
     started_twice,
+    too_large,
     topic_absent,
     topic_missing,
     transactional_config,
@@ -642,15 +642,10 @@ class AsyncActivityProducer:
         weighed against the topic's limit read now; a verdict that a new instance must
         resend leaves this one unusable."""
         batch = None
-        if any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for err in causes):
-            limit = await asyncio.to_thread(
-                topic_max_message_bytes,
-                self._conf["bootstrap.servers"],
-                self.topic,
-                5.0,
-                conf=connection_config(self._conf),
+        if too_large(causes):
+            batch = await asyncio.to_thread(
+                refusal_batch, self._conf, self.topic, self._batch_bytes
             )
-            batch = None if limit is None else (limit, self._batch_bytes)
         error = not_committed(causes, self.topic, batch)
         if batch is not None and isinstance(error, TransientProduceError):
             self._broken = error

@@ -400,6 +400,22 @@ def not_committed(
     return ProduceError(text)
 
 
+def too_large(causes: Sequence[KafkaError]) -> bool:
+    """Whether the broker refused records of ``causes`` as too large. Pure."""
+    return any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for err in causes)
+
+
+def refusal_batch(conf: dict[str, Any], topic: str, batch_bytes: int) -> tuple[int, int] | None:
+    """After records were refused as too large (:func:`too_large`): ``topic``'s
+    ``max.message.bytes`` read now (an admin request, on that path only) and the
+    producer's ``batch_bytes``, which :func:`not_committed` weighs; None when the limit
+    cannot be read."""
+    limit = topic_max_message_bytes(
+        conf["bootstrap.servers"], topic, 5.0, conf=connection_config(conf)
+    )
+    return None if limit is None else (limit, batch_bytes)
+
+
 def topic_missing_text(topic: str, *, new_instance: bool) -> str:
     """What an error says of ``topic`` the cluster does not have: the records were not
     refused, so its class is transient (a caller told "refused" drops them). Pure."""
@@ -984,11 +1000,8 @@ class ActivityProducer:
         leaves this one unusable, once ``final`` (the abort done): it would build the
         same batches."""
         batch = None
-        if any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for err in causes):
-            limit = topic_max_message_bytes(
-                self._conf["bootstrap.servers"], self.topic, 5.0, conf=connection_config(self._conf)
-            )
-            batch = None if limit is None else (limit, self._batch_bytes)
+        if too_large(causes):
+            batch = refusal_batch(self._conf, self.topic, self._batch_bytes)
         error = not_committed(causes, self.topic, batch)
         if final and batch is not None and isinstance(error, TransientProduceError):
             self._broken = error
