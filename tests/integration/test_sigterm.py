@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -782,6 +783,37 @@ def test_a_stop_during_the_read_that_catches_up_is_not_a_cut_run(
         assert json.loads(lines[-1])["stopped"] is None, lines[-1]
 
 
+def _signalled_after_summary(
+    argv: list[str],
+    dsn: str,
+    signal_it: Callable[[subprocess.Popen[str]], None],
+    stderr: int = subprocess.PIPE,
+) -> tuple[dict[str, Any], int, str]:
+    """Run `ackline *argv` against ``dsn``, read its summary line, then ``signal_it``;
+    the summary, the exit status and what it wrote on stderr (none with ``stderr``
+    DEVNULL: for a signal storm, whose log lines would fill an unread pipe and hold the
+    process)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ackline", *argv],
+        env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        summary = json.loads(proc.stdout.readline())
+        signal_it(proc)
+        _, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        _reap(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return summary, proc.returncode, err or ""
+
+
 @pytest.mark.parametrize(
     "argv",
     [["dispatch", "--reader", "cron", "--once"], ["process", "runs", "--until-caught-up"]],
@@ -796,27 +828,15 @@ def test_a_stop_after_the_summary_leaves_the_status_alone(
     runs). The work's status stands once it is decided."""
     statuses = []
     for delay in (0.0, 0.01, 0.03):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ackline", *argv],
-            env=_env(ACKLINE_DATABASE_URL=dsn, ACKLINE_METRICS_PORT="0"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            summary = json.loads(proc.stdout.readline())
+
+        def sigterm_after(proc: subprocess.Popen[str], delay: float = delay) -> None:
             time.sleep(delay)
             proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=BOUND_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+
+        summary, status, err = _signalled_after_summary(argv, dsn, sigterm_after)
         assert summary["stopped"] is None, summary
         assert "Traceback" not in err, err[-3000:]
-        statuses.append(proc.returncode)
+        statuses.append(status)
     assert statuses == [0, 0, 0], statuses
 
 
@@ -837,30 +857,20 @@ def test_sigterms_again_and_again_after_the_summary_leave_the_status_alone(
     named = dsn.replace("@127.0.0.1:", "@localhost:")
     assert named != dsn, dsn
     statuses = []
+
+    def sigterms_until_it_exits(proc: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + BOUND_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            time.sleep(0.0003)
+
     for _ in range(50):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ackline", *argv],
-            env=_env(ACKLINE_DATABASE_URL=named, ACKLINE_METRICS_PORT="0"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
+        summary, status, _ = _signalled_after_summary(
+            argv, named, sigterms_until_it_exits, stderr=subprocess.DEVNULL
         )
-        try:
-            assert proc.stdout is not None
-            summary = json.loads(proc.stdout.readline())
-            deadline = time.monotonic() + BOUND_S
-            while proc.poll() is None and time.monotonic() < deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                time.sleep(0.0003)
-            proc.communicate(timeout=BOUND_S)
-        finally:
-            _reap(proc)
-            if proc.stdout is not None:
-                proc.stdout.close()
         assert summary["stopped"] is None, summary
-        statuses.append(proc.returncode)
+        statuses.append(status)
     assert statuses == [0] * len(statuses), statuses
 
 
