@@ -62,7 +62,9 @@ def terminate_as_exit() -> Iterator[None]:
     SIGTERMs after the first, the command ran on, deaf. So the raise is also recorded:
     :func:`stop_signals` stops a loop started after a lost one at once, polling loops
     raise it again (:func:`raise_if_stop_lost`), and :func:`stops_deferred` keeps the
-    raise out of a loop's library code in the first place."""
+    raise out of a loop's library code in the first place. Python drops a raise in a
+    weakref callback or a ``__del__`` too, and prints its traceback: the block prints
+    none for a :class:`Terminated`, which is recorded like any other lost one."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         # once: a second SIGTERM must not cut the cleanup the first one started
@@ -73,10 +75,20 @@ def terminate_as_exit() -> Iterator[None]:
     handler.raises_terminated = True  # type: ignore[attr-defined]
     outer = _raised[:]  # a block inside another keeps the other's record
     _raised.clear()
+    report = sys.unraisablehook
+
+    def unreported(unraisable: sys.UnraisableHookArgs) -> None:
+        # a SIGTERM raised in a weakref callback or a __del__ is dropped there and Python
+        # prints its traceback; the drop is recorded already (stop_lost), so print nothing
+        if unraisable.exc_type is not Terminated:
+            report(unraisable)
+
     previous = signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = unreported
     try:
         yield
     finally:
+        sys.unraisablehook = report
         # None: a handler not set from Python, which cannot be put back from here
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         _raised[:] = outer

@@ -6,12 +6,13 @@ from __future__ import annotations
 import signal
 import socket
 import ssl
+import sys
 
 import pytest
 
 from ackline.commands.guard import reason
 from ackline.core.errors import Terminated
-from ackline.core.signals import stops_between, terminate_as_exit
+from ackline.core.signals import stop_lost, stops_between, terminate_as_exit
 
 
 def test_a_recorded_stop_is_raised_once() -> None:
@@ -33,3 +34,33 @@ def test_a_name_lookup_and_a_tls_failure_keep_their_words() -> None:
     failed = ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed")
     assert "certificate verify failed" in reason(failed)
     assert reason(ConnectionRefusedError(111, "refused")) == "connection refused"
+
+
+def test_a_sigterm_raised_where_python_drops_it_prints_no_traceback() -> None:
+    """A SIGTERM that landed in a weakref callback while `process` wound down after its
+    summary printed "Exception ignored in ... Traceback ... Terminated: 143" on stderr
+    (CI, stop 55): Python reports what a callback or ``__del__`` raises and drops it. The
+    drop is recorded (the stop is lost, so a polling loop raises it again) and nothing is
+    printed; what else such code raises is reported as before."""
+    reported: list[type[BaseException] | None] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: reported.append(unraisable.exc_type)
+
+    class SignalledOnCollect:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGTERM)
+
+    class FailsOnCollect:
+        def __del__(self) -> None:
+            raise ValueError("a finalizer's own failure")
+
+    try:
+        with terminate_as_exit():
+            dropped = SignalledOnCollect()
+            del dropped
+            assert stop_lost()
+            failing = FailsOnCollect()
+            del failing
+    finally:
+        sys.unraisablehook = before
+    assert reported == [ValueError], reported
