@@ -170,6 +170,10 @@ WHERE a.pid = $1 AND a.backend_start = $2 AND a.state_change = $3
 """
 
 
+_SAY_ENDED_S = 5.0
+"""How long a claim that returned waits for its look's answer to a session it ended."""
+
+
 async def _claim_watched(
     conn: asyncpg.Connection, args: tuple[object, ...], watch: StuckWatch, numbers: list[int]
 ) -> list[asyncpg.Record]:
@@ -187,8 +191,10 @@ async def _claim_watched(
     and its records are read again from the stored offset; the claim, no longer blocked,
     commits. A crash at any step leaves what the claim alone leaves. Any other blocker is
     waited for, up to the claim's own statement bound (then the caller retries, and says
-    so). Only ``asyncio.wait`` is awaited here, so a cancellation is never lost: it
-    cancels the claim and the look at once.
+    so). A holder's end frees the claim at once, often before the look has its answer:
+    the claim's return then waits up to ``_SAY_ENDED_S`` for the look to say it ended a
+    session (cancelled, that line was lost). Only ``asyncio.wait`` is awaited here, so a
+    cancellation is never lost: it cancels the claim and the look at once.
     """
     claiming = asyncio.ensure_future(conn.fetch(_CLAIM, *args))
     claiming.add_done_callback(take_outcome)
@@ -203,6 +209,8 @@ async def _claim_watched(
             look.add_done_callback(take_outcome)
             await asyncio.wait((claiming, look), return_when=asyncio.FIRST_COMPLETED)
             if claiming.done():
+                if eye.ending:  # the look's end of a holder let the claim through
+                    await asyncio.wait((look,), timeout=_SAY_ENDED_S)
                 return claiming.result()
     finally:
         claiming.cancel()
@@ -224,6 +232,8 @@ class _Eye:
         self._visible: bool | None = None
         self._told: set[int] = set()
         self._started = time.monotonic()
+        self.ending = False
+        """True while a look waits for the answer to a holder it asked PostgreSQL to end."""
 
     def next_look_in(self) -> float:
         """``every_s``, doubled after each failed look (up to 32 times): a database that
@@ -296,11 +306,14 @@ class _Eye:
                 continue
             if not is_stuck(b, self._watch.stuck_after_s):
                 continue
+            self.ending = True
             try:
                 ended = await side.fetchval(_END_BLOCKER, b.pid, b.backend_start, b.state_change)
             except asyncpg.InsufficientPrivilegeError as exc:
                 self._tell(b.pid, f"{who}, stuck on its client for {b.waited_s:.0f} s ({exc})")
                 continue
+            finally:
+                self.ending = False
             if ended:
                 log.warning(
                     "claim: ended %s, which held the offset rows of partitions %s while "

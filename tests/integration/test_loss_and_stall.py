@@ -11,6 +11,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -23,12 +24,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from ackline.dev.toxiproxy import ToxiproxyServer
 from ackline.load.manifest import read_manifest
 from ackline.sinks.connection import Database
 from ackline.sinks.ingest.offsets import StuckWatch, claim
@@ -517,6 +520,53 @@ def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
         stuck.communicate(timeout=30)
     verify_ok(dsn, manifest, group)
     assert {r.owner for r in offset_rows(dsn, group).values()} == {"w"}
+
+
+def test_a_session_the_watch_ended_is_logged_when_the_claim_returns_first(
+    dsn: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watch ends a stuck holder; the holder's locks go at once, so the claim can
+    return before the look has read pg_terminate_backend's answer. The claim then
+    cancelled the look, and the line that says a session was ended (a transaction of
+    another worker rolled back) was never written: a faust heir's log lacked it in a
+    fresh run. Here the look's connection runs through a relay that delays every answer
+    by 1 s (Toxiproxy's latency toxic), so the claim always returns first."""
+    group = f"g-{topic}"
+    ingest = dsn.replace("postgres@", "ackline_ingest@", 1)
+    pg = urlsplit(dsn)
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_MID_COPY, ingest, group, topic],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stuck.stdout is not None
+        pid = int(stuck.stdout.readline())
+        with ToxiproxyServer.start() as server:
+            proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
+            proxy.add_latency("slow", 1000)
+            relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+            watch = StuckWatch(lambda: asyncpg.connect(relayed), stuck_after_s=1, every_s=0.2)
+
+            async def go() -> list[int]:
+                heir = await asyncpg.connect(dsn)
+                try:
+                    tps = [(topic, p) for p in range(3)]
+                    claimed = await asyncio.wait_for(
+                        claim(heir, group, "heir", tps, watch=watch), 60
+                    )
+                    return [c.epoch for c in claimed]
+                finally:
+                    await heir.close()
+
+            with caplog.at_level(logging.WARNING, logger="ackline.sinks.ingest.offsets"):
+                epochs = run_async(go())
+    finally:
+        stuck.kill()
+        stuck.communicate(timeout=30)
+    assert epochs == [2, 2, 2], epochs
+    assert not db(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
+    assert f"ended session {pid}" in caplog.text, caplog.text
 
 
 def test_a_claim_waits_for_a_previous_owner_running_a_statement(dsn: str, topic: str) -> None:
