@@ -477,6 +477,24 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@contextlib.contextmanager
+def _stuck_mid_copy(dsn: str, group: str, topic: str) -> Iterator[int]:
+    """A previous owner of ``topic``'s three partitions in ``group``, stopped mid-COPY
+    (:data:`_STUCK_MID_COPY`) for the block; its server session's pid."""
+    ingest = dsn.replace("postgres@", "ackline_ingest@", 1)
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_MID_COPY, ingest, group, topic],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stuck.stdout is not None
+        yield int(stuck.stdout.readline())
+    finally:
+        stuck.kill()
+        stuck.communicate(timeout=30)
+
+
 @pytest.mark.parametrize("runtime", ["confluent", "faust"])
 def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
     services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
@@ -490,15 +508,7 @@ def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
     partitions' rows while waiting on its client for longer than the statement bound."""
     group = f"g-{topic}"
     manifest = produce_mix(services, topic, tmp_path, 600, seed=241)
-    ingest = dsn.replace("postgres@", "ackline_ingest@", 1)
-    stuck = subprocess.Popen(
-        [sys.executable, "-c", _STUCK_MID_COPY, ingest, group, topic],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert stuck.stdout is not None
-        pid = int(stuck.stdout.readline())
+    with _stuck_mid_copy(dsn, group, topic) as pid:
         rows = db(dsn, "SELECT state, wait_event FROM pg_stat_activity WHERE pid = $1", pid)
         assert [tuple(r) for r in rows] == [("active", "ClientRead")]
         w = Worker(
@@ -515,9 +525,6 @@ def test_a_previous_owner_stopped_mid_copy_does_not_stall_its_heir(
         assert not db(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
         assert f"ended session {pid}" in w.log(), w.log()[-3000:]
         assert w.stop() == 0, w.log()[-3000:]
-    finally:
-        stuck.kill()
-        stuck.communicate(timeout=30)
     verify_ok(dsn, manifest, group)
     assert {r.owner for r in offset_rows(dsn, group).values()} == {"w"}
 
@@ -532,38 +539,24 @@ def test_a_session_the_watch_ended_is_logged_when_the_claim_returns_first(
     fresh run. Here the look's connection runs through a relay that delays every answer
     by 1 s (Toxiproxy's latency toxic), so the claim always returns first."""
     group = f"g-{topic}"
-    ingest = dsn.replace("postgres@", "ackline_ingest@", 1)
     pg = urlsplit(dsn)
-    stuck = subprocess.Popen(
-        [sys.executable, "-c", _STUCK_MID_COPY, ingest, group, topic],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert stuck.stdout is not None
-        pid = int(stuck.stdout.readline())
-        with ToxiproxyServer.start() as server:
-            proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
-            proxy.add_latency("slow", 1000)
-            relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
-            watch = StuckWatch(lambda: asyncpg.connect(relayed), stuck_after_s=1, every_s=0.2)
+    with _stuck_mid_copy(dsn, group, topic) as pid, ToxiproxyServer.start() as server:
+        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
+        proxy.add_latency("slow", 1000)
+        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+        watch = StuckWatch(lambda: asyncpg.connect(relayed), stuck_after_s=1, every_s=0.2)
 
-            async def go() -> list[int]:
-                heir = await asyncpg.connect(dsn)
-                try:
-                    tps = [(topic, p) for p in range(3)]
-                    claimed = await asyncio.wait_for(
-                        claim(heir, group, "heir", tps, watch=watch), 60
-                    )
-                    return [c.epoch for c in claimed]
-                finally:
-                    await heir.close()
+        async def go() -> list[int]:
+            heir = await asyncpg.connect(dsn)
+            try:
+                tps = [(topic, p) for p in range(3)]
+                claimed = await asyncio.wait_for(claim(heir, group, "heir", tps, watch=watch), 60)
+                return [c.epoch for c in claimed]
+            finally:
+                await heir.close()
 
-            with caplog.at_level(logging.WARNING, logger="ackline.sinks.ingest.offsets"):
-                epochs = run_async(go())
-    finally:
-        stuck.kill()
-        stuck.communicate(timeout=30)
+        with caplog.at_level(logging.WARNING, logger="ackline.sinks.ingest.offsets"):
+            epochs = run_async(go())
     assert epochs == [2, 2, 2], epochs
     assert not db(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid)
     assert f"ended session {pid}" in caplog.text, caplog.text
