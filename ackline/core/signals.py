@@ -23,6 +23,9 @@ _raised: list[int] = []
 """The SIGTERMs :func:`terminate_as_exit`'s handler raised as :class:`Terminated` in the
 innermost block now running (the outer block's record is back at its end)."""
 
+_went_on: list[int] = []
+"""The signals :func:`means_now` said the stop goes on after (once each)."""
+
 _done: list[int] = []
 """The exit status of the command whose work is over (:func:`work_done`), if it is."""
 
@@ -46,6 +49,7 @@ def done_status() -> int | None:
 def begin_work() -> None:
     """A command starts: no work of it is over yet (a process may run several, in tests)."""
     _done.clear()
+    _went_on.clear()
 
 
 @contextlib.contextmanager
@@ -357,7 +361,9 @@ def means_now(sig: int) -> bool:
     :class:`Stopping`); what "now" does is theirs."""
     if sig == signal.SIGINT:
         return True
-    log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
+    if sig not in _went_on:  # a supervisor may repeat it every few ms: said once
+        _went_on.append(sig)
+        log.info("%s while stopping: the stop goes on", signal.Signals(sig).name)
     return False
 
 
@@ -369,7 +375,7 @@ def exit_now(sig: int) -> None:
     if not means_now(sig):
         return
     log.warning(
-        "SIGINT again while stopping: exiting now; what committed in PostgreSQL stands, "
+        "SIGINT while stopping: exiting now; what committed in PostgreSQL stands, "
         "the batches in flight are re-read by the next owner"
     )
     exit_flushed(128 + sig)

@@ -85,7 +85,7 @@ class _Worker(faust.Worker):
             if self._overdue is None:
                 self._arm()
         else:
-            exit_now(sig)  # SIGINT again: at once; SIGTERM again: the stop goes on
+            exit_now(sig)  # SIGINT: at once; SIGTERM again: the stop goes on
         super()._schedule_shutdown(sig)
 
     def on_worker_shutdown(self) -> None:

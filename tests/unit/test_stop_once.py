@@ -3,16 +3,24 @@ its own words (a review of this stop's changes)."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 
 import pytest
 
 from ackline.commands.guard import reason
 from ackline.core.errors import Terminated
-from ackline.core.signals import stop_lost, stops_between, terminate_as_exit
+from ackline.core.signals import (
+    begin_work,
+    means_now,
+    stop_lost,
+    stops_between,
+    terminate_as_exit,
+)
 
 
 def test_a_recorded_stop_is_raised_once() -> None:
@@ -64,3 +72,32 @@ def test_a_sigterm_raised_where_python_drops_it_prints_no_traceback() -> None:
     finally:
         sys.unraisablehook = before
     assert reported == [ValueError], reported
+
+
+def test_sigterms_while_stopping_say_the_stop_goes_on_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A supervisor that repeats SIGTERM every few milliseconds while a stop runs wrote one
+    INFO line per signal (a review's signal storm: hundreds of lines); once says it."""
+    begin_work()
+    with caplog.at_level(logging.INFO, logger="ackline.core.signals"):
+        assert [means_now(signal.SIGTERM) for _ in range(50)] == [False] * 50
+        assert means_now(signal.SIGINT)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["SIGTERM while stopping: the stop goes on"], lines
+
+
+def test_a_sigint_after_a_sigterm_is_not_called_a_second_one() -> None:
+    """The worker's stop began with a SIGTERM and a Ctrl-C ends it at once: the line said
+    "SIGINT again", though no SIGINT came before."""
+    code = (
+        "import logging, signal, sys\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
+        "from ackline.core.signals import exit_now\n"
+        "exit_now(signal.SIGINT)\n"
+    )
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert "SIGINT while stopping: exiting now" in done.stderr, done.stderr
+    assert "again" not in done.stderr, done.stderr
