@@ -17,6 +17,7 @@ from ackline.core.errors import Terminated
 from ackline.core.signals import (
     begin_work,
     means_now,
+    run_stoppable,
     stop_lost,
     stops_between,
     terminate_as_exit,
@@ -101,3 +102,29 @@ def test_a_sigint_after_a_sigterm_is_not_called_a_second_one() -> None:
     assert done.returncode == 130, done.stderr
     assert "SIGINT while stopping: exiting now" in done.stderr, done.stderr
     assert "again" not in done.stderr, done.stderr
+
+
+def test_a_sigterm_python_dropped_stops_the_next_step() -> None:
+    """A SIGTERM that landed in a ``__del__`` is dropped and, since its block prints
+    nothing for it, was seen nowhere: the handler ignores every SIGTERM after it, and
+    the short async steps (`verify`, `migrate`) and a block of library calls that came
+    after ran to their end, exit 0. The next such step raises it."""
+
+    class SignalledOnCollect:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGTERM)
+
+    ran: list[str] = []
+
+    async def step() -> None:
+        ran.append("step")
+
+    begin_work()
+    with terminate_as_exit():
+        dropped = SignalledOnCollect()
+        del dropped
+        with pytest.raises(Terminated):
+            run_stoppable(step())
+        with pytest.raises(Terminated), stops_between():
+            ran.append("calls")
+    assert ran == [], ran
