@@ -394,6 +394,14 @@ class Settings(BaseSettings):
         le=3_600,
         description="PostgreSQL health check interval; /readyz needs one within 3 intervals",
     )
+    progress_log_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description="how often a running worker logs one INFO line of what it committed "
+        "since the last one (rows, batches, rate, duplicates, conflicts, rejects, dead "
+        "letters, fenced batches) and its lag; an idle worker says so once; 0: never",
+    )
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto",
         description="auto: text on a terminal, JSON lines otherwise (`--log-format` wins)",

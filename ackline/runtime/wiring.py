@@ -24,6 +24,7 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
+from ackline.runtime.progress import ProgressLog
 from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
@@ -68,10 +69,11 @@ class Ingest:
     dead_letters: DeadLetterProducer
     limits: Limits
     server: StatusServer
+    progress: ProgressLog
 
     def serve(self) -> None:
         """Serve /metrics, /healthz and /readyz (unless ``metrics_port`` is 0), then log
-        the worker's one start-up line.
+        the worker's one start-up line; the progress lines begin (:mod:`progress`).
 
         The default port taken by another process (a second worker on one host) falls
         back to a free port, with a warning; an explicitly set port that cannot be bound
@@ -97,11 +99,13 @@ class Ingest:
                 "metrics": address,
             },
         )
+        self.progress.start()
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the status server; flush the dead-letter producer and close the
         connections, all at once, each within ``timeout`` (else its own bound), so a
         broker or database that stopped answering costs one bound, not one per client."""
+        self.progress.stop()
         self.server.close()
         await asyncio.gather(
             asyncio.to_thread(self.dead_letters.close, timeout),
@@ -203,6 +207,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             ),
             started=time.time(),
         ),
+        progress=ProgressLog(metrics.registry, settings.progress_log_s),
     )
 
 

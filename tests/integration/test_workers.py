@@ -285,3 +285,58 @@ def test_a_second_live_worker_with_a_taken_worker_id_is_refused(
     wait_until(lambda: "assigned" in heir.log(), 60, "the heir named 'twin' to join")
     assert heir.stop() == 0
     verify_mixed_ok(dsn, manifest, group)
+
+
+def _progress_lines(w: Worker) -> list[str]:
+    msgs = [json.loads(line)["msg"] for line in w.log().splitlines() if line.startswith("{")]
+    return [m for m in msgs if m.startswith("progress: ")]
+
+
+def _rows_said(lines: list[str]) -> int:
+    lines = [line for line in lines if " rows in " in line]
+    return sum(
+        int(line.split(" rows in ", 1)[0].rsplit(" ", 1)[-1].replace(",", "")) for line in lines
+    )
+
+
+@pytest.mark.parametrize("runtime", ["confluent", "faust"])
+def test_a_running_worker_says_what_it_committed(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """An operator tailing a worker's log saw nothing between its start-up line and its
+    stop while events flowed. Every ACKLINE_PROGRESS_LOG_S (1 s here) it logs what it
+    committed since the last line; the rows those lines count add up to the rows in
+    PostgreSQL, and an idle worker says so once, then stays quiet."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 5_000, seed=29)
+    group = f"g-{topic}"
+    w = Worker(
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        name="w",
+        runtime=runtime,
+        progress_log_s=1,
+        batch_max_events=200,
+    )
+    try:
+        wait_drained(dsn, manifest, group, [w], 120)
+        stored = db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"]
+        wait_until(lambda: _rows_said(_progress_lines(w)) == stored, 30, "the lines to add up")
+        wait_until(
+            lambda: (
+                _progress_lines(w)[-1].startswith("progress: nothing committed")
+                and "lag 0 over" in _progress_lines(w)[-1]
+            ),
+            30,
+            "an idle line with the lag measured",
+        )
+        quiet = len(_progress_lines(w))
+        time.sleep(4)  # four more seconds idle: nothing more to say
+        lines = _progress_lines(w)
+        assert len(lines) == quiet, lines[quiet - 1 :]
+        assert any("duplicates dropped" in line for line in lines), lines
+        assert "over 3 owned partitions" in lines[-1], lines[-1]
+    finally:
+        assert w.stop() == 0, w.log()[-3000:]
+    verify_mixed_ok(dsn, manifest, group)
