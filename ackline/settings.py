@@ -400,7 +400,8 @@ class Settings(BaseSettings):
         le=86_400,
         description="how often a running worker logs one INFO line of what it committed "
         "since the last one (rows, batches, rate, duplicates, conflicts, rejects, dead "
-        "letters, fenced batches) and its lag; an idle worker says so once; 0: never",
+        "letters, fenced batches) and its lag; an idle worker says so once; 0: never, "
+        "else at least 1",
     )
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto",
@@ -450,6 +451,13 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-249 characters of [a-zA-Z0-9._-]")
         if value in (".", ".."):
             raise ValueError("must not be '.' or '..' (Kafka refuses those names)")
+        return value
+
+    @field_validator("progress_log_s")
+    @classmethod
+    def _progress_log(cls, value: float) -> float:
+        if 0 < value < 1:  # a tally of the registry, and a line, every microsecond: a core
+            raise ValueError("0 (never) or at least 1 s")
         return value
 
     @field_validator("kafka_bootstrap")

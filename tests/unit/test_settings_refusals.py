@@ -83,6 +83,7 @@ def test_a_command_says_so_in_one_line(
         ("ACKLINE_RETENTION", "99999999999d", "a century"),
         ("ACKLINE_DB_CHECK_INTERVAL_S", "1e-9", "0.1"),
         ("ACKLINE_DB_CHECK_INTERVAL_S", "nan", "finite"),
+        ("ACKLINE_PROGRESS_LOG_S", "1e-9", "at least 1"),
         ("ACKLINE_SHUTDOWN_WAIT_S", "inf", "finite"),
         ("ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "99999999999999", "2147483647"),
     ],
