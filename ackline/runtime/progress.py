@@ -4,10 +4,11 @@ Metrics answer "how is it going" for a scraper; an operator tailing a worker's l
 nothing between the start-up line and the stop while events flowed (or did not). So every
 ``ACKLINE_PROGRESS_LOG_S`` the worker logs one line from its own metrics: rows and batches
 committed since the last line and their rate, duplicates, conflicts, rejects, dead letters
-and fenced batches, and the lag over the partitions it owns. An idle worker says so once,
-then stays quiet until something changes. The counts are read from the metrics registry,
-which counts after the DB commit, so the line never reports what PostgreSQL has not
-acknowledged. Both runtimes share it (:class:`ackline.runtime.wiring.Ingest`)."""
+and fenced batches, and the lag over the partitions it owns. An idle, caught-up worker
+says so once, then stays quiet until something changes; one behind says so every time.
+The counts are read from the metrics registry, which counts after the DB commit, so the
+line never reports what PostgreSQL has not acknowledged. Both runtimes share it
+(:class:`ackline.runtime.wiring.Ingest`)."""
 
 from __future__ import annotations
 
@@ -93,9 +94,11 @@ def progress_line(before: Tally, now: Tally, seconds: float) -> str:
 
 def worth_saying(before: Tally, now: Tally, said_idle: bool) -> bool:
     """Whether a line is due: anything counted since ``before``, or the lag or the
-    partitions owned moved; an idle worker says so once (``said_idle``). Pure."""
+    partitions owned moved, or the worker is behind (a stall is said every time, even
+    with its lag standing still); an idle, caught-up worker says so once (``said_idle``).
+    Pure."""
     moved = any(getattr(now, f.name) != getattr(before, f.name) for f in fields(Tally))
-    return moved or not said_idle
+    return moved or not said_idle or bool(now.lag)
 
 
 class ProgressLog:

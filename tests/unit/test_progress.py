@@ -43,3 +43,12 @@ def test_an_idle_worker_says_so_once_and_a_growing_lag_always() -> None:
     stuck = Tally(rows=5, batches=1, lag=900, owned=3)  # nothing committed, lag grows
     assert worth_saying(idle, stuck, said_idle=True)
     assert worth_saying(idle, Tally(rows=6, batches=2, lag=0, owned=3), said_idle=True)
+
+
+def test_a_worker_behind_that_commits_nothing_says_so_every_time() -> None:
+    """A stalled worker (PostgreSQL away, its partitions suspended or held, its consumer
+    wedged) with a lag that stood still said "nothing committed" once and then nothing
+    for ever: the silence this line exists to end. Only a caught-up worker goes quiet."""
+    stuck = Tally(rows=5, batches=1, lag=900, owned=3)
+    assert worth_saying(stuck, stuck, said_idle=True)
+    assert not worth_saying(Tally(owned=3), Tally(owned=3), said_idle=True)  # not measured
