@@ -783,8 +783,12 @@ def test_after_a_state_refusal_a_blocks_later_sends_are_refused_as_documented(
     raises (transient: the broker was away). They raised the internal ``_STATE``
     refusal again, a plain ProduceError. A block that lets such a refusal out still gets
     the transaction judged by its records' delivery errors; nothing is committed."""
-    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-z", 3)]
-    assert len(records) > 2 * _STALL["queue.buffering.max.messages"]
+    # Four queues' worth: on a loaded host librdkafka let a second queueful in after the
+    # first timeouts, before the transaction's failure reached produce(), and with 7
+    # records the first _STATE came at the last one, no later send left to check (a
+    # fresh run); 12 leave later sends behind even then.
+    records = [prepare(e) for e in unit_of_work(f"r{uuid.uuid4().hex[:6]}", "agent-z", 8)]
+    assert len(records) >= 4 * _STALL["queue.buffering.max.messages"]
     producer = ActivityProducer(
         services.bootstrap, topic, f"svc-{uuid.uuid4().hex[:8]}", extra=_STALL
     )
