@@ -24,7 +24,7 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
-from ackline.runtime.progress import ProgressLog
+from ackline.runtime.progress_line import ProgressLog
 from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
@@ -73,7 +73,7 @@ class Ingest:
 
     def serve(self) -> None:
         """Serve /metrics, /healthz and /readyz (unless ``metrics_port`` is 0), then log
-        the worker's one start-up line; the progress lines begin (:mod:`progress`).
+        the worker's one start-up line; the progress lines begin (:mod:`progress_line`).
 
         The default port taken by another process (a second worker on one host) falls
         back to a free port, with a warning; an explicitly set port that cannot be bound

@@ -1,54 +1,58 @@
-"""The worker's progress line (ackline.runtime.progress): what it says, and when."""
+"""The progress bar off a terminal (ackline.core.progress): a line per tenth, and not
+silent for long. (Not the worker's progress line: test_progress_line.py.)"""
 
 from __future__ import annotations
 
-from ackline.core.metrics import Metrics
-from ackline.runtime.progress import Tally, progress_line, tally, worth_saying
+import io
+
+import pytest
+
+from ackline.core import progress
+from ackline.core.progress import Progress
 
 
-def test_the_tally_sums_every_label_and_knows_an_unmeasured_lag() -> None:
-    m = Metrics()
-    m.precreate(("ledger", "activity"), ("invalid_json",), ("transient",))
-    first = tally(m.registry)
-    assert first == Tally()
-    assert first.lag is None  # no partition's gauge is set yet: not "lag 0"
-    m.ingested.inc(1_500)
-    m.batches.inc(2)
-    m.duplicates.labels("ledger").inc(3)
-    m.duplicates.labels("activity").inc(4)
-    m.lag.labels("t", "0").set(10)
-    m.lag.labels("t", "1").set(5)
-    m.assigned.set(2)
-    assert tally(m.registry) == Tally(rows=1_500, batches=2, duplicates=7, lag=15, owned=2)
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_the_line_says_what_changed_since_the_last() -> None:
-    before = Tally(rows=100, batches=1, duplicates=1, lag=40, owned=3)
-    now = Tally(rows=6_100, batches=4, duplicates=3, conflicts=1, fenced=1, lag=0, owned=3)
-    assert progress_line(before, now, 60) == (
-        "progress: 6,000 rows in 3 batches over the last 60 s (100/s); 2 duplicates "
-        "dropped, 1 conflicts quarantined, 1 batches fenced; lag 0 over 3 owned partitions"
-    )
-    assert progress_line(now, now, 60) == (
-        "progress: nothing committed over the last 60 s; lag 0 over 3 owned partitions"
-    )
-    assert "(0.1/s)" in progress_line(Tally(), Tally(rows=6, batches=1), 60)
-    assert "lag not measured yet" in progress_line(Tally(), Tally(), 60)
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    c = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", c)
+    return c
 
 
-def test_an_idle_worker_says_so_once_and_a_growing_lag_always() -> None:
-    idle = Tally(rows=5, batches=1, lag=0, owned=3)
-    assert worth_saying(idle, idle, said_idle=False)
-    assert not worth_saying(idle, idle, said_idle=True)
-    stuck = Tally(rows=5, batches=1, lag=900, owned=3)  # nothing committed, lag grows
-    assert worth_saying(idle, stuck, said_idle=True)
-    assert worth_saying(idle, Tally(rows=6, batches=2, lag=0, owned=3), said_idle=True)
+def test_a_slow_job_off_a_terminal_prints_a_line_at_least_every_quiet_bound(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job moving by less than a tenth printed nothing between its tenths: a replay at
+    20/s of 5,312 records was silent for 26 s, and 10 % of a long one much longer."""
+    err = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", err)
+    bar = Progress("replay", 1000, unit="records")
+    bar.update(1)
+    clock.now += 31  # past the 30 s bound (QUIET_AT_MOST_S)
+    bar.update(2)
+    clock.now += 1
+    bar.update(3)  # within the bound and the same tenth: no line
+    lines = err.getvalue().splitlines()
+    assert [ln.split()[2] for ln in lines] == ["1/1,000", "2/1,000"], lines
 
 
-def test_a_worker_behind_that_commits_nothing_says_so_every_time() -> None:
-    """A stalled worker (PostgreSQL away, its partitions suspended or held, its consumer
-    wedged) with a lag that stood still said "nothing committed" once and then nothing
-    for ever: the silence this line exists to end. Only a caught-up worker goes quiet."""
-    stuck = Tally(rows=5, batches=1, lag=900, owned=3)
-    assert worth_saying(stuck, stuck, said_idle=True)
-    assert not worth_saying(Tally(owned=3), Tally(owned=3), said_idle=True)  # not measured
+def test_no_rate_before_a_second(clock: _Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first line of a capture said 1,000 records at 53,490,233/s: a count over a few
+    microseconds. No rate is shown before a second has passed."""
+    err = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", err)
+    bar = Progress("capture", 5360, unit="records")
+    clock.now += 0.00002
+    bar.update(1000)
+    clock.now += 2
+    bar.update(2000)
+    first, second = err.getvalue().splitlines()
+    assert first.endswith("-/s"), first
+    assert second.endswith("1,000/s"), second

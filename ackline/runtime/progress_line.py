@@ -4,11 +4,13 @@ Metrics answer "how is it going" for a scraper; an operator tailing a worker's l
 nothing between the start-up line and the stop while events flowed (or did not). So every
 ``ACKLINE_PROGRESS_LOG_S`` the worker logs one line from its own metrics: rows and batches
 committed since the last line and their rate, duplicates, conflicts, rejects, dead letters
-and fenced batches, and the lag over the partitions it owns. An idle, caught-up worker
-says so once, then stays quiet until something changes; one behind says so every time.
-The counts are read from the metrics registry, which counts after the DB commit, so the
-line never reports what PostgreSQL has not acknowledged. Both runtimes share it
-(:class:`ackline.runtime.wiring.Ingest`)."""
+and fenced batches, its lag and the partitions it owns. An idle, caught-up worker says so
+once, then stays quiet until something changes; one behind says so every time. Rows,
+batches, duplicates, conflicts and rejects are counted after the DB commit, so those are
+never what PostgreSQL has not acknowledged; dead letters are counted when Kafka
+acknowledges them (before their batch commits, so a batch fenced after that counts its
+dead letters again when it is read again), fenced batches at their rollback. Both
+runtimes share it (:class:`ackline.runtime.wiring.Ingest`)."""
 
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def progress_line(before: Tally, now: Tally, seconds: float) -> str:
     if said:
         parts.append(", ".join(said))
     lag = "not measured yet" if now.lag is None else f"{now.lag:,.0f}"
-    parts.append(f"lag {lag} over {now.owned:.0f} owned partitions")
+    # the lag is over every partition it tracks, suspended ones too; owned excludes those
+    parts.append(f"lag {lag}; {now.owned:.0f} partitions owned")
     return "progress: " + "; ".join(parts)
 
 
