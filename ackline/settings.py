@@ -400,8 +400,9 @@ class Settings(BaseSettings):
         le=86_400,
         description="how often a running worker logs one INFO line of what it committed "
         "since the last one (rows, batches, rate, duplicates, conflicts, rejects, dead "
-        "letters, fenced batches) and its lag; an idle worker says so once, one behind every "
-        "time; 0: never, else at least 1",
+        "letters, fenced batches) and its lag, and `process` one per processor (events "
+        "applied, lag); an idle one says so once, one behind every time; 0: never, else "
+        "at least 1",
     )
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto",

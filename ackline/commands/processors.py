@@ -126,6 +126,7 @@ async def _process(
     start_at: Cursor | None,
 ) -> int:
     from ackline.clients import processor_setting
+    from ackline.runtime.progress_line import ProcessorsProgress, ProgressLog
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
     from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, run_all
@@ -155,8 +156,10 @@ async def _process(
         f"ackline-process:{instance}",
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
-    server = _endpoints(metrics, [r.name for r in runners])
+    names = [r.name for r in runners]
+    server = _endpoints(metrics, names)
     endpoint = server.serve(settings)
+    progress = ProgressLog(ProcessorsProgress(metrics.registry, names), settings.progress_log_s)
     try:
         with bounded_stop(asyncio.Event(), settings.shutdown_wait_s) as stopping:
             log.info(
@@ -165,6 +168,7 @@ async def _process(
                 instance,
                 endpoint,
             )
+            progress.start()
             reports = await run_all(
                 runners,
                 connect,
@@ -196,6 +200,7 @@ async def _process(
                 status = stopped_status(by) if args.until_caught_up and by is not None else 0
             work_done(status)  # what the line says: a stop from here on changes nothing
     finally:
+        progress.stop()
         server.close()
     return status
 

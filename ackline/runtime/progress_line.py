@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -74,11 +75,10 @@ def progress_line(before: Tally, now: Tally, seconds: float) -> str:
     """The line for what changed from ``before`` to ``now`` over ``seconds``. Pure."""
     rows = now.rows - before.rows
     batches = now.batches - before.batches
-    rate = rows / seconds if seconds > 0 else 0.0
     parts = [f"nothing committed over the last {seconds:.0f} s"]
     if rows or batches:
         parts = [f"{rows:,.0f} rows in {batches:,.0f} batches over the last {seconds:.0f} s"]
-        parts[0] += f" ({rate:,.0f}/s)" if rate >= 10 else f" ({rate:.1f}/s)"
+        parts[0] += _rate(rows, seconds)
     others = [
         (now.duplicates - before.duplicates, "duplicates dropped"),
         (now.conflicts - before.conflicts, "conflicts quarantined"),
@@ -95,22 +95,130 @@ def progress_line(before: Tally, now: Tally, seconds: float) -> str:
     return "progress: " + "; ".join(parts)
 
 
-def worth_saying(before: Tally, now: Tally, said_idle: bool) -> bool:
-    """Whether a line is due: anything counted since ``before``, or the lag or the
-    partitions owned moved, or the worker is behind (a stall is said every time, even
-    with its lag standing still); an idle, caught-up worker says so once (``said_idle``).
-    Pure."""
-    moved = any(getattr(now, f.name) != getattr(before, f.name) for f in fields(Tally))
-    return moved or not said_idle or bool(now.lag)
+def _rate(n: float, seconds: float) -> str:
+    """`` (2,000/s)``, or `` (0.1/s)`` below ten a second. Pure."""
+    rate = n / seconds if seconds > 0 else 0.0
+    return f" ({rate:,.0f}/s)" if rate >= 10 else f" ({rate:.1f}/s)"
+
+
+def worth_saying(before: object, now: object, said_idle: bool, behind: bool) -> bool:
+    """Whether a line is due: anything moved since ``before`` (counted, or the lag, or
+    what is owned), or it is ``behind`` (a stall is said every time, even with its lag
+    standing still); an idle, caught-up one says so once (``said_idle``). Pure."""
+    return before != now or not said_idle or behind
+
+
+class WorkerProgress:
+    """The lines of one ingest worker: called every interval with the seconds since the
+    last call, it returns the line due, if one is."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._before = tally(registry)
+        self._said_idle = False
+
+    def __call__(self, seconds: float) -> list[str]:
+        before, now = self._before, tally(self._registry)
+        self._before = now
+        if not worth_saying(before, now, self._said_idle, bool(now.lag)):
+            return []
+        self._said_idle = now.rows == before.rows and now.batches == before.batches
+        return [progress_line(before, now, seconds)]
+
+
+@dataclass(frozen=True)
+class ProcessorTally:
+    """One processor's counters (since the process started) and gauges (now)."""
+
+    applied: float = 0
+    batches: float = 0
+    erased: float = 0
+    errors: float = 0
+    lag_events: float | None = None  # None: not sampled yet
+    lag_seconds: float = 0
+    paused: bool = False
+    failed: bool = False
+
+
+def processor_tally(registry: CollectorRegistry, name: str) -> ProcessorTally:
+    """The :class:`ProcessorTally` of processor ``name`` in ``registry`` (the families of
+    ``ackline.sinks.feed.processors.metrics``) now."""
+
+    def value(sample: str) -> float | None:
+        return registry.get_sample_value(sample, {"processor": name})
+
+    errors = sum(
+        s.value
+        for metric in registry.collect()
+        if metric.name == "ackline_processor_errors"
+        for s in metric.samples
+        if s.name.endswith("_total") and s.labels.get("processor") == name
+    )
+    return ProcessorTally(
+        applied=value("ackline_processor_events_total") or 0.0,
+        batches=value("ackline_processor_batches_total") or 0.0,
+        erased=value("ackline_processor_erasure_notices_total") or 0.0,
+        errors=errors,
+        lag_events=value("ackline_processor_lag_events"),
+        lag_seconds=value("ackline_processor_lag_seconds") or 0.0,
+        paused=bool(value("ackline_processor_paused")),
+        failed=bool(value("ackline_processor_failed")),
+    )
+
+
+def processor_line(name: str, before: ProcessorTally, now: ProcessorTally, seconds: float) -> str:
+    """The line for processor ``name`` from ``before`` to ``now`` over ``seconds``. Pure."""
+    applied = now.applied - before.applied
+    batches = now.batches - before.batches
+    if applied or batches:
+        said = f"{applied:,.0f} events applied in {batches:,.0f} batches over the last"
+        said += f" {seconds:.0f} s" + _rate(applied, seconds)
+    else:
+        said = f"nothing applied over the last {seconds:.0f} s"
+    parts = [said]
+    others = [
+        (now.erased - before.erased, "erasure notices handed"),
+        (now.errors - before.errors, "errors"),
+    ]
+    counted = [f"{n:,.0f} {what}" for n, what in others if n]
+    if counted:
+        parts.append(", ".join(counted))
+    if now.lag_events is None:
+        parts.append("lag not measured yet")
+    else:
+        parts.append(f"lag {now.lag_events:,.0f} events ({now.lag_seconds:,.0f} s)")
+    state = [word for word, on in (("paused", now.paused), ("failed", now.failed)) if on]
+    return f"progress: processor {name}: " + "; ".join(parts + state)
+
+
+class ProcessorsProgress:
+    """The lines of `ackline process`: one per processor that has one due."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self._registry = registry
+        self._before = {n: processor_tally(registry, n) for n in names}
+        self._said_idle = dict.fromkeys(names, False)
+
+    def __call__(self, seconds: float) -> list[str]:
+        lines = []
+        for name, before in self._before.items():
+            now = processor_tally(self._registry, name)
+            self._before[name] = now
+            behind = bool(now.lag_events) and not now.paused  # a pause is said once
+            if worth_saying(before, now, self._said_idle[name], behind):
+                self._said_idle[name] = now.applied == before.applied
+                lines.append(processor_line(name, before, now, seconds))
+        return lines
 
 
 class ProgressLog:
-    """A daemon thread that logs :func:`progress_line` every ``every_s`` (0: never). A
-    thread of its own, not a task of either runtime's loop: both runtimes get it the same
-    way, and a loop busy with a batch does not delay it."""
+    """A daemon thread that logs the lines ``lines`` returns every ``every_s`` (0:
+    never; ``lines`` gets the seconds since its last call). A thread of its own, not a
+    task of the command's loop: both runtimes and `process` get it the same way, and a
+    loop busy with a batch does not delay it."""
 
-    def __init__(self, registry: CollectorRegistry, every_s: float) -> None:
-        self._registry = registry
+    def __init__(self, lines: Callable[[float], list[str]], every_s: float) -> None:
+        self._lines = lines
         self._every_s = every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,19 +230,16 @@ class ProgressLog:
         self._thread.start()
 
     def stop(self) -> None:
-        """No line after this returns (the worker's stop line is the last)."""
+        """No line after this returns (the command's stop line is the last)."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=5)
 
     def _run(self) -> None:
-        before, at = tally(self._registry), time.monotonic()
-        said_idle = False
+        at = time.monotonic()
         while not self._stop.wait(self._every_s):
-            now, now_at = tally(self._registry), time.monotonic()
-            if worth_saying(before, now, said_idle):
-                idle = now.rows == before.rows and now.batches == before.batches
-                log.info(progress_line(before, now, now_at - at))
-                said_idle = idle
-            before, at = now, now_at
+            now_at = time.monotonic()
+            for line in self._lines(now_at - at):
+                log.info(line)
+            at = now_at

@@ -24,7 +24,7 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
-from ackline.runtime.progress_line import ProgressLog
+from ackline.runtime.progress_line import ProgressLog, WorkerProgress
 from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
 from ackline.schemas.plugins import load_plugins
@@ -207,7 +207,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             ),
             started=time.time(),
         ),
-        progress=ProgressLog(metrics.registry, settings.progress_log_s),
+        progress=ProgressLog(WorkerProgress(metrics.registry), settings.progress_log_s),
     )
 
 

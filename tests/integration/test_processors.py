@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import time
 import urllib.request
@@ -1508,3 +1509,37 @@ def test_a_retention_drop_during_a_rebuild_waits_and_keeps_what_the_rebuild_read
     assert set(kept) == busy, looked
     assert all(not d.dropped and d.readers_behind == ("runs",) for d in kept.values()), looked
     assert db(dsn, "SELECT count(*) AS n FROM activity")[0]["n"] == 5
+
+
+def test_a_following_processor_says_what_it_applied(dsn: str, tmp_path: Path) -> None:
+    """`ackline process` following the feed logged nothing between its start line and its
+    stop. Every ACKLINE_PROGRESS_LOG_S (1 s here) each processor says what it applied
+    since the last line: those lines add up to the events applied, and a caught-up
+    processor says so once, then stays quiet."""
+    proc = Process(dsn, tmp_path, "runs", "runs", ACKLINE_PROGRESS_LOG_S="1")
+
+    def said() -> list[str]:
+        return re.findall(r"progress: processor runs: (.*)", proc.log())
+
+    def applied() -> int:
+        found = (re.match(r"([\d,]+) events applied", line) for line in said())
+        return sum(int(m.group(1).replace(",", "")) for m in found if m)
+
+    try:
+        proc.wait_ready()
+        events = synthetic_runs(300, seed=6)
+        write(dsn, events, chunk=100)
+        wait_until(lambda: applied() == len(events), 60, "the lines to add up")
+        wait_until(
+            lambda: re.match(r"nothing applied .*; lag 0 events", said()[-1]) is not None,
+            30,
+            "a caught-up line",
+        )
+        quiet = len(said())
+        time.sleep(4)  # four more seconds caught up: nothing more to say
+        assert len(said()) == quiet, said()[quiet - 1 :]
+        done = proc.stop()
+    finally:
+        proc.kill()
+    assert done.code == 0, done.err[-2000:]
+    assert done.report("runs")["applied"] == len(events)

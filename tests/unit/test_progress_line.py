@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from ackline.core.metrics import Metrics
-from ackline.runtime.progress_line import Tally, progress_line, tally, worth_saying
+from ackline.runtime.progress_line import (
+    ProcessorsProgress,
+    Tally,
+    WorkerProgress,
+    progress_line,
+    tally,
+)
+from ackline.sinks.feed.processors.metrics import ProcessorMetrics
 
 
 def test_the_tally_sums_every_label_and_knows_an_unmeasured_lag() -> None:
@@ -36,19 +43,62 @@ def test_the_line_says_what_changed_since_the_last() -> None:
     assert "lag not measured yet" in progress_line(Tally(), Tally(), 60)
 
 
-def test_an_idle_worker_says_so_once_and_a_growing_lag_always() -> None:
-    idle = Tally(rows=5, batches=1, lag=0, owned=3)
-    assert worth_saying(idle, idle, said_idle=False)
-    assert not worth_saying(idle, idle, said_idle=True)
-    stuck = Tally(rows=5, batches=1, lag=900, owned=3)  # nothing committed, lag grows
-    assert worth_saying(idle, stuck, said_idle=True)
-    assert worth_saying(idle, Tally(rows=6, batches=2, lag=0, owned=3), said_idle=True)
-
-
-def test_a_worker_behind_that_commits_nothing_says_so_every_time() -> None:
+def test_an_idle_worker_says_so_once_and_a_worker_behind_every_time() -> None:
     """A stalled worker (PostgreSQL away, its partitions suspended or held, its consumer
     wedged) with a lag that stood still said "nothing committed" once and then nothing
     for ever: the silence this line exists to end. Only a caught-up worker goes quiet."""
-    stuck = Tally(rows=5, batches=1, lag=900, owned=3)
-    assert worth_saying(stuck, stuck, said_idle=True)
-    assert not worth_saying(Tally(owned=3), Tally(owned=3), said_idle=True)  # not measured
+    m = Metrics()
+    lines = WorkerProgress(m.registry)
+    assert lines(60) == [
+        "progress: nothing committed over the last 60 s; lag not measured yet; 0 partitions owned"
+    ]
+    assert lines(60) == []  # not measured, nothing moved: quiet
+    m.assigned.set(3)
+    m.lag.labels("t", "0").set(0)
+    assert lines(60) == [
+        "progress: nothing committed over the last 60 s; lag 0; 3 partitions owned"
+    ]
+    assert lines(60) == []
+    m.lag.labels("t", "0").set(900)  # nothing committed, the lag grows, then stands
+    assert len(lines(60)) == 1
+    assert lines(60) == [
+        "progress: nothing committed over the last 60 s; lag 900; 3 partitions owned"
+    ]
+    m.lag.labels("t", "0").set(0)
+    m.ingested.inc(6)
+    m.batches.inc()
+    assert lines(60) == [
+        "progress: 6 rows in 1 batches over the last 60 s (0.1/s); lag 0; 3 partitions owned"
+    ]
+    assert lines(60) == [
+        "progress: nothing committed over the last 60 s; lag 0; 3 partitions owned"
+    ]
+    assert lines(60) == []
+
+
+def test_a_processor_says_what_it_applied_and_a_pause_once() -> None:
+    m = ProcessorMetrics()
+    lines = ProcessorsProgress(m.registry, ["runs", "agg"])
+    assert lines(60) == [
+        "progress: processor runs: nothing applied over the last 60 s; lag not measured yet",
+        "progress: processor agg: nothing applied over the last 60 s; lag not measured yet",
+    ]
+    m.applied.labels("runs").inc(1_200)
+    m.batches.labels("runs").inc(4)
+    m.errors.labels("runs", "transient").inc()
+    m.lag_events.labels("runs").set(0)
+    m.lag_seconds.labels("runs").set(0)
+    assert lines(60) == [
+        "progress: processor runs: 1,200 events applied in 4 batches over the last 60 s "
+        "(20/s); 1 errors; lag 0 events (0 s)"
+    ]
+    m.paused.labels("runs").set(1)
+    m.lag_events.labels("runs").set(50)
+    m.lag_seconds.labels("runs").set(30)
+    assert lines(60) == [
+        "progress: processor runs: nothing applied over the last 60 s; lag 50 events (30 s); paused"
+    ]
+    assert lines(60) == []  # paused, its lag standing: said once
+    m.paused.labels("runs").set(0)
+    assert len(lines(60)) == 1  # resumed and behind: said every time
+    assert len(lines(60)) == 1
