@@ -185,6 +185,7 @@ async def _process(
             )
             # Still under the signal handlers: a stop from here on only sets the event, so
             # a run that caught up prints its line and exits 0 (the close waits up to 0.5 s)
+            progress.stop()  # no progress line after the runners ended, nor the summary
             server.close()
             cut = (Outcome.STOPPED, Outcome.CANCELLED)
             by = stopping.signal if any(r.outcome in cut for r in reports) else None

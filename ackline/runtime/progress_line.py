@@ -1,4 +1,5 @@
-"""A running worker's progress line: what it committed since the last line, at INFO.
+"""Progress lines: what a running worker committed, or a processor applied, since the
+last line, at INFO.
 
 Metrics answer "how is it going" for a scraper; an operator tailing a worker's log saw
 nothing between the start-up line and the stop while events flowed (or did not). So every
@@ -10,7 +11,9 @@ batches, duplicates, conflicts and rejects are counted after the DB commit, so t
 never what PostgreSQL has not acknowledged; dead letters are counted when Kafka
 acknowledges them (before their batch commits, so a batch fenced after that counts its
 dead letters again when it is read again), fenced batches at their rollback. Both
-runtimes share it (:class:`ackline.runtime.wiring.Ingest`)."""
+runtimes share it (:class:`ackline.runtime.wiring.Ingest`). `ackline process` logs one
+line per processor the same way (:class:`ProcessorsProgress`): events applied, counted
+after COMMIT, and its lag; a paused, failed or superseded processor says so once."""
 
 from __future__ import annotations
 
@@ -138,6 +141,27 @@ class ProcessorTally:
     lag_seconds: float = 0
     paused: bool = False
     failed: bool = False
+    superseded: bool = False  # another filter took over: it stopped, its lag frozen
+
+    def settled(self) -> bool:
+        """Paused, failed or superseded: said once, not every time it is behind (its lag
+        is not the news, and a superseded one's is no longer sampled)."""
+        return self.paused or self.failed or self.superseded
+
+    def news(self) -> tuple[object, ...]:
+        """What moves a line: not the lag's age, which every sample changes while any
+        lag is left, nor, while it is settled, the lag itself."""
+        lag = None if self.settled() else self.lag_events
+        return (
+            self.applied,
+            self.batches,
+            self.erased,
+            self.errors,
+            lag,
+            self.paused,
+            self.failed,
+            self.superseded,
+        )
 
 
 def processor_tally(registry: CollectorRegistry, name: str) -> ProcessorTally:
@@ -147,22 +171,22 @@ def processor_tally(registry: CollectorRegistry, name: str) -> ProcessorTally:
     def value(sample: str) -> float | None:
         return registry.get_sample_value(sample, {"processor": name})
 
-    errors = sum(
-        s.value
-        for metric in registry.collect()
-        if metric.name == "ackline_processor_errors"
-        for s in metric.samples
-        if s.name.endswith("_total") and s.labels.get("processor") == name
-    )
+    errors: dict[str, float] = {}
+    for metric in registry.collect():
+        if metric.name == "ackline_processor_errors":
+            for s in metric.samples:
+                if s.name.endswith("_total") and s.labels.get("processor") == name:
+                    errors[s.labels["kind"]] = errors.get(s.labels["kind"], 0.0) + s.value
     return ProcessorTally(
         applied=value("ackline_processor_events_total") or 0.0,
         batches=value("ackline_processor_batches_total") or 0.0,
         erased=value("ackline_processor_erasure_notices_total") or 0.0,
-        errors=errors,
+        errors=sum(errors.values()),
         lag_events=value("ackline_processor_lag_events"),
         lag_seconds=value("ackline_processor_lag_seconds") or 0.0,
         paused=bool(value("ackline_processor_paused")),
         failed=bool(value("ackline_processor_failed")),
+        superseded=errors.get("superseded", 0.0) > 0,
     )
 
 
@@ -187,7 +211,9 @@ def processor_line(name: str, before: ProcessorTally, now: ProcessorTally, secon
         parts.append("lag not measured yet")
     else:
         parts.append(f"lag {now.lag_events:,.0f} events ({now.lag_seconds:,.0f} s)")
-    state = [word for word, on in (("paused", now.paused), ("failed", now.failed)) if on]
+    # a superseded one's failed gauge is set too; it did not fail at an event
+    failed = ("superseded", now.superseded) if now.superseded else ("failed", now.failed)
+    state = [word for word, on in (("paused", now.paused), failed) if on]
     return f"progress: processor {name}: " + "; ".join(parts + state)
 
 
@@ -204,8 +230,8 @@ class ProcessorsProgress:
         for name, before in self._before.items():
             now = processor_tally(self._registry, name)
             self._before[name] = now
-            behind = bool(now.lag_events) and not now.paused  # a pause is said once
-            if worth_saying(before, now, self._said_idle[name], behind):
+            behind = bool(now.lag_events) and not now.settled()
+            if worth_saying(before.news(), now.news(), self._said_idle[name], behind):
                 self._said_idle[name] = now.applied == before.applied
                 lines.append(processor_line(name, before, now, seconds))
         return lines

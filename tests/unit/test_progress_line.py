@@ -1,4 +1,5 @@
-"""The worker's progress line (ackline.runtime.progress_line): what it says, and when."""
+"""The progress lines of workers and processors (ackline.runtime.progress_line): what
+they say, and when."""
 
 from __future__ import annotations
 
@@ -98,7 +99,30 @@ def test_a_processor_says_what_it_applied_and_a_pause_once() -> None:
     assert lines(60) == [
         "progress: processor runs: nothing applied over the last 60 s; lag 50 events (30 s); paused"
     ]
-    assert lines(60) == []  # paused, its lag standing: said once
+    # paused: said once, though every lag sample ages the lag and ingest grows it (a
+    # review: the age moved the line every sample, so a pause was said every minute)
+    for age in (35, 40):
+        m.lag_seconds.labels("runs").set(age)
+        m.lag_events.labels("runs").inc(10)
+        assert lines(60) == []
     m.paused.labels("runs").set(0)
     assert len(lines(60)) == 1  # resumed and behind: said every time
     assert len(lines(60)) == 1
+
+
+def test_a_superseded_processor_says_so_once_and_not_failed() -> None:
+    """Superseded, a processor's lag is no longer sampled and its failed gauge is set:
+    the line repeated a frozen lag every interval and called it failed."""
+    m = ProcessorMetrics()
+    lines = ProcessorsProgress(m.registry, ["runs"])
+    m.lag_events.labels("runs").set(70)
+    m.lag_seconds.labels("runs").set(9)
+    assert len(lines(60)) == 1
+    m.errors.labels("runs", "superseded").inc()
+    m.failed.labels("runs").set(1)
+    assert lines(60) == [
+        "progress: processor runs: nothing applied over the last 60 s; 1 errors; lag 70 "
+        "events (9 s); superseded"
+    ]
+    assert lines(60) == []
+    assert lines(60) == []
