@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -56,52 +56,62 @@ class Tally:
     owned: float = 0
 
 
+def _values(registry: CollectorRegistry) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Each value sample of ``registry`` (one collect): its family, labels and value; a
+    counter's ``_total`` samples only (its ``_created`` ones are times)."""
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if sample.name in (metric.name, f"{metric.name}_total"):
+                yield metric.name, sample.labels, sample.value
+
+
 def tally(registry: CollectorRegistry) -> Tally:
     """The :class:`Tally` of ``registry`` now: each family's samples summed over their
-    labels (a counter's ``_total`` samples only; its ``_created`` ones are times)."""
+    labels."""
     by_family = {family: name for name, family in _FAMILIES.items()}
     sums = dict.fromkeys(_FAMILIES, 0.0)
     seen: set[str] = set()
-    for metric in registry.collect():
-        name = by_family.get(metric.name)
-        if name is None:
-            continue
-        for sample in metric.samples:
-            if sample.name in (metric.name, f"{metric.name}_total"):
-                sums[name] += sample.value
-                seen.add(name)
+    for family, _, value in _values(registry):
+        name = by_family.get(family)
+        if name is not None:
+            sums[name] += value
+            seen.add(name)
     lag = sums.pop("lag")
     return Tally(**sums, lag=lag if "lag" in seen else None)
 
 
 def progress_line(before: Tally, now: Tally, seconds: float) -> str:
     """The line for what changed from ``before`` to ``now`` over ``seconds``. Pure."""
-    rows = now.rows - before.rows
-    batches = now.batches - before.batches
-    parts = [f"nothing committed over the last {seconds:.0f} s"]
-    if rows or batches:
-        parts = [f"{rows:,.0f} rows in {batches:,.0f} batches over the last {seconds:.0f} s"]
-        parts[0] += _rate(rows, seconds)
-    others = [
+    parts = _window(
+        now.rows - before.rows, now.batches - before.batches, seconds, "rows", "committed"
+    )
+    parts += _counts(
         (now.duplicates - before.duplicates, "duplicates dropped"),
         (now.conflicts - before.conflicts, "conflicts quarantined"),
         (now.rejects - before.rejects, "rejected"),
         (now.dead_letters - before.dead_letters, "dead-lettered"),
         (now.fenced - before.fenced, "batches fenced"),
-    ]
-    said = [f"{n:,.0f} {what}" for n, what in others if n]
-    if said:
-        parts.append(", ".join(said))
+    )
     lag = "not measured yet" if now.lag is None else f"{now.lag:,.0f}"
     # the lag is over every partition it tracks, suspended ones too; owned excludes those
     parts.append(f"lag {lag}; {now.owned:.0f} partitions owned")
     return "progress: " + "; ".join(parts)
 
 
-def _rate(n: float, seconds: float) -> str:
-    """`` (2,000/s)``, or `` (0.1/s)`` below ten a second. Pure."""
+def _window(n: float, batches: float, seconds: float, what: str, done: str) -> list[str]:
+    """The line's head: "N <what> in B batches over the last S s (R/s)", or "nothing
+    <done> over the last S s". Pure."""
+    if not (n or batches):
+        return [f"nothing {done} over the last {seconds:.0f} s"]
     rate = n / seconds if seconds > 0 else 0.0
-    return f" ({rate:,.0f}/s)" if rate >= 10 else f" ({rate:.1f}/s)"
+    per_s = f"{rate:,.0f}/s" if rate >= 10 else f"{rate:.1f}/s"
+    return [f"{n:,.0f} {what} in {batches:,.0f} batches over the last {seconds:.0f} s ({per_s})"]
+
+
+def _counts(*counted: tuple[float, str]) -> list[str]:
+    """The counts that are not 0, as one part ("2 rejected, 1 batches fenced"). Pure."""
+    said = [f"{n:,.0f} {what}" for n, what in counted if n]
+    return [", ".join(said)] if said else []
 
 
 def worth_saying(before: object, now: object, said_idle: bool, behind: bool) -> bool:
@@ -164,49 +174,44 @@ class ProcessorTally:
         )
 
 
-def processor_tally(registry: CollectorRegistry, name: str) -> ProcessorTally:
-    """The :class:`ProcessorTally` of processor ``name`` in ``registry`` (the families of
-    ``ackline.sinks.feed.processors.metrics``) now."""
+def processor_tallies(registry: CollectorRegistry, names: list[str]) -> dict[str, ProcessorTally]:
+    """The :class:`ProcessorTally` of each processor of ``names`` in ``registry`` (the
+    families of ``ackline.sinks.feed.processors.metrics``) now, in one collect."""
+    found: dict[str, dict[str, float]] = {n: {} for n in names}
+    for family, labels, value in _values(registry):
+        got = found.get(labels.get("processor", ""))
+        if got is None:
+            continue
+        key = family.removeprefix("ackline_processor_")
+        if family == "ackline_processor_errors":
+            key = f"errors:{labels.get('kind', '')}"
+        got[key] = got.get(key, 0.0) + value
 
-    def value(sample: str) -> float | None:
-        return registry.get_sample_value(sample, {"processor": name})
+    def one(got: dict[str, float]) -> ProcessorTally:
+        errors = {k: v for k, v in got.items() if k.startswith("errors:")}
+        return ProcessorTally(
+            applied=got.get("events", 0.0),
+            batches=got.get("batches", 0.0),
+            erased=got.get("erasure_notices", 0.0),
+            errors=sum(errors.values()),
+            lag_events=got.get("lag_events"),
+            lag_seconds=got.get("lag_seconds", 0.0),
+            paused=bool(got.get("paused")),
+            failed=bool(got.get("failed")),
+            superseded=errors.get("errors:superseded", 0.0) > 0,
+        )
 
-    errors: dict[str, float] = {}
-    for metric in registry.collect():
-        if metric.name == "ackline_processor_errors":
-            for s in metric.samples:
-                if s.name.endswith("_total") and s.labels.get("processor") == name:
-                    errors[s.labels["kind"]] = errors.get(s.labels["kind"], 0.0) + s.value
-    return ProcessorTally(
-        applied=value("ackline_processor_events_total") or 0.0,
-        batches=value("ackline_processor_batches_total") or 0.0,
-        erased=value("ackline_processor_erasure_notices_total") or 0.0,
-        errors=sum(errors.values()),
-        lag_events=value("ackline_processor_lag_events"),
-        lag_seconds=value("ackline_processor_lag_seconds") or 0.0,
-        paused=bool(value("ackline_processor_paused")),
-        failed=bool(value("ackline_processor_failed")),
-        superseded=errors.get("superseded", 0.0) > 0,
-    )
+    return {n: one(got) for n, got in found.items()}
 
 
 def processor_line(name: str, before: ProcessorTally, now: ProcessorTally, seconds: float) -> str:
     """The line for processor ``name`` from ``before`` to ``now`` over ``seconds``. Pure."""
-    applied = now.applied - before.applied
-    batches = now.batches - before.batches
-    if applied or batches:
-        said = f"{applied:,.0f} events applied in {batches:,.0f} batches over the last"
-        said += f" {seconds:.0f} s" + _rate(applied, seconds)
-    else:
-        said = f"nothing applied over the last {seconds:.0f} s"
-    parts = [said]
-    others = [
+    applied, batches = now.applied - before.applied, now.batches - before.batches
+    parts = _window(applied, batches, seconds, "events applied", "applied")
+    parts += _counts(
         (now.erased - before.erased, "erasure notices handed"),
         (now.errors - before.errors, "errors"),
-    ]
-    counted = [f"{n:,.0f} {what}" for n, what in others if n]
-    if counted:
-        parts.append(", ".join(counted))
+    )
     if now.lag_events is None:
         parts.append("lag not measured yet")
     else:
@@ -222,18 +227,20 @@ class ProcessorsProgress:
 
     def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
         self._registry = registry
-        self._before = {n: processor_tally(registry, n) for n in names}
+        self._names = names
+        self._before = processor_tallies(registry, names)
         self._said_idle = dict.fromkeys(names, False)
 
     def __call__(self, seconds: float) -> list[str]:
         lines = []
-        for name, before in self._before.items():
-            now = processor_tally(self._registry, name)
-            self._before[name] = now
+        tallies = processor_tallies(self._registry, self._names)
+        for name, now in tallies.items():
+            before = self._before[name]
             behind = bool(now.lag_events) and not now.settled()
             if worth_saying(before.news(), now.news(), self._said_idle[name], behind):
                 self._said_idle[name] = now.applied == before.applied
                 lines.append(processor_line(name, before, now, seconds))
+        self._before = tallies
         return lines
 
 
