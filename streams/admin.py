@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -212,23 +212,48 @@ def max_message_bytes(shape: TopicShape | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def topic_max_message_bytes(
+MISSING_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+"""The codes that say a topic does not exist (or is not yet visible to this client)."""
+
+
+class TopicLimit(NamedTuple):
+    """What a start-up read of a topic's ``max.message.bytes`` found: the limit (None
+    when it cannot be known) and whether the cluster said the topic does not exist."""
+
+    limit: int | None
+    missing: bool
+
+
+def topic_limit(
     bootstrap: str, topic: str, timeout: float, *, conf: Mapping[str, Any] | None = None
-) -> int | None:
+) -> TopicLimit:
     """The topic's ``max.message.bytes`` (its own, or the broker's it inherits), read in
-    one DescribeConfigs request within ``timeout``; None when it cannot be known: the
-    topic missing, describing it not allowed, no answer in time. The producer SDK
-    batches within it (:func:`ackline.streams.producer.batch_within`)."""
+    one DescribeConfigs request within ``timeout``; no limit when it cannot be known: the
+    topic missing (said as ``missing``: the producer SDK warns of it at start, where a
+    mistyped name otherwise shows only when a transaction fails), describing it not
+    allowed, no answer in time. The producer SDK batches within it
+    (:func:`ackline.streams.producer.batch_within`)."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
     with admin_client(bootstrap, conf) as client:
         try:
             futures = client.describe_configs([resource], request_timeout=max(timeout, 0.1))
             entries = futures[resource].result(timeout=max(timeout, 0.1))
-        except (KafkaException, TimeoutError, concurrent.futures.TimeoutError):
-            return None
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            return TopicLimit(None, code in MISSING_TOPIC)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            return TopicLimit(None, False)
     entry = entries.get("max.message.bytes")
     value = str(entry.value) if entry is not None else ""
-    return int(value) if value.isdigit() else None
+    return TopicLimit(int(value) if value.isdigit() else None, False)
+
+
+def topic_max_message_bytes(
+    bootstrap: str, topic: str, timeout: float, *, conf: Mapping[str, Any] | None = None
+) -> int | None:
+    """:func:`topic_limit`'s limit alone."""
+    return topic_limit(bootstrap, topic, timeout, conf=conf).limit
 
 
 def broker_max_message_bytes(

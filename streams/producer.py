@@ -39,7 +39,7 @@ from ackline.schemas.canonical import canonical_json
 from ackline.schemas.decode import DEFAULT_LIMITS, Rejection, decode
 from ackline.schemas.envelope import Envelope
 from ackline.schemas.errors import SchemaError
-from ackline.streams.admin import topic_max_message_bytes
+from ackline.streams.admin import MISSING_TOPIC, topic_limit, topic_max_message_bytes
 from ackline.streams.errors import (
     OutcomeUnknownError,
     ProduceError,
@@ -89,8 +89,6 @@ transactional client)."""
 TOPIC_LOOK_S: Final = 1.0
 """How long a send whose deadline has passed asks the cluster whether its topic exists
 (the caller's timeout is spent already: the answer is worth a second, not more)."""
-_MISSING_TOPIC: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
-"""Delivery errors of a topic the cluster does not have (or does not show yet)."""
 _TRANSIENT: Final = frozenset(
     {
         KafkaError._MSG_TIMED_OUT,
@@ -269,17 +267,27 @@ def within_topic_limit(conf: dict[str, Any], topic: str, timeout: float) -> dict
     the limit read from the cluster within ``timeout`` (both SDKs' ``start()``, before the
     client is made: librdkafka takes ``batch.size`` only then). Unknown (the topic missing
     yet, describing it not allowed, no answer), ``conf`` is left as it is. The limit is
-    read once: one lowered later reaches a new instance, not this one."""
-    limit = topic_max_message_bytes(
-        conf["bootstrap.servers"], topic, timeout, conf=connection_config(conf)
-    )
-    out = batch_within(conf, limit)
+    read once: one lowered later reaches a new instance, not this one.
+
+    A topic the cluster says does not exist is a WARNING here, not an error: it may be
+    created after the producer starts (its records then go through), but a mistyped name
+    would otherwise show only when the first transaction fails, up to
+    ``topic.metadata.propagation.max.ms`` later."""
+    found = topic_limit(conf["bootstrap.servers"], topic, timeout, conf=connection_config(conf))
+    if found.missing:
+        log.warning(
+            "topic %s does not exist (or is not yet visible to this producer) on %s: its "
+            "transactions fail as transient until it does; check its name, or create it",
+            topic,
+            conf["bootstrap.servers"],
+        )
+    out = batch_within(conf, found.limit)
     if out is not conf:
         log.info(
             "topic %s takes record batches of at most %d bytes (max.message.bytes): "
             "batch.size set to it",
             topic,
-            limit,
+            found.limit,
         )
     return out
 
@@ -393,7 +401,7 @@ def not_committed(
             "records may each fit. Close this instance and send the same records again "
             "from a new one, which batches within the topic's limit"
         )
-    if codes & _MISSING_TOPIC and codes <= _MISSING_TOPIC | _TRANSIENT:
+    if codes & MISSING_TOPIC and codes <= MISSING_TOPIC | _TRANSIENT:
         return TransientProduceError(f"{text}; {topic_missing_text(topic, new_instance=False)}")
     if codes <= _TRANSIENT:
         return TransientProduceError(f"{text}; send the same records again")
@@ -440,7 +448,7 @@ def topic_absent(meta: Any, topic: str) -> bool:
     """Whether ``meta`` (a metadata answer for ``topic``: ``list_topics(topic)``) says the
     topic does not exist. Pure."""
     found = meta.topics.get(topic)
-    return found is None or (found.error is not None and found.error.code() in _MISSING_TOPIC)
+    return found is None or (found.error is not None and found.error.code() in MISSING_TOPIC)
 
 
 def send_failed(first: BaseException) -> ProduceError:

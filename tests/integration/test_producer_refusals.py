@@ -17,7 +17,8 @@ ways in, each against the real broker, each through both SDK producers:
 * a topic whose ``max.message.bytes`` is below librdkafka's batch size: records that each
   fit are committed (the producer batches within the limit it reads at ``start()``), and
   with the limit lowered after ``start()`` their batch's refusal is transient;
-* a topic that does not exist, with a short ``timeout``: the error names it, transient.
+* a topic that does not exist, with a short ``timeout``: the error names it, transient;
+* a start on a topic that does not exist: a WARNING names it at once.
 """
 
 from __future__ import annotations
@@ -932,6 +933,42 @@ def test_a_topic_that_does_not_exist_is_named_within_a_short_timeout(
     assert time.monotonic() - began < 20
     text = str(raised.value)
     assert f"topic {missing} does not exist" in text, text
+
+
+@pytest.mark.parametrize("sdk", ["sync", "aio"])
+def test_a_start_on_a_topic_that_does_not_exist_warns_at_once(
+    services: Services, topic: str, sdk: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``start()`` reads the topic's ``max.message.bytes`` and learnt there that the topic
+    does not exist, but said nothing: a mistyped topic showed only when the first
+    transaction failed, up to 30 s later (``topic.metadata.propagation.max.ms``), as
+    transient. Now the start warns at once, naming the topic; an existing topic gets no
+    such warning."""
+    missing = f"t-missing-{uuid.uuid4().hex[:8]}"
+
+    def start(name: str) -> None:
+        slot = f"svc-{uuid.uuid4().hex[:8]}"
+        if sdk == "sync":
+            producer = ActivityProducer(services.bootstrap, name, slot)
+            producer.start()
+            producer.close()
+            return
+
+        async def run() -> None:
+            aio = AsyncActivityProducer(services.bootstrap, name, slot)
+            await aio.start()
+            await aio.close()
+
+        asyncio.run(run())
+
+    with caplog.at_level(logging.WARNING, logger="ackline"):
+        start(missing)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(f"topic {missing} does not exist" in line for line in said), said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ackline"):
+        start(topic)
+    assert not [r for r in caplog.records if "does not exist" in r.getMessage()]
 
 
 def _lowered(services: Services, topic: str) -> None:
