@@ -107,6 +107,12 @@ class Metrics:
             "PostgreSQL (ACKLINE_DB_LEAVE_AFTER_S), until all its connections answer",
             registry=r,
         )
+        self.waiting_to_join = Gauge(
+            "ackline_waiting_to_join",
+            "1 while the worker waits for PostgreSQL (its schema, its worker id) before it "
+            "joins the consumer group",
+            registry=r,
+        )
         self.behind_since = Gauge(
             "ackline_behind_since_timestamp_seconds",
             "Unix time since when the worker has been behind (lag > 0), as its lag reports "

@@ -113,7 +113,8 @@ async def run(
             ingest.metrics.topic_partitions.set(partitions)
             ingest.serve()  # /healthz answers while before_join waits for PostgreSQL
             if before_join is not None:
-                await before_join(stopping.is_set)
+                with ingest.waiting_to_join():
+                    await before_join(stopping.is_set)
         if partitions is None or stopping.is_set():
             await ingest.close(CLOSE_WAIT_S)
             log.info("stopped before the worker started")

@@ -160,7 +160,8 @@ def run(
     ingest.serve()  # /healthz answers while before_join waits for PostgreSQL
     if before_join is not None:
         # a stop meanwhile is recorded (run_stoppable) and the wait returns: raised after it
-        run_stoppable(before_join(lambda: False))
+        with ingest.waiting_to_join():
+            run_stoppable(before_join(lambda: False))
 
     async def probe() -> None:
         await probe_database(ingest.dsn, metrics, settings.db_check_interval_s, settings.worker_id)

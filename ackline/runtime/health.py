@@ -38,6 +38,7 @@ class Snapshot:
     out_of_group: bool = False  # left the group: PostgreSQL does not answer this worker
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
     behind_since: float = 0.0  # behind (lag > 0) since, as the lag reports saw it (0: not)
+    waiting_to_join: bool = False  # the start-up wait for PostgreSQL, before the group
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,15 +51,22 @@ class ReadyLimits:
 def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
     """Why the worker is not ready; an empty list means ready.
 
-    Ready means: it owns at least one partition and consumes every partition Kafka
-    assigns to it; PostgreSQL answered a recent check, and the worker's own operations
-    have not been failing for longer than ``db_down_error_after_s`` (the check can pass
-    while the worker's connections do not); and, when it is behind (lag > 0), a batch
-    committed within ``max_commit_age_s``, counted from the latest of the last commit, the
-    start (a fresh worker gets that long) and when its lag reports first saw it behind
-    (:meth:`Metrics.note_behind`): a worker idle and caught up for longer than the bound,
+    Not ready while it waits for PostgreSQL before joining its group (one reason: the
+    others would be its consequences). Then ready means: it owns at least one partition
+    and consumes every partition Kafka assigns to it; PostgreSQL answered a recent check,
+    and the worker's own operations have not been failing for longer than
+    ``db_down_error_after_s`` (the check can pass while the worker's connections do not);
+    and, when it is behind (lag > 0), a batch committed within ``max_commit_age_s``,
+    counted from the latest of the last commit, the start (a fresh worker gets that long)
+    and when its lag reports first saw it behind (:meth:`Metrics.note_behind`): a worker
+    idle and caught up for longer than the bound,
     with nothing to commit, was not ready the moment new records came.
     """
+    if snap.waiting_to_join:
+        return [
+            "starting: waiting for PostgreSQL before joining the consumer group (the "
+            "worker's WARNING lines say why it waits)"
+        ]
     reasons: list[str] = []
     if snap.out_of_group:
         reasons.append(
@@ -110,6 +118,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         db_down_since=_gauge(metrics, "ackline_database_down_since_timestamp_seconds"),
         behind_since=_gauge(metrics, "ackline_behind_since_timestamp_seconds"),
         out_of_group=_gauge(metrics, "ackline_out_of_group") >= 1,
+        waiting_to_join=_gauge(metrics, "ackline_waiting_to_join") >= 1,
     )
 
 

@@ -14,7 +14,8 @@ import asyncio
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import get_args
 
@@ -100,6 +101,22 @@ class Ingest:
             },
         )
         self.progress.start()
+
+    @contextmanager
+    def waiting_to_join(self) -> Iterator[None]:
+        """The block is the start-up wait before the group (``before_join``): /readyz says
+        so while it runs. A refusal raised from it (schema missing, worker id taken) stops
+        the progress lines and the status server, which :meth:`serve` started: the worker
+        exits without joining, and its other parts were never used."""
+        self.metrics.waiting_to_join.set(1)
+        try:
+            yield
+        except BaseException:
+            self.progress.stop()
+            self.server.close()
+            raise
+        finally:
+            self.metrics.waiting_to_join.set(0)
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the status server; flush the dead-letter producer and close the

@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -168,6 +169,14 @@ def test_a_worker_started_while_postgresql_does_not_answer_waits_outside_the_gro
     # its endpoints answer meanwhile: /healthz 200, so a liveness probe does not restart it
     with urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}/healthz", timeout=5) as r:
         assert r.status == 200
+    # and /readyz says what it waits for (it said "PostgreSQL not checked yet" while the
+    # wait was checking it, and "no partitions assigned" while it stayed out on purpose)
+    with pytest.raises(urllib.error.HTTPError) as unready:
+        urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}/readyz", timeout=5)
+    with unready.value as answer:
+        assert answer.code == 503
+        reasons = json.loads(answer.read())["reasons"]
+    assert len(reasons) == 1 and "waiting for PostgreSQL before joining" in reasons[0], reasons
 
     stopped = Worker(services, away, topic, tmp_path, name="s", runtime=runtime)
     wait_until(lambda: "not joining" in stopped.log(), 60, "the second worker to wait")

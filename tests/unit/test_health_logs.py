@@ -66,6 +66,19 @@ def test_not_ready_reasons(changes: dict[str, Any], reason: str) -> None:
     assert reason in reasons[0]
 
 
+def test_a_worker_waiting_to_join_says_so_alone() -> None:
+    """During the start-up wait for PostgreSQL the other reasons are its consequences (no
+    partitions: it stays out of the group on purpose; no check yet: the wait is one)."""
+    reasons = readiness(snap(assigned=0, db_checked=0.0, waiting_to_join=True), NOW, LIMITS)
+    assert reasons == [
+        "starting: waiting for PostgreSQL before joining the consumer group (the worker's "
+        "WARNING lines say why it waits)"
+    ]
+    m = Metrics()
+    m.waiting_to_join.set(1)
+    assert snapshot(m, NOW).waiting_to_join
+
+
 def test_an_old_commit_is_fine_without_lag_and_a_fresh_worker_gets_a_grace_period() -> None:
     assert readiness(snap(lag=0.0, last_commit=NOW - 10_000), NOW, LIMITS) == []
     assert readiness(snap(lag=9.0, last_commit=0.0, started=NOW - 5), NOW, LIMITS) == []
