@@ -248,7 +248,8 @@ class Settings(BaseSettings):
     )
     retention: str = Field(
         default="",
-        description="drop activity partitions ingested longer ago than this (90d, 12w); "
+        description="drop activity partitions ingested longer ago than this, with its unit "
+        "(90d, 12w; a bare number is refused); "
         "workers apply it hourly, never below the operator's `ackline retention apply` "
         "policy, and not at all without one. Empty: keep everything",
     )
@@ -474,7 +475,9 @@ class Settings(BaseSettings):
     def _retention(cls, value: str) -> str:
         if not value.strip():
             return ""
-        return format_duration(retention_period(value))
+        # a unit required, as `retention apply --older-than` requires one: "12" meant as
+        # weeks would keep 12 days
+        return format_duration(retention_period(value, unit_required=True))
 
     def retention_keep(self) -> timedelta | None:
         """The retention period, or None when retention is off."""

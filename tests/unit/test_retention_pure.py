@@ -70,10 +70,12 @@ def test_durations_print_in_the_largest_exact_unit() -> None:
 
 def test_the_retention_setting_is_normalized_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_settings().retention_keep() is None  # off by default
-    monkeypatch.setenv("ACKLINE_RETENTION", "180")
+    monkeypatch.setenv("ACKLINE_RETENTION", "26w")
     settings = load_settings()
-    assert (settings.retention, settings.retention_keep()) == ("180d", timedelta(days=180))
-    for bad, why in (("12h", "at least a day"), ("soon", "not a duration")):
+    assert (settings.retention, settings.retention_keep()) == ("26w", timedelta(days=182))
+    # A bare number was taken for days, where `retention apply --older-than` refuses it:
+    # "12" meant as weeks kept 12 days (down to the operator's policy), so it is refused too
+    for bad, why in (("12h", "at least a day"), ("soon", "not a duration"), ("12", "no unit")):
         monkeypatch.setenv("ACKLINE_RETENTION", bad)
         with pytest.raises(SettingsError, match=why) as err:
             load_settings()
