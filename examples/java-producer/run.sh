@@ -3,6 +3,8 @@
 #
 #   examples/java-producer/run.sh BOOTSTRAP TOPIC TRANSACTIONAL_ID TAG
 #
+# EXAMPLE_MAIN names another main class to run: the tests run their drill (src/test) this way.
+#
 # The jars are the ones the local stack fetched from Maven Central for its broker
 # (kafka-clients, jackson, log4j): $KAFKA_LIBS, or the directory that
 # ackline.dev.kafka.ensure_jars() returns (it fetches them on first use). The classes are
@@ -48,4 +50,4 @@ if [ ! -f "$classes/.complete" ]; then
 fi
 
 exec java -Dlog4j2.configurationFile="$here/log4j2.properties" \
-    -cp "$classes:$cp" ackline.example.ActivityProducerExample "$@"
+    -cp "$classes:$cp" "${EXAMPLE_MAIN:-ackline.example.ActivityProducerExample}" "$@"

@@ -3,7 +3,8 @@
 It writes envelopes in transactions with the reference Kafka client (not librdkafka), then
 resends one request's records, the same bytes, from a new instance. What it wrote must
 pass a standard validator of the exported JSON Schema, and ackline must store each event
-once and count every resent record as a duplicate.
+once and count every resent record as a duplicate. A commit that really times out (the
+broker frozen) must end the instance without an abort, and a resend be ingested once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 from ackline.dev.kafka import ensure_jars
 from ackline.schemas.decode import Row, decode
 from ackline.streams.producer import Delivery
-from tests.integration.harness import Services, Worker
+from tests.integration.harness import Services, Worker, wait_until
 from tests.integration.producing import (
     ROOT,
     committed_values,
@@ -28,10 +30,15 @@ from tests.integration.producing import (
     last_offsets,
     wait_past,
 )
+from tests.integration.test_aio_producer import frozen_broker
 
 pytestmark = pytest.mark.integration
 
 RUN = ROOT / "examples" / "java-producer" / "run.sh"
+# The test-only main of examples/java-producer/src/test: one request held before its commit.
+DRILL = "ackline.example.CommitTimeoutDrill"
+RETRIED = "commit timed out, calling it again"  # the example's line before attempts 2 to 5
+EXIT_OUTCOME_UNKNOWN = 3  # ActivityProducerExample.EXIT_OUTCOME_UNKNOWN
 
 
 def test_java_producer_is_ingested_exactly_once(
@@ -73,6 +80,84 @@ def test_java_producer_is_ingested_exactly_once(
     got = ingested(dsn)
     assert got.event_ids == {uuid.UUID(x["event_id"]) for x in originals}
     assert (got.inserted, got.duplicates) == (len(originals), len(resent))
+    assert (got.conflicts, got.rejects) == (0, 0)
+    assert worker.stop() == 0
+
+
+def test_a_commit_that_times_out_is_not_aborted(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """The last timed-out commit ends the instance, unaborted; a resend is ingested once.
+
+    After a commitTransaction that timed out, Kafka's client allows only calling it again:
+    an abortTransaction throws IllegalStateException and hides that the outcome is unknown
+    (the example did that). The drill holds one request while the broker is frozen, then
+    commits with max.block.ms of 2 s: five attempts time out. The process must say the
+    outcome is unknown and exit with the example's status; the same bytes, resent from a
+    new instance, must then be stored once, whatever the timed-out commit became.
+    """
+    env = {**os.environ, "KAFKA_LIBS": str(ensure_jars()), "EXAMPLE_MAIN": DRILL}
+    tag = uuid.uuid4().hex[:8]
+    argv = [str(RUN), services.bootstrap, topic, f"java-{tag}", tag]
+    errors = tmp_path / "hold.err"
+    with (
+        errors.open("w") as err,
+        subprocess.Popen(
+            [*argv, "hold"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        ) as hold,
+    ):
+        try:
+            assert hold.stdin is not None and hold.stdout is not None
+            held = hold.stdout.readline()  # the request's records, sent once we answer
+            assert held, errors.read_text()[-4000:]
+            with frozen_broker(services):
+                hold.stdin.write("commit\n")
+                hold.stdin.flush()
+                wait_until(
+                    lambda: errors.read_text().count(RETRIED) >= 4, 60, "4 timed-out commits"
+                )
+                time.sleep(6)  # the fifth and last attempt times out after 2 s: room for load
+            # close() waits for the commit still in flight: the process ends once it settles.
+            hold.wait(timeout=120)
+            printed = hold.stdout.read()
+        finally:
+            if hold.poll() is None:
+                hold.kill()
+    stderr = errors.read_text()
+    assert hold.returncode == EXIT_OUTCOME_UNKNOWN, stderr[-4000:]
+    assert "commit outcome unknown" in stderr, stderr[-4000:]
+    assert "abortTransaction" not in stderr, stderr[-4000:]
+    assert printed == ""  # nothing reported as delivered
+
+    resend = subprocess.run(
+        [*argv, "resend"],
+        env=env,
+        input=held,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert resend.returncode == 0, resend.stderr[-4000:]
+    records = json.loads(held)
+    lines = [json.loads(line) for line in resend.stdout.splitlines()]
+    assert [x["event_id"] for x in lines] == [r["event_id"] for r in records]
+    assert all(x["resend"] for x in lines)
+
+    # The timed-out commit may have completed: then the resend's records are copies.
+    copies = len(committed_values(services.bootstrap, topic)) - len(records)
+    assert copies in (0, len(records))
+    worker = Worker(services, dsn, topic, tmp_path)
+    deliveries = [Delivery(x["partition"], x["offset"]) for x in lines]
+    wait_past(dsn, worker, topic, last_offsets(deliveries))
+    got = ingested(dsn)
+    assert got.event_ids == {uuid.UUID(r["event_id"]) for r in records}
+    assert (got.inserted, got.duplicates) == (len(records), copies)
     assert (got.conflicts, got.rejects) == (0, 0)
     assert worker.stop() == 0
 

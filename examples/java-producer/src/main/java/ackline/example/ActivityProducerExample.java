@@ -35,12 +35,14 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * duplicates.
  *
  * <p>Usage: {@code ActivityProducerExample BOOTSTRAP TOPIC TRANSACTIONAL_ID TAG}. Prints one JSON
- * line per delivered record: event_id, txn_id, partition, offset, resend.
+ * line per delivered record: event_id, txn_id, partition, offset, resend. Exits with status 3
+ * (EXIT_OUTCOME_UNKNOWN) when a commit's outcome is unknown.
  */
 public final class ActivityProducerExample {
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final int COMMIT_ATTEMPTS = 5;
   private static final int TRANSACTION_ROUNDS = 3;
+  static final int EXIT_OUTCOME_UNKNOWN = 3;
 
   /** One event ready for the wire: key and value are fixed bytes, sent as they are on retry. */
   record Outgoing(byte[] key, byte[] value, String type, String eventId, String txnId) {}
@@ -60,18 +62,46 @@ public final class ActivityProducerExample {
     List<Outgoing> first = unitOfWork(tag + "-r1", "java-agent-1");
     List<Outgoing> second = unitOfWork(tag + "-r2", "java-agent-2");
 
-    try (KafkaProducer<byte[], byte[]> producer = start(bootstrap, transactionalId)) {
+    try (KafkaProducer<byte[], byte[]> producer = start(config(bootstrap, transactionalId))) {
       print(first, sendTransaction(producer, topic, first), false);
       print(second, sendTransaction(producer, topic, second), false);
+    } catch (CommitOutcomeUnknown e) {
+      exitOutcomeUnknown(e); // the instance is closed (try-with-resources), never aborted
     }
     // The forced resend: the first request's outcome is treated as unknown. A new instance
     // with the same transactional.id (it fences any older one) sends the same bytes again.
-    try (KafkaProducer<byte[], byte[]> producer = start(bootstrap, transactionalId)) {
+    try (KafkaProducer<byte[], byte[]> producer = start(config(bootstrap, transactionalId))) {
       print(first, sendTransaction(producer, topic, first), true);
     }
   }
 
-  static KafkaProducer<byte[], byte[]> start(String bootstrap, String transactionalId) {
+  /**
+   * A commit whose outcome is unknown: it timed out COMMIT_ATTEMPTS times, and may still complete.
+   * Not a KafkaException, so that sendTransaction lets it through without an abort.
+   */
+  static final class CommitOutcomeUnknown extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    CommitOutcomeUnknown(TimeoutException last) {
+      super(
+          "commit outcome unknown: it timed out "
+              + COMMIT_ATTEMPTS
+              + " times and may still complete; this instance is closed without an abort."
+              + " Resend the same records from a new instance with the same transactional.id",
+          last);
+    }
+  }
+
+  /**
+   * Ends the process after a commit whose outcome is unknown: the message on stderr, exit status
+   * EXIT_OUTCOME_UNKNOWN. Whoever holds the records resends the same bytes from a new instance.
+   */
+  static void exitOutcomeUnknown(CommitOutcomeUnknown e) {
+    System.err.println(e.getMessage() + " (" + e.getCause() + ")");
+    System.exit(EXIT_OUTCOME_UNKNOWN);
+  }
+
+  static Properties config(String bootstrap, String transactionalId) {
     Properties conf = new Properties();
     conf.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
     conf.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, transactionalId);
@@ -82,6 +112,10 @@ public final class ActivityProducerExample {
     conf.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, 60_000);
     conf.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class);
     conf.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class);
+    return conf;
+  }
+
+  static KafkaProducer<byte[], byte[]> start(Properties conf) {
     KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(conf);
     producer.initTransactions(); // fences older instances, settles their open transaction
     return producer;
@@ -91,9 +125,18 @@ public final class ActivityProducerExample {
    * Sends the records in one transaction and commits it; returns where each landed.
    *
    * <p>A commit that times out is called again (it may already be completing: nothing else is
-   * allowed then). Any other KafkaException aborts, and the same bytes go out in a new
-   * transaction. Fenced, out-of-order and authorization errors end this instance: close it;
-   * whoever takes the work over resends the same records.
+   * allowed then, not even an abort); after COMMIT_ATTEMPTS timeouts CommitOutcomeUnknown ends
+   * this instance, with the transaction neither aborted nor known to be committed. Any other
+   * KafkaException aborts (a send() that timed out on metadata or buffer space too: the client
+   * puts that error in its Future and commitTransaction then refuses with a KafkaException), and
+   * the same bytes go out in a new transaction. Fenced, out-of-order and authorization errors end
+   * this instance. After either ending: close it; whoever takes the work over resends the same
+   * records from a new instance.
+   *
+   * <p>Order of effects: records sent, commit, metadata returned. A crash before the commit
+   * leaves an open transaction that the next initTransactions with this transactional.id (or the
+   * transaction timeout) aborts; a crash during the commit leaves it committed or not, unknown:
+   * the resend's copies are counted as duplicates by ackline.
    */
   static List<RecordMetadata> sendTransaction(
       KafkaProducer<byte[], byte[]> producer, String topic, List<Outgoing> records)
@@ -117,7 +160,7 @@ public final class ActivityProducerExample {
         return out;
       } catch (ProducerFencedException | OutOfOrderSequenceException | AuthorizationException e) {
         throw e; // this instance can do nothing more; try-with-resources closes it
-      } catch (KafkaException e) {
+      } catch (KafkaException e) { // CommitOutcomeUnknown is none: it is never aborted
         producer.abortTransaction();
         if (round == TRANSACTION_ROUNDS) {
           throw e;
@@ -127,6 +170,10 @@ public final class ActivityProducerExample {
     }
   }
 
+  /**
+   * Commits, calling commitTransaction again while it times out (max.block.ms). Kafka allows
+   * only that retry after a timed-out commit: an abort then throws IllegalStateException.
+   */
   static void commit(KafkaProducer<byte[], byte[]> producer) {
     for (int attempt = 1; ; attempt++) {
       try {
@@ -134,7 +181,7 @@ public final class ActivityProducerExample {
         return;
       } catch (TimeoutException e) {
         if (attempt == COMMIT_ATTEMPTS) {
-          throw e; // outcome unknown: close, and resend the same bytes from a new instance
+          throw new CommitOutcomeUnknown(e); // close; resend the same bytes from a new instance
         }
         System.err.println("commit timed out, calling it again: " + e);
       }
