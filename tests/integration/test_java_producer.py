@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -37,7 +36,7 @@ pytestmark = pytest.mark.integration
 RUN = ROOT / "examples" / "java-producer" / "run.sh"
 # The test-only main of examples/java-producer/src/test: one request held before its commit.
 DRILL = "ackline.example.CommitTimeoutDrill"
-RETRIED = "commit timed out, calling it again"  # the example's line before attempts 2 to 5
+GAVE_UP = "commit timed out 5 times, giving up"  # the example's line after the last attempt
 EXIT_OUTCOME_UNKNOWN = 3  # ActivityProducerExample.EXIT_OUTCOME_UNKNOWN
 
 
@@ -118,10 +117,7 @@ def test_a_commit_that_times_out_is_not_aborted(
             with frozen_broker(services):
                 hold.stdin.write("commit\n")
                 hold.stdin.flush()
-                wait_until(
-                    lambda: errors.read_text().count(RETRIED) >= 4, 60, "4 timed-out commits"
-                )
-                time.sleep(6)  # the fifth and last attempt times out after 2 s: room for load
+                wait_until(lambda: GAVE_UP in errors.read_text(), 90, "the last commit to time out")
             # close() waits for the commit still in flight: the process ends once it settles.
             hold.wait(timeout=120)
             printed = hold.stdout.read()

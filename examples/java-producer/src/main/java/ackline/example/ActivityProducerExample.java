@@ -181,6 +181,7 @@ public final class ActivityProducerExample {
         return;
       } catch (TimeoutException e) {
         if (attempt == COMMIT_ATTEMPTS) {
+          System.err.println("commit timed out " + attempt + " times, giving up: " + e);
           throw new CommitOutcomeUnknown(e); // close; resend the same bytes from a new instance
         }
         System.err.println("commit timed out, calling it again: " + e);
