@@ -896,15 +896,21 @@ def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str)
     assert journal(dsn, "lost") == Counter(e.event_id for e in events[:5])
 
 
-def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str) -> None:
+@pytest.mark.parametrize("name", ["dawdler", "late_dawdler"])
+def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str, name: str) -> None:
     """A processor whose own code keeps its transaction idle past
     idle_in_transaction_session_timeout (a slow lookup of its own): the server ends the
     session, the next statement finds the connection closed, and that was taken for the
     database going away: the same whole batch was retried for ever, its status ok. Found
     by a review. Now the batch is the processor's failure when it held the transaction
     longer than the bound and the database answers at once on a new connection: halved,
-    it stops at the event that dawdles, and the events before it are applied once."""
-    spec = "tests.support.processors:DAWDLER"
+    it stops at the event that dawdles, and the events before it are applied once.
+
+    ``late_dawdler`` dawdles after its statement, so ``apply`` returns normally and the
+    session's end shows at the runner's own next statement: a second review found that
+    only a failure inside ``apply`` was looked at, and this one was retried for ever
+    (`--until-caught-up` never ended)."""
+    spec = f"tests.support.processors:{name.upper()}"
     events, poison = _with_poison(dsn, spec)
 
     broken = ackline(
@@ -917,11 +923,29 @@ def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str) 
         DAWDLE_S="1.5",
     )
     assert broken.code == 1, broken.err[-2000:]
-    report = broken.report("dawdler")
+    report = broken.report(name)
     assert report["outcome"] == "failed", report
     assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
     assert "idle_in_transaction_session_timeout" in report["error"], report["error"]
-    assert journal(dsn, "dawdler") == Counter(e.event_id for e in events[:5])
+    assert journal(dsn, name) == Counter(e.event_id for e in events[:5])
+
+
+def test_an_apply_that_swallows_a_failed_statement_stops_at_its_event(dsn: str) -> None:
+    """A processor that catches a failing statement without a savepoint leaves its
+    transaction aborted; the runner's next statement then failed, taken for a failure
+    before any event: no event named, the events before it never applied, and the same on
+    every restart. Found by a review. Now it is the processor's failure, narrowed to the
+    event, with the error saying what to do."""
+    spec = "tests.support.processors:SWALLOWER"
+    events, poison = _with_poison(dsn, spec)
+
+    broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
+    assert broken.code == 1, broken.err[-2000:]
+    report = broken.report("swallower")
+    assert report["outcome"] == "failed", report
+    assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
+    assert "savepoint" in report["error"], report["error"]
+    assert journal(dsn, "swallower") == Counter(e.event_id for e in events[:5])
 
 
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------

@@ -12,6 +12,7 @@ the test as the operator, or by ``ackline processors setup``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import asyncpg
@@ -95,10 +96,40 @@ class Dawdler(Journal):
         return await super().apply(conn, batch)
 
 
+class LateDawdler(Journal):
+    """:class:`Dawdler`, but its slow step comes after its statement: ``apply`` returns
+    normally, and the runner's own next statement finds the session ended."""
+
+    name = "late_dawdler"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        n = await super().apply(conn, batch)
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            await asyncio.sleep(float(os.environ.get("DAWDLE_S", "2")))
+        return n
+
+
+class Swallower(Journal):
+    """A journal that, on the step whose thought is "poison", catches a failing statement
+    without a savepoint and goes on: its transaction is aborted when ``apply`` returns (a
+    breach of the contract)."""
+
+    name = "swallower"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        n = await super().apply(conn, batch)
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            with contextlib.suppress(asyncpg.DivisionByZeroError):
+                await conn.execute("SELECT 1/0")  # its last statement: nothing else fails
+        return n
+
+
 JOURNAL = Journal()
 PICKY = Picky()
 LOST = Lost()
 DAWDLER = Dawdler()
+LATE_DAWDLER = LateDawdler()
+SWALLOWER = Swallower()
 
 
 class Ops(Journal):

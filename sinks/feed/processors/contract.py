@@ -123,6 +123,12 @@ class IdleTooLongError(FeedError):
     failure (the runner halves it), not the database going away."""
 
 
+class AbortedByApplyError(FeedError):
+    """A statement of a processor's ``apply`` failed and ``apply`` went on (it caught the
+    error without a savepoint), so the batch's transaction was aborted when it returned:
+    the batch's failure (the runner halves it), not one before any event."""
+
+
 class ProcessorError(FeedError):
     """A processor's ``apply`` raised (anything but a transient database error).
 

@@ -64,6 +64,7 @@ from ackline.sinks.feed.changefeed import Changefeed, Reader, saved_cursor
 from ackline.sinks.feed.follow import Committed, GapWatch, follow
 from ackline.sinks.feed.processors import control
 from ackline.sinks.feed.processors.contract import (
+    AbortedByApplyError,
     IdleTooLongError,
     Processor,
     ProcessorBatch,
@@ -259,34 +260,73 @@ class ProcessorRunner:
     async def _handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Any:
         """Inside the batch's transaction, after the compare-and-set on the cursor row
         (which the database refused if another filter is in effect): apply, clear a
-        recorded failure, fault point."""
+        recorded failure, fault point. A failure of ``apply``, or of the runner's first
+        statement after it, that is the processor's doing (:meth:`_processors_doing`) is
+        raised as :class:`ProcessorError`, which the runner narrows down to an event; any
+        other is raised as it came (a transient one retries the batch whole)."""
         if batch.caught_up:
             return None
         work = ProcessorBatch(self.name, self.instance, batch.start, batch.end, tuple(batch.events))
         self._in_hand = work
         result = None
+        began = time.monotonic()
         if work.events:
-            began = time.monotonic()
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
-                if not went_away(exc, conn):
-                    raise ProcessorError(self.name, exc) from exc
-                if await self._held_idle_too_long(time.monotonic() - began, conn):
-                    raise ProcessorError(
-                        self.name,
-                        IdleTooLongError(
-                            f"the batch's transaction was held {time.monotonic() - began:.1f} s "
-                            "by the processor's own code and the server ended the session "
-                            "(idle_in_transaction_session_timeout "
-                            f"{self._idle_bound_s:g} s: ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS)"
-                            f", while the database answers: {_text(exc)}"
-                        ),
-                    ) from exc
+                failure = await self._processors_doing(exc, conn, began, in_apply=True)
+                if failure is None:
+                    raise
+                raise failure from exc
+        try:
+            await control.clear_failure(conn, self.name)
+        except Exception as exc:
+            failure = None
+            if work.events:  # what apply left shows at the next statement
+                failure = await self._processors_doing(exc, conn, began, in_apply=False)
+            if failure is None:
                 raise
-        await control.clear_failure(conn, self.name)
+            raise failure from exc
         await self._faults.ahit(FAULT_POINT)
         return result
+
+    async def _processors_doing(
+        self, exc: Exception, conn: asyncpg.Connection, began: float, *, in_apply: bool
+    ) -> ProcessorError | None:
+        """``exc`` as the processor's failure, or None when it is not the processor's.
+
+        Raised inside ``apply``, anything but the database going away is. Raised by the
+        runner's first statement after ``apply`` returned, the transaction aborted is
+        (``apply`` caught a failing statement without a savepoint: the next statement
+        fails, whoever makes it). Either way, a session the server ended while the
+        processor held the transaction idle past its bound is
+        (:meth:`_held_idle_too_long`), which shows at the next statement, inside ``apply``
+        or after it. Before the second case was looked at, both were retried whole for
+        ever or stopped before any event."""
+        if in_apply and not went_away(exc, conn):
+            return ProcessorError(self.name, exc)
+        if isinstance(exc, asyncpg.InFailedSQLTransactionError):
+            return ProcessorError(
+                self.name,
+                AbortedByApplyError(
+                    "a statement of apply failed and apply went on, so the batch's "
+                    "transaction was aborted: let the error out of apply, or catch it "
+                    "inside a savepoint (async with conn.transaction())"
+                ),
+            )
+        held = time.monotonic() - began
+        if went_away(exc, conn) and await self._held_idle_too_long(held, conn):
+            bound = f"idle_in_transaction_session_timeout {self._idle_bound_s:g} s"
+            return ProcessorError(
+                self.name,
+                IdleTooLongError(
+                    f"the batch's transaction was held {held:.1f} s by the processor's own "
+                    f"code and the server ended the session ({bound}: "
+                    "ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS), while the database answers: "
+                    f"{_text(exc)}"
+                ),
+            )
+        return None
 
     async def _held_idle_too_long(self, held_s: float, conn: asyncpg.Connection) -> bool:
         """Whether a closed connection under ``apply`` is the processor's doing: it held the
