@@ -29,7 +29,7 @@ from ackline.commands import Subparsers, nonempty, positive_seconds, uses, whole
 from ackline.commands.feed import FOLLOWS_THE_FEED
 from ackline.commands.guard import Outage
 from ackline.core.errors import AcklineError
-from ackline.core.signals import bounded_stop, run_stoppable, stopped_status, work_done
+from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 from ackline.sinks.feed.types import MAX_BYTES as FEED_MAX_BYTES
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ackline.runtime.httpserver import HttpServer
     from ackline.sinks.feed.processors.contract import Processor
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
+    from ackline.sinks.feed.processors.runner import Report
     from ackline.sinks.feed.types import Cursor
 
 log = logging.getLogger("ackline.process")
@@ -126,10 +127,10 @@ async def _process(
     start_at: Cursor | None,
 ) -> int:
     from ackline.clients import processor_setting
-    from ackline.runtime.progress_line import ProcessorsProgress, ProgressLog
+    from ackline.commands.processor_run import run_processors
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
-    from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, run_all
+    from ackline.sinks.feed.processors.runner import ProcessorRunner
     from ackline.sinks.feed.types import START
 
     instance = args.instance or settings.worker_id
@@ -159,51 +160,41 @@ async def _process(
     names = [r.name for r in runners]
     server = _endpoints(metrics, names)
     endpoint = server.serve(settings)
-    progress = ProgressLog(ProcessorsProgress(metrics.registry, names), settings.progress_log_s)
+
+    def said(reports: list[Report], by: int | None) -> None:
+        line = {
+            "instance": instance,
+            "processors": [r.to_json() for r in reports],
+            "stopped": None if by is None else signal.Signals(by).name,
+        }
+        print(json.dumps(line), flush=True)
+
     try:
-        with bounded_stop(asyncio.Event(), settings.shutdown_wait_s) as stopping:
-            log.info(
+        return await run_processors(
+            runners,
+            connect,
+            settings,
+            wait=not args.until_caught_up,
+            started=lambda: log.info(
                 "processors %s following the feed as instance %s; metrics %s",
-                ", ".join(r.name for r in runners),
+                ", ".join(names),
                 instance,
                 endpoint,
-            )
-            progress.start()
-            reports = await run_all(
-                runners,
-                connect,
-                stopping,
-                wait=not args.until_caught_up,
-                watch_interval=min(5.0, settings.db_check_interval_s),
-                each=Outage(
-                    dsn,
-                    settings.retry_max_seconds,
-                    args.until_caught_up,
-                    log,
-                    setting=processor_setting(settings),
-                ).wrap,
-            )
-            # Still under the signal handlers: a stop from here on only sets the event, so
-            # a run that caught up prints its line and exits 0 (the close waits up to 0.5 s)
-            progress.stop()  # no progress line after the runners ended, nor the summary
-            server.close()
-            cut = (Outcome.STOPPED, Outcome.CANCELLED)
-            by = stopping.signal if any(r.outcome in cut for r in reports) else None
-            line = {
-                "instance": instance,
-                "processors": [r.to_json() for r in reports],
-                "stopped": None if by is None else signal.Signals(by).name,
-            }
-            print(json.dumps(line), flush=True)
-            if any(r.outcome in (Outcome.FAILED, Outcome.SUPERSEDED) for r in reports):
-                status = 1
-            else:
-                status = stopped_status(by) if args.until_caught_up and by is not None else 0
-            work_done(status)  # what the line says: a stop from here on changes nothing
+            ),
+            summary=said,
+            each=Outage(
+                dsn,
+                settings.retry_max_seconds,
+                args.until_caught_up,
+                log,
+                setting=processor_setting(settings),
+            ).wrap,
+            # still under the signal handlers: a run that caught up prints its line and
+            # exits 0 (the close waits up to 0.5 s)
+            ended=server.close,
+        )
     finally:
-        progress.stop()
         server.close()
-    return status
 
 
 def _endpoints(metrics: ProcessorMetrics, names: list[str]) -> HttpServer:
