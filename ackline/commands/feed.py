@@ -174,14 +174,16 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     """The dispatcher processor (`ackline process dispatcher`), under its older name.
 
     Kept for compatibility: it connects with the operator's DSN as it always did, names
-    its cursor ``--reader`` and prints the same summary line.
+    its cursor ``--reader`` and prints the same summary line. It runs as `process` does
+    (:func:`run_processors`): the lag watch and its heartbeat, and the progress lines.
     """
     import json
 
+    from ackline.commands.processor_run import run_processors
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.dispatcher import Dispatcher
     from ackline.sinks.feed.processors.contract import check
-    from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner
+    from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report
 
     instance = args.instance or settings.worker_id
     dispatcher = Dispatcher(args.reader)
@@ -193,17 +195,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
         poll_interval=args.poll_interval,
         idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
-    connect = guarded_connect(
+    opened = connector(
         dsn,
-        connector(
-            dsn,
-            f"ackline-dispatch:{instance}",
-            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
-        ),
-        settings.retry_max_seconds,
-        give_up=args.once,
-        log=log,
+        f"ackline-dispatch:{instance}",
+        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
     )
+    connect = guarded_connect(dsn, opened, settings.retry_max_seconds, give_up=args.once, log=log)
     # PostgreSQL unreachable, or never migrated, now is one error line and exit 2, as for
     # tail and process: the runner would take either for the processor's failure (summary,
     # exit 1, no fix)
@@ -213,16 +210,11 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     finally:
         await first.close()
     dlog = logging.getLogger("ackline.dispatch")
-    stop = asyncio.Event()
-    with bounded_stop(stop, settings.shutdown_wait_s) as stopping:
-        # Logged once SIGTERM is handled: from here a stop request prints the summary.
-        dlog.info("dispatcher %s following the feed as reader %s", instance, args.reader)
-        report = await stopping.run(runner.run(connect, stop, wait=not args.once))
-        # still under the handlers: a stop from here on does not cut the summary
-        if report is None:
+
+    def said(reports: list[Report], by: int | None) -> None:
+        (report,) = reports
+        if report.outcome is Outcome.CANCELLED:
             dlog.warning("stopped with a feed transaction cancelled (rolled back: read again)")
-            report = runner.report(Outcome.CANCELLED)
-        cut = stopping.signal if report.outcome in (Outcome.STOPPED, Outcome.CANCELLED) else None
         if report.outcome is Outcome.PAUSED:  # exit 0 as `process`: say so where cron sees it
             dlog.warning(
                 "reader %s is paused, after %d transaction(s) read (`ackline processors "
@@ -240,12 +232,24 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
             "transactions": runner.reader.stats.transactions,
             "lost_races": report.lost_races,
             "cursor": report.cursor,
-            "stopped": None if cut is None else signal.Signals(cut).name,
+            "stopped": None if by is None else signal.Signals(by).name,
         }
         print(json.dumps(summary), flush=True)
-        if report.outcome in (Outcome.FAILED, Outcome.SUPERSEDED):
-            return work_done(1)
-        return work_done(stopped_status(cut) if args.once and cut is not None else 0)
+
+    # the lag watch retries on its own connections (as `process`'s): only the runner's
+    # reconnects are bounded by ACKLINE_RETRY_MAX_SECONDS
+    return await run_processors(
+        [runner],
+        connect,
+        settings,
+        wait=not args.once,
+        # logged once SIGTERM is handled: from here a stop request prints the summary
+        started=lambda: dlog.info(
+            "dispatcher %s following the feed as reader %s", instance, args.reader
+        ),
+        summary=said,
+        watch_connect=opened,
+    )
 
 
 def register(sub: Subparsers) -> None:

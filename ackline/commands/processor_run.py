@@ -1,9 +1,11 @@
-"""The one wiring of a command that runs processors (`ackline process`).
+"""The one wiring of a command that runs processors: `ackline process` and `ackline dispatch`.
 
-:func:`run_processors`: the stop signals bounded by ACKLINE_SHUTDOWN_WAIT_S, the runners
-and their lag watch (which heartbeats ``processors.last_seen_at``), one progress line per
-processor every ACKLINE_PROGRESS_LOG_S, and the exit status. What the command says is
-its own: its start line and its summary line.
+Both follow the feed the same way (:func:`run_processors`): the stop signals bounded by
+ACKLINE_SHUTDOWN_WAIT_S, the runners and their lag watch (which heartbeats
+``processors.last_seen_at``: `ackline processors status` shows the instance running),
+one progress line per processor every ACKLINE_PROGRESS_LOG_S, and the exit status. What
+each says is its own: its start line and its summary line. `dispatch` ran its runner
+alone, so it logged nothing while it followed the feed and was never seen running.
 """
 
 from __future__ import annotations

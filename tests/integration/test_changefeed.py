@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -1425,8 +1426,9 @@ class Dispatch:
         instance: str,
         reader: str = "dispatcher",
         faults: str = "",
+        **settings: str,
     ) -> None:
-        env = {**os.environ, "ACKLINE_DATABASE_URL": dsn, "ACKLINE_FAULTS": faults}
+        env = {**os.environ, "ACKLINE_DATABASE_URL": dsn, "ACKLINE_FAULTS": faults, **settings}
         self.instance = instance
         self.out_path = tmp_path / f"{instance}.out"
         self.log_path = tmp_path / f"{instance}.log"
@@ -1462,6 +1464,14 @@ class Dispatch:
                 f"dispatcher {self.instance} exited {self.proc.returncode}:\n"
                 + self.log_path.read_text(errors="replace")[-3000:]
             )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
 
     def stop(self) -> dict[str, Any]:
         """SIGTERM; it must exit 0 and print its summary."""
@@ -1556,6 +1566,75 @@ def test_dispatcher_starts_one_run_per_ingested_request(
         dsn, "SELECT count(*) AS n FROM ingest_batches WHERE group_id = $1", f"replay-{topic}"
     )
     assert replayed[0]["n"] > 0  # the replay did commit batches (with nothing new in them)
+
+
+def test_a_following_dispatch_says_what_it_applied(dsn: str, tmp_path: Path) -> None:
+    """`ackline dispatch` ran its runner alone, not as `process dispatcher` does: following
+    the feed it logged nothing between its start line and its summary. Every
+    ACKLINE_PROGRESS_LOG_S (1 s here) it says what it applied since the last line: the
+    lines add up to the requests started, then one caught-up line and nothing more
+    applied; the summary line is unchanged."""
+    dispatcher = Dispatch(dsn, tmp_path, "d1", ACKLINE_PROGRESS_LOG_S="1")
+
+    def said() -> list[str]:
+        return re.findall(r"progress: processor dispatcher: (.*)", dispatcher.log())
+
+    def applied() -> int:
+        dispatcher.ensure_alive()
+        found = (re.match(r"([\d,]+) events applied", line) for line in said())
+        return sum(int(m.group(1).replace(",", "")) for m in found if m)
+
+    requests = [requested(f"r{i}", f"agent-{i % 5}") for i in range(120)]
+    try:
+        asyncio.run(ingest(dsn, [requests[k : k + 40] for k in range(0, 120, 40)], 0))
+        wait_until(lambda: applied() == len(requests), 60, "the lines to add up")
+        wait_until(
+            lambda: re.match(r"nothing applied .*; lag 0 events", said()[-1]) is not None,
+            30,
+            "a caught-up line",
+        )
+        quiet = len(said())
+        time.sleep(3)  # caught up: nothing more applied (a late lag sample may say one more)
+        assert all(line.startswith("nothing applied") for line in said()[quiet:]), said()
+        summary = dispatcher.stop()
+    finally:
+        dispatcher.kill()
+    assert summary == {
+        "outcome": "stopped",
+        "reader": "dispatcher",
+        "instance": "d1",
+        "started": len(requests),
+        "already_started": 0,
+        "transactions": 3,
+        "lost_races": 0,
+        "cursor": summary["cursor"],
+        "stopped": "SIGTERM",
+    }
+    assert len(db(dsn, "SELECT request_id FROM agent_runs")) == len(requests)
+
+
+def test_a_following_dispatch_is_seen_running(dsn: str, tmp_path: Path) -> None:
+    """`processors status` showed a running `ackline dispatch` as never seen: its lag was
+    never sampled nor its heartbeat written (`processors.last_seen_at`, `last_instance`),
+    which `process dispatcher` writes every few seconds. Now it is seen, as itself."""
+    began = datetime.now(UTC)
+    dispatcher = Dispatch(dsn, tmp_path, "d7")
+
+    def status() -> dict[str, Any]:
+        dispatcher.ensure_alive()
+        done = _ackline(dsn, "processors", "status", "dispatcher", "--json")
+        assert done.returncode == 0, done.stderr
+        found: list[dict[str, Any]] = json.loads(done.stdout)
+        assert len(found) == 1
+        return found[0]
+
+    try:
+        wait_until(lambda: status()["last_instance"] == "d7", 30, "d7 to be seen")
+        seen = status()["last_seen_at"]
+        assert seen is not None and datetime.fromisoformat(seen) >= began - timedelta(seconds=1)
+        dispatcher.stop()
+    finally:
+        dispatcher.kill()
 
 
 def test_two_dispatchers_and_one_killed_before_its_commit(
