@@ -320,7 +320,7 @@ def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import reset
-    from ackline.sinks.feed.processors.registry import load
+    from ackline.sinks.feed.processors.registry import cursor_name, load
     from ackline.sinks.feed.types import START, Cursor
 
     if args.skip_events and not args.cursor_only:
@@ -342,7 +342,7 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
             )
         name = processor.name
     else:
-        name = args.name
+        name = cursor_name(args.name)
     to: Cursor | None = START
     if args.to_cursor:
         to = Cursor.decode(args.to_cursor)

@@ -1486,6 +1486,24 @@ def test_a_cursor_only_reset_to_now_never_moves_the_cursor_back(dsn: str) -> Non
     assert at is not None and at.xid < 999999999, at
 
 
+def test_a_cursor_only_reset_takes_the_forms_process_takes(dsn: str) -> None:
+    """`processors reset --cursor-only` took its argument for the cursor's name as given,
+    while its help (and `process`) take `module:attribute` too: that form failed with
+    "has no cursor yet" (found by a review). It names the processor's cursor now; a bare
+    name still needs no importable code (its cursor is moved by name)."""
+    spec = "tests.support.processors:JOURNAL"
+    setup_journal(dsn)
+    write(dsn, steps_of("r1", 5))
+    assert ackline(dsn, "process", spec, "--until-caught-up").code == 0
+    assert cursor_of(dsn, "journal") is not None
+    back = ackline(dsn, "processors", "reset", spec, "--cursor-only")
+    assert back.code == 0, back.err[-2000:]
+    assert "processor journal reset to cursor" in back.out, back.out
+    assert cursor_of(dsn, "journal") == START
+    gone = ackline(dsn, "processors", "reset", "no_such_processor", "--cursor-only")
+    assert gone.code != 0 and "no_such_processor" in gone.err, gone.err[-2000:]
+
+
 def test_a_retention_drop_during_a_rebuild_waits_and_keeps_what_the_rebuild_reads(
     dsn: str,
 ) -> None:

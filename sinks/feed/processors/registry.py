@@ -72,3 +72,19 @@ def load(spec: str) -> Processor:
                 f"processor {spec!r}: {target}() failed: {type(exc).__name__}: {exc}"
             ) from exc
     return check(obj, spec)
+
+
+def cursor_name(spec: str) -> str:
+    """The name of the cursor ``spec`` stands for, as `processors reset --cursor-only`
+    moves it: a ``module:attribute`` or a built-in or entry point is loaded for its
+    processor's name (a FeedError when ``module:attribute`` cannot be); any other bare
+    name, or a named one whose code no longer loads, is the cursor's name as given (a
+    cursor can be moved without the processor's code)."""
+    if ":" in spec:
+        return load(spec).name
+    if spec not in available():
+        return spec
+    try:
+        return load(spec).name
+    except FeedError:
+        return spec
