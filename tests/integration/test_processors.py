@@ -948,6 +948,44 @@ def test_an_apply_that_swallows_a_failed_statement_stops_at_its_event(dsn: str) 
     assert journal(dsn, "swallower") == Counter(e.event_id for e in events[:5])
 
 
+def test_a_batch_its_processor_makes_fail_at_commit_stops_at_its_event(dsn: str) -> None:
+    """A processor's table that refuses an event only at COMMIT (a deferred constraint or
+    constraint trigger): ``apply`` and the runner's statements go through, the COMMIT
+    fails. That was a failure before any event: none named, the events before it never
+    applied, the same on every restart (a review). Now it is the processor's, narrowed to
+    its event like one raised inside ``apply``."""
+    spec = "tests.support.processors:REFUSED_AT_COMMIT"
+    events, poison = _with_poison(dsn, spec)
+
+    broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
+    assert broken.code == 1, broken.err[-2000:]
+    report = broken.report("refused_at_commit")
+    assert report["outcome"] == "failed", report
+    assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
+    assert "refused at COMMIT" in report["error"], report["error"]
+    assert journal(dsn, "refused_at_commit") == Counter(e.event_id for e in events[:5])
+
+
+def test_an_apply_that_ends_its_transaction_itself_stops_the_processor(dsn: str) -> None:
+    """A processor whose ``apply`` runs ROLLBACK itself and returns: the runner's COMMIT
+    then committed nothing (PostgreSQL only warns), the batch was counted as applied, and
+    the same batch came back for ever: `--until-caught-up` never ended (a review). A COMMIT
+    of its own would move the cursor with part of a batch, so narrowing the batch down
+    could skip events: the processor now stops at once, saying what it did, and nothing
+    it applied is applied twice."""
+    spec = "tests.support.processors:ROLLING_BACK"
+    events, _ = _with_poison(dsn, spec)
+
+    broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
+    assert broken.code == 1, broken.err[-2000:]
+    report = broken.report("rolling_back")
+    assert report["outcome"] == "failed", report
+    assert "COMMIT or ROLLBACK" in report["error"], report["error"]
+    applied = journal(dsn, "rolling_back")
+    assert set(applied.values()) <= {1}, applied
+    assert set(applied) <= {e.event_id for e in events[:5]}, applied  # none past it
+
+
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------
 
 

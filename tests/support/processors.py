@@ -124,12 +124,60 @@ class Swallower(Journal):
         return n
 
 
+REFUSED_AT_COMMIT_SQL = (
+    SETUP_SQL
+    + """
+CREATE TABLE IF NOT EXISTS refused_at_commit (event_id uuid NOT NULL);
+CREATE OR REPLACE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'event % refused at COMMIT', NEW.event_id;
+END $$;
+DROP TRIGGER IF EXISTS refuse_at_commit ON refused_at_commit;
+CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON refused_at_commit
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();
+GRANT INSERT ON refused_at_commit TO ackline_processor;
+"""
+)
+
+
+class RefusedAtCommit(Journal):
+    """A journal whose tables refuse the step whose thought is "poison" only at COMMIT (a
+    deferred constraint trigger, as a deferred foreign key would): ``apply`` and the
+    runner's statements after it all go through."""
+
+    name = "refused_at_commit"
+    setup_sql = REFUSED_AT_COMMIT_SQL
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        n = await super().apply(conn, batch)
+        poison = [e.event_id for e in batch.events if e.payload.get("thought") == "poison"]
+        if poison:
+            await conn.execute("INSERT INTO refused_at_commit SELECT unnest($1::uuid[])", poison)
+        return n
+
+
+class RollingBack(Journal):
+    """A journal that, on the step whose thought is "poison", ends the batch's transaction
+    itself with a ROLLBACK (error handling written without savepoints) and returns: a
+    breach of the contract, its effects and the cursor gone with it."""
+
+    name = "rolling_back"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        n = await super().apply(conn, batch)
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            await conn.execute("ROLLBACK")
+        return n
+
+
 JOURNAL = Journal()
 PICKY = Picky()
 LOST = Lost()
 DAWDLER = Dawdler()
 LATE_DAWDLER = LateDawdler()
 SWALLOWER = Swallower()
+REFUSED_AT_COMMIT = RefusedAtCommit()
+ROLLING_BACK = RollingBack()
 
 
 class Ops(Journal):

@@ -129,6 +129,13 @@ class AbortedByApplyError(FeedError):
     the batch's failure (the runner halves it), not one before any event."""
 
 
+class TransactionEndedError(FeedError):
+    """A processor's ``apply`` ended the batch's transaction itself (a COMMIT or ROLLBACK
+    of its own). Not a :class:`ProcessorError`: a COMMIT moved the cursor with whatever
+    was applied so far, so narrowing the batch down could pass events over; the processor
+    stops at once instead."""
+
+
 class ProcessorError(FeedError):
     """A processor's ``apply`` raised (anything but a transient database error).
 

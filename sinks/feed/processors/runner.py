@@ -69,6 +69,7 @@ from ackline.sinks.feed.processors.contract import (
     Processor,
     ProcessorBatch,
     ProcessorError,
+    TransactionEndedError,
     filter_of,
     fingerprint,
 )
@@ -249,12 +250,20 @@ class ProcessorRunner:
         """The reader's next batch, its transaction and compare-and-set, with the
         database guard's refusal (another filter in effect) raised as :class:`Superseded`:
         every path that moves the cursor goes through here (follow's and _isolate's)."""
+        committing = False
         try:
             async with self.reader.next_batch(conn, limit) as batch:
                 yield batch
+                committing = True  # the body returned: the reader checks, then COMMITs
         except asyncpg.PostgresError as exc:
             if control.refused_by_guard(exc):
                 raise await self._superseded_by(conn, exc) from exc
+            applied = self._in_hand is not None and bool(self._in_hand.events)
+            if committing and applied and not is_transient(exc, conn):
+                # the batch's own effects refused at COMMIT (a deferred constraint or
+                # constraint trigger of the processor's tables): its failure, narrowed
+                # down to the event like one raised inside apply
+                raise ProcessorError(self.name, exc) from exc
             raise
 
     async def _handle(self, conn: asyncpg.Connection, batch: FeedBatch) -> Any:
@@ -274,10 +283,12 @@ class ProcessorRunner:
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
+                _still_in_transaction(conn, self.name)
                 failure = await self._processors_doing(exc, conn, began, in_apply=True)
                 if failure is None:
                     raise
                 raise failure from exc
+            _still_in_transaction(conn, self.name)
         try:
             await control.clear_failure(conn, self.name)
         except Exception as exc:
@@ -542,6 +553,21 @@ class ProcessorRunner:
             self.cursor.encode(),
             failure,
             self.erased,
+        )
+
+
+def _still_in_transaction(conn: asyncpg.Connection, processor: str) -> None:
+    """Raise :class:`TransactionEndedError` if ``apply`` ended the batch's transaction
+    (the connection open, no transaction on it). Unchecked, a ROLLBACK of its own left the
+    runner's COMMIT committing nothing (PostgreSQL only warns), the batch counted as
+    applied and read again for ever; a COMMIT of its own moved the cursor with part of a
+    batch."""
+    if not conn.is_closed() and not conn.is_in_transaction():
+        raise TransactionEndedError(
+            f"processor {processor!r}: apply ended the batch's transaction itself (a COMMIT "
+            "or ROLLBACK of its own): never do (catch errors inside a savepoint, async with "
+            "conn.transaction()). What a COMMIT of its own wrote stays; see `ackline "
+            "processors status` and `ackline processors reset`"
         )
 
 
