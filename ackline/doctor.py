@@ -265,8 +265,10 @@ class _DbFacts:
     """The groups with offsets for the topic, read only when this group has none."""
 
 
-async def _db_facts(dsn: str, group: str, topic: str, files: list[Migration]) -> _DbFacts:
-    conn = await asyncpg.connect(dsn, timeout=10)
+async def _db_facts(
+    dsn: str, group: str, topic: str, files: list[Migration], timeout: float
+) -> _DbFacts:
+    conn = await asyncpg.connect(dsn, timeout=timeout)
     try:
         applied: dict[int, str] | None = None
         if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
@@ -292,7 +294,7 @@ def worker_check(settings: Settings, dsn: str) -> Check:
     """Connect as `ackline run` would (the ingest DSN) and ask what that role may do."""
 
     async def view(worker_dsn: str) -> tuple[str, list[str]]:
-        conn = await asyncpg.connect(worker_dsn, timeout=10)
+        conn = await asyncpg.connect(worker_dsn, timeout=settings.db_connect_timeout_s)
         try:
             return await may_modify_activity(conn)
         finally:
@@ -322,7 +324,7 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
         checks.append(Check("kafka", "fail", str(exc)))
         kafka_ok = False
     try:
-        db = run_stoppable(_db_facts(dsn, group, topic, files))
+        db = run_stoppable(_db_facts(dsn, group, topic, files, settings.db_connect_timeout_s))
         checks.append(Check("postgresql", "pass", "reachable"))
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         hint = f": {dsn_hint()}" if isinstance(exc, (OSError, TimeoutError)) else ""
@@ -353,6 +355,8 @@ def _topic_checks(
         logs = topic_offsets(bootstrap, conf, settings.group_id, topic) or []
         if db is None:
             checks.append(Check("offsets", "skip", "PostgreSQL unreachable"))
+        elif not db.has_tables:  # no offsets to be inside the log: not a pass
+            checks.append(Check("offsets", "skip", "the database is not migrated"))
         else:
             # lag as `ackline status` and the worker's gauge count it (ackline.streams.lag):
             # up to the last stable offset, ranges holding only transaction markers or

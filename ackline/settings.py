@@ -294,8 +294,8 @@ class Settings(BaseSettings):
         gt=0,
         le=300,
         description=(
-            "bound on connecting to PostgreSQL (TCP, TLS, start-up and the answer to the "
-            "connection's first read)"
+            "bound on connecting to PostgreSQL, for the worker and every operator command "
+            "(TCP, TLS, start-up and the answer to the connection's first read)"
         ),
     )
     db_statement_timeout_s: float = Field(

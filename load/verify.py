@@ -423,13 +423,15 @@ SELECT partition, next_offset FROM consumer_offsets WHERE group_id = $1 AND topi
 """
 
 
-async def _connect(dsn: str) -> asyncpg.Connection:
+async def _connect(dsn: str, timeout: float = 10.0) -> asyncpg.Connection:
     try:
-        return await asyncpg.connect(dsn, timeout=10)
+        return await asyncpg.connect(dsn, timeout=timeout)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         where = urlsplit(dsn).netloc.rpartition("@")[2] or "the default host"
+        # a TimeoutError's text is empty: "at host:  (check ...)" said nothing
+        why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
         raise LoadError(
-            f"cannot connect to PostgreSQL at {where}: {exc} (check ACKLINE_DATABASE_URL)"
+            f"cannot connect to PostgreSQL at {where}: {why} (check ACKLINE_DATABASE_URL)"
         ) from exc
 
 
@@ -438,15 +440,23 @@ async def _next_offsets(conn: asyncpg.Connection, group_id: str, topic: str) -> 
     return {int(r["partition"]): r["next_offset"] for r in rows}
 
 
-async def verify(dsn: str, manifest_path: Path, group_id: str) -> Verdict:
-    """Check the database against the manifest for ``group_id`` (see the module doc)."""
+async def verify(
+    dsn: str, manifest_path: Path, group_id: str, connect_timeout: float = 10.0
+) -> Verdict:
+    """Check the database against the manifest for ``group_id`` (see the module doc),
+    connecting within ``connect_timeout`` (ACKLINE_DB_CONNECT_TIMEOUT_S)."""
     manifest = read_manifest(Path(manifest_path))
     topic = manifest.header.topic
     exp = expected_outcome(manifest.records)
-    conn = await _connect(dsn)
+    conn = await _connect(dsn, connect_timeout)
     try:
         async with conn.transaction(isolation="repeatable_read"):
             return await _compare(conn, manifest.header.run_id, topic, group_id, exp)
+    except asyncpg.UndefinedTableError as exc:  # as every other command says it
+        raise LoadError(
+            f"verify failed on PostgreSQL: {exc}: the database is not migrated (run "
+            "`ackline migrate`)"
+        ) from exc
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise LoadError(f"verify failed on PostgreSQL: {exc}") from exc
     finally:

@@ -30,7 +30,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     dsn = endpoints.database(settings)
 
     async def go() -> list[int]:
-        conn = await connect(dsn)
+        conn = await connect(dsn, timeout=settings.db_connect_timeout_s)
         try:
             return await migrate(conn)
         finally:
@@ -192,7 +192,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.load.verify import print_summary, verify
 
     dsn = endpoints.database(settings)
-    verdict = run_stoppable(verify(dsn, Path(args.manifest), settings.group_id))
+    verdict = run_stoppable(
+        verify(dsn, Path(args.manifest), settings.group_id, settings.db_connect_timeout_s)
+    )
     if args.json:
         print(json.dumps(verdict.to_json()))
     else:

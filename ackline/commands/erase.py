@@ -48,7 +48,9 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
     value = check_value(selector, value)
 
     async def go() -> Erasure:
-        conn = await connect(_dsn(settings))  # unreachable: the address and a fix
+        conn = await connect(
+            _dsn(settings), timeout=settings.db_connect_timeout_s
+        )  # unreachable: the address and a fix
         try:
             return await erase(conn, selector, value, reason=args.reason, dry_run=args.dry_run)
         finally:

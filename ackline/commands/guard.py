@@ -56,10 +56,11 @@ def reason(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-async def connect(dsn: str, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect`` for the operator commands; DatabaseUnavailableError when the
-    server cannot be reached (authentication and missing databases propagate: they
-    have their own explanations)."""
+async def connect(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect`` for the operator commands, bounded by ``timeout``
+    (ACKLINE_DB_CONNECT_TIMEOUT_S); DatabaseUnavailableError when the server cannot be
+    reached (authentication and missing databases propagate: they have their own
+    explanations)."""
     import asyncpg
 
     try:

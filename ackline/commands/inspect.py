@@ -22,9 +22,9 @@ T = TypeVar("T")
 DEFAULT_LIMIT = 20
 
 
-def _with_db(dsn: str, query: Callable[[Any], Awaitable[T]]) -> T:
+def _with_db(settings: Settings, query: Callable[[Any], Awaitable[T]]) -> T:
     async def go() -> T:
-        conn = await connect(dsn)
+        conn = await connect(database(settings), timeout=settings.db_connect_timeout_s)
         try:
             return await query(conn)
         finally:
@@ -43,7 +43,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.streams.errors import KafkaUnavailableError, TopicError
     from ackline.streams.kafkainfo import GroupMember, group_members, scan_ranges, topic_offsets
 
-    bootstrap, dsn = endpoints(settings)
+    bootstrap, _ = endpoints(settings)  # both named first: a missing one says so at once
     topic, group = settings.topic, settings.group_id
     conf = kafka_client_config(settings)
     kafka = topic_offsets(bootstrap, conf, group, topic)
@@ -54,7 +54,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         db = await status.db_offsets(conn, group, topic)
         return db, [] if db else await status.groups_with_offsets(conn, topic)
 
-    db, groups = _with_db(dsn, read)
+    db, groups = _with_db(settings, read)
     note = status.no_offsets_note(db, group, topic, groups)
     starts, ends = status.unread_starts(db, kafka)
     _, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
@@ -81,7 +81,7 @@ def _truncation(shown: int, total: int, what: str, limit: int) -> str | None:
 
 
 def _listing(
-    dsn: str,
+    settings: Settings,
     as_json: bool,
     what: str,
     limit: int,
@@ -97,7 +97,7 @@ def _listing(
     async def listing(conn: Any) -> tuple[list[Any], int]:
         return await newest(conn, limit), await count(conn)
 
-    rows, total = _with_db(dsn, listing)
+    rows, total = _with_db(settings, listing)
     if as_json:
         _print_json([r.to_json() for r in rows])
     else:
@@ -112,18 +112,17 @@ def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import short_hex
     from ackline.sinks.admin import inspect
 
-    dsn = database(settings)
     group = settings.group_id
     as_json = getattr(args, "json", False)
     if args.action == "show":
-        detail = _with_db(dsn, lambda conn: inspect.get_conflict(conn, group, args.id))
+        detail = _with_db(settings, lambda conn: inspect.get_conflict(conn, group, args.id))
         if as_json:
             _print_json({**detail.to_json(), "changed": _changes(detail)})
         else:
             print(_conflict_text(detail))
         return 0
     return _listing(
-        dsn,
+        settings,
         as_json,
         "conflicts",
         getattr(args, "limit", DEFAULT_LIMIT),
@@ -214,11 +213,10 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.render import safe_text, show_bytes
     from ackline.sinks.admin import inspect
 
-    dsn = database(settings)
     group = settings.group_id
     as_json = getattr(args, "json", False)
     if args.action == "show":
-        d = _with_db(dsn, lambda conn: inspect.get_reject(conn, group, args.id))
+        d = _with_db(settings, lambda conn: inspect.get_reject(conn, group, args.id))
         if as_json:
             _print_json(d.to_json())
             return 0
@@ -244,7 +242,7 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
         print("\n".join(head + body))
         return 0
     return _listing(
-        dsn,
+        settings,
         as_json,
         "rejects",
         getattr(args, "limit", DEFAULT_LIMIT),

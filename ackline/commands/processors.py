@@ -72,12 +72,13 @@ def cmd_process(args: argparse.Namespace, settings: Settings) -> int:
     dsn = processor_dsn(settings, _operator_dsn(settings))
     # before the loop that takes the signals over: a stop here must not be raised into
     # asyncpg (core.signals.run_stoppable); PostgreSQL unreachable now is one line
-    run_stoppable(_reachable(dsn, processor_setting(settings)))
-    start = run_stoppable(_start_cursor(args, dsn, processors))
+    timeout = settings.db_connect_timeout_s
+    run_stoppable(_reachable(dsn, processor_setting(settings), timeout))
+    start = run_stoppable(_start_cursor(args, dsn, processors, timeout))
     return asyncio.run(_process(args, settings, dsn, processors, start))
 
 
-async def _reachable(dsn: str, setting: str) -> None:
+async def _reachable(dsn: str, setting: str, timeout: float) -> None:
     """:class:`DatabaseUnavailableError` (the address and a fix) when PostgreSQL does not
     answer, and one line saying to run `ackline migrate` when the database lacks the
     feed's tables (naming ``setting``, the one ``dsn`` came from): checked once, before
@@ -85,7 +86,7 @@ async def _reachable(dsn: str, setting: str) -> None:
     for its processor's failure (exit 1, no fix)."""
     from ackline.commands.guard import FEED_TABLES, connect, require_tables
 
-    conn = await connect(dsn)
+    conn = await connect(dsn, timeout=timeout)
     try:
         await require_tables(conn, FEED_TABLES, setting)
     finally:
@@ -93,12 +94,11 @@ async def _reachable(dsn: str, setting: str) -> None:
 
 
 async def _start_cursor(
-    args: argparse.Namespace, dsn: str, processors: list[Processor]
+    args: argparse.Namespace, dsn: str, processors: list[Processor], timeout: float
 ) -> Cursor | None:
     """Where new processors start (None: the start of the feed). Given for processors
     that already have a cursor, it is an error: `processors reset` moves a cursor."""
-    import asyncpg
-
+    from ackline.commands.guard import connect
     from ackline.sinks.errors import FeedError
     from ackline.sinks.feed.changefeed import saved_cursor
     from ackline.sinks.feed.processors.control import head
@@ -106,7 +106,7 @@ async def _start_cursor(
 
     if not (args.from_cursor or args.from_now):
         return None
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(dsn, timeout=timeout)
     try:
         for p in processors:
             if await saved_cursor(conn, p.name) is not None:
@@ -233,10 +233,13 @@ def _value(metrics: ProcessorMetrics, sample: str, processor: str | None = None)
 # --- `ackline processors ...` --------------------------------------------------------------
 
 
-async def _with_conn(dsn: str, action: Callable[[asyncpg.Connection], Any]) -> Any:
-    import asyncpg
+async def _with_conn(settings: Settings, action: Callable[[asyncpg.Connection], Any]) -> Any:
+    """``action`` on a connection as the operator (ACKLINE_DATABASE_URL), connected within
+    ACKLINE_DB_CONNECT_TIMEOUT_S (unbounded, it waited asyncpg's 60 s and named no
+    address)."""
+    from ackline.commands.guard import connect
 
-    conn = await asyncpg.connect(dsn)
+    conn = await connect(_operator_dsn(settings), timeout=settings.db_connect_timeout_s)
     try:
         return await action(conn)
     finally:
@@ -258,9 +261,7 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import statuses
 
-    found = run_stoppable(
-        _with_conn(_operator_dsn(settings), lambda c: statuses(c, args.names or None))
-    )
+    found = run_stoppable(_with_conn(settings, lambda c: statuses(c, args.names or None)))
     missing = sorted(set(args.names or []) - {s.name for s in found})
     if args.json:
         print(json.dumps([s.to_json() for s in found]))
@@ -302,7 +303,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import set_paused
 
     paused = args.action == "pause"
-    run_stoppable(_with_conn(_operator_dsn(settings), lambda c: set_paused(c, args.name, paused)))
+    run_stoppable(_with_conn(settings, lambda c: set_paused(c, args.name, paused)))
     print(f"processor {args.name} {'paused' if paused else 'resumed'}")
     return 0
 
@@ -310,7 +311,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_clear_superseded(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.feed.processors.control import clear_superseded
 
-    run_stoppable(_with_conn(_operator_dsn(settings), lambda c: clear_superseded(c, args.name)))
+    run_stoppable(_with_conn(settings, lambda c: clear_superseded(c, args.name)))
     print(
         f"processor {args.name}: any filter may take over again (the next instance to start "
         "with another filter does)"
@@ -351,7 +352,7 @@ def cmd_reset(args: argparse.Namespace, settings: Settings) -> int:
     faults = settings.fault_points()
     moved = run_stoppable(
         _with_conn(
-            _operator_dsn(settings),
+            settings,
             lambda c: reset(c, name, to, clear, args.accept_gap, faults, args.skip_events),
         )
     )
@@ -381,7 +382,7 @@ def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
                 await conn.execute("SET LOCAL ROLE ackline_migrator")
             await conn.execute(sql)
 
-    run_stoppable(_with_conn(_operator_dsn(settings), go))
+    run_stoppable(_with_conn(settings, go))
     print(f"processor {processor.name}: setup_sql applied")
     return 0
 

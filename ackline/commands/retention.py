@@ -47,7 +47,9 @@ def _dsn(settings: Settings) -> str:
 
 def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
     async def go() -> T:
-        conn = await connect(_dsn(settings))  # unreachable: the address and a fix
+        conn = await connect(
+            _dsn(settings), timeout=settings.db_connect_timeout_s
+        )  # unreachable: the address and a fix
         try:
             return await work(conn)
         finally:

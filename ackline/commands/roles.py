@@ -35,19 +35,19 @@ class WorkerView:
     error: str = ""
 
 
-async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]:
+async def _show(dsn: str, worker_dsn: str, timeout: float) -> tuple[list[RoleState], WorkerView]:
     import asyncpg
 
     from ackline.roles import role_states
     from ackline.sinks.admin.grants import may_modify_activity
 
-    conn = await connect(dsn)
+    conn = await connect(dsn, timeout=timeout)
     try:
         states = await role_states(conn)
     finally:
         await conn.close()
     try:
-        conn = await asyncpg.connect(worker_dsn, timeout=10)
+        conn = await asyncpg.connect(worker_dsn, timeout=timeout)
     except (asyncpg.PostgresError, OSError) as exc:
         return states, WorkerView(None, [], type(exc).__name__)
     try:
@@ -59,7 +59,9 @@ async def _show(dsn: str, worker_dsn: str) -> tuple[list[RoleState], WorkerView]
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     dsn = database(settings)
-    states, worker = run_stoppable(_show(dsn, ingest_dsn(settings, dsn)))
+    states, worker = run_stoppable(
+        _show(dsn, ingest_dsn(settings, dsn), settings.db_connect_timeout_s)
+    )
     if getattr(args, "json", False):
         print(json.dumps({"roles": [asdict(s) for s in states], "worker": asdict(worker)}))
     else:
@@ -131,7 +133,7 @@ def cmd_set_password(args: argparse.Namespace, settings: Settings) -> int:
     dsn = database(settings)
 
     async def go() -> None:
-        conn = await connect(dsn)
+        conn = await connect(dsn, timeout=settings.db_connect_timeout_s)
         try:
             await set_password(conn, args.role, password)
         finally:

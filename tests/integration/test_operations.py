@@ -240,6 +240,28 @@ def test_doctor_fails_on_an_unmigrated_database_and_a_missing_topic(
     assert checks["topic"]["status"] == "fail"
 
 
+def test_doctor_does_not_pass_the_offsets_of_an_unmigrated_database(
+    services: Services,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With the topic there and the database never migrated, the offsets check said PASS
+    ("DB offsets inside the log on 12 partitions"): there was no table to hold any (an
+    operator's report). It is skipped now, saying why."""
+    name = f"t_empty_{uuid.uuid4().hex[:10]}"
+    db(services.database_url, f'CREATE DATABASE "{name}"')
+    try:
+        env = _env(services, dsn_for(services.database_url, name), topic)
+        report = Cli(monkeypatch, capsys, env).json("doctor", expect=1)
+    finally:
+        db(services.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["topic"]["status"] == "pass", report
+    assert checks["offsets"]["status"] == "skip", checks["offsets"]
+    assert "not migrated" in checks["offsets"]["detail"]
+
+
 def test_doctor_flags_offsets_past_the_log_and_unread_records(
     services: Services,
     dsn: str,
