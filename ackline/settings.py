@@ -774,6 +774,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise SettingsError(CONFIG_FILE_VAR, f"cannot read {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(CONFIG_FILE_VAR, f"{path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: tomllib raises this one raw
+        raise SettingsError(
+            CONFIG_FILE_VAR, f"{path} is not UTF-8 text, as TOML must be: {exc}"
+        ) from exc
     return data
 
 

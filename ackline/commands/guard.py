@@ -267,6 +267,14 @@ def missing_role(text: str, setting: str) -> str:
     )
 
 
+_DATABASE_SETTINGS = (
+    "ACKLINE_DATABASE_URL (or the one the command connects with when set: the worker's "
+    "ACKLINE_DATABASE_INGEST_URL, the processors' ACKLINE_DATABASE_PROCESSOR_URL)"
+)
+"""Where a login or database refused at connect may come from: the explanation cannot
+tell which URL the failed connection used."""
+
+
 def _explain_database(exc: BaseException) -> str | None:
     import asyncpg
 
@@ -274,16 +282,15 @@ def _explain_database(exc: BaseException) -> str | None:
         return f"the database has no ackline schema ({exc}): {migrate_hint()}"
     if isinstance(exc, asyncpg.InvalidPasswordError):
         return (
-            f"PostgreSQL refused the password ({exc}): check the password in "
-            "ACKLINE_DATABASE_URL / ACKLINE_DATABASE_INGEST_URL"
+            f"PostgreSQL refused the password ({exc}): check the password in {_DATABASE_SETTINGS}"
         )
     if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
         text = str(exc)
         if "does not exist" in text:
-            return missing_role(text, "ACKLINE_DATABASE_URL / ACKLINE_DATABASE_INGEST_URL")
+            return missing_role(text, _DATABASE_SETTINGS)
         return f"PostgreSQL refused the login ({text}): check the user in ACKLINE_DATABASE_URL"
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return f"{exc}: create it, or fix the database name in ACKLINE_DATABASE_URL"
+        return f"{exc}: create it, or fix the database name in {_DATABASE_SETTINGS}"
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return (
             f"PostgreSQL: {exc}: connect as a role that holds the grant (`ackline roles show`; "

@@ -295,6 +295,25 @@ def test_a_database_never_migrated_is_named_by_the_setting_used(
     assert "127.0.0.1:1/" not in last, last
 
 
+def test_a_database_that_does_not_exist_names_the_ingest_url_too(
+    services: Services, topic: str, work: Path
+) -> None:
+    """The worker connects with ACKLINE_DATABASE_INGEST_URL when it is set; a database
+    name there that does not exist was told to be fixed "in ACKLINE_DATABASE_URL" (an
+    operator's report), which was right. The line names the URLs it may come from."""
+    env = {
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_DATABASE_URL": services.database_url,
+        "ACKLINE_DATABASE_INGEST_URL": dsn_for(services.database_url, "nosuchdb"),
+        "ACKLINE_TOPIC": topic,
+        "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
+        "ACKLINE_GROUP_ID": f"g-{topic}",
+        "ACKLINE_METRICS_PORT": "0",
+    }
+    out = ackline("run", env=env, cwd=work)
+    assert_one_line(out, "nosuchdb", "ACKLINE_DATABASE_INGEST_URL", logs_allowed=True)
+
+
 # --- paths that cannot be written or read ---------------------------------------------------
 
 

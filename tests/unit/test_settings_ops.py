@@ -88,6 +88,16 @@ def test_unparseable_config_file_names_ackline_config_file(tmp_path: Path) -> No
     assert "not valid TOML" in err.problem
 
 
+def test_a_config_file_that_is_not_utf8_names_ackline_config_file(tmp_path: Path) -> None:
+    """It said "cannot read the file: 'utf-8' codec can't decode byte 0xff", naming neither
+    the setting nor the file (an operator's report)."""
+    bad = tmp_path / "latin.toml"
+    bad.write_bytes(b"\xff\xfe\x00bad")
+    err = _error(config_file=str(bad))
+    assert err.setting == "ACKLINE_CONFIG_FILE"
+    assert "latin.toml" in err.problem and "UTF-8" in err.problem, err.problem
+
+
 def test_bad_value_in_the_file_names_the_setting_and_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('batch_max_events = "many"\n', encoding="utf-8")
