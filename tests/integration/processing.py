@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -270,15 +271,18 @@ def ackline(dsn: str, *args: str, timeout: float = 240, **env: str) -> Done:
 
 
 class Process:
-    """A long-running `ackline process ...` (SIGTERM to stop)."""
+    """A long-running `ackline process ...` (SIGTERM to stop); ``prefix`` goes before the
+    command (``ip netns exec NS``: it runs in another network namespace)."""
 
-    def __init__(self, dsn: str, tmp: Path, tag: str, *args: str, **env: str) -> None:
+    def __init__(
+        self, dsn: str, tmp: Path, tag: str, *args: str, prefix: Sequence[str] = (), **env: str
+    ) -> None:
         self.tag = tag
         self.out_path = tmp / f"{tag}.out"
         self.err_path = tmp / f"{tag}.err"
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ackline", "process", *args],
+                [*prefix, sys.executable, "-m", "ackline", "process", *args],
                 env=cli_env(dsn, **env),
                 stdout=out,
                 stderr=err,
@@ -310,3 +314,15 @@ class Process:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples of the /metrics endpoint on ``port`` (of this host), by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            found[head] = float(value)
+    return found

@@ -76,6 +76,7 @@ from tests.integration.processing import (
     Process,
     ackline,
     copy_ingest,
+    scrape,
     synthetic_runs,
 )
 from tests.support.processors import JOURNAL, SETUP_SQL, TYPED_V1, TYPED_V2, Journal, Picky
@@ -989,17 +990,6 @@ def test_an_apply_that_ends_its_transaction_itself_stops_the_processor(dsn: str)
 # --- operating: pause, lag, metrics, SIGTERM ---------------------------------------------------
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            found[head] = float(value)
-    return found
-
-
 def test_a_late_failure_record_does_not_mark_a_processor_that_moved_on(dsn: str) -> None:
     """An instance that stopped at an event records where, after its batch rolled back and
     with retries. Another instance (a rolling deploy of the fix) may have committed past
@@ -1167,14 +1157,14 @@ def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:
     try:
         proc.wait_ready()
         lag = 'ackline_processor_lag_events{processor="runs"}'
-        wait_until(lambda: _scrape(port).get(lag) == n, 30, "the lag gauge")
-        assert _scrape(port)['ackline_processor_paused{processor="runs"}'] == 1
+        wait_until(lambda: scrape(port).get(lag) == n, 30, "the lag gauge")
+        assert scrape(port)['ackline_processor_paused{processor="runs"}'] == 1
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
             assert json.loads(resp.read())["ready"] is True
         assert ackline(dsn, "processors", "resume", "runs").code == 0
         applied = 'ackline_processor_events_total{processor="runs"}'
-        wait_until(lambda: _scrape(port).get(applied) == n, 60, "the events applied")
-        wait_until(lambda: _scrape(port).get(lag) == 0, 30, "the lag to drain")
+        wait_until(lambda: scrape(port).get(applied) == n, 60, "the events applied")
+        wait_until(lambda: scrape(port).get(lag) == 0, 30, "the lag to drain")
         done = proc.stop()
     finally:
         proc.kill()
