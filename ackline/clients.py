@@ -9,12 +9,15 @@ client, never to a log line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ackline.core.errors import SettingsError
 from ackline.roles import INGEST, PROCESSOR, dsn_password, with_user
 from ackline.settings import Settings
+
+if TYPE_CHECKING:
+    from ackline.sinks.connection import Bounds
 
 
 def kafka_client_config(settings: Settings) -> dict[str, Any]:
@@ -103,3 +106,18 @@ def processor_dsn(settings: Settings, dsn: str) -> str:
             f"{PROCESSOR} (set its password with `ackline roles set-password {PROCESSOR}`)",
         )
     return with_user(dsn, PROCESSOR)
+
+
+def feed_bounds(settings: Settings) -> Bounds:
+    """The bounds of the changefeed's connections (``connector``: `tail`, `process`,
+    `dispatch` and the processors' lag watch), from the worker's settings: the connect
+    (ACKLINE_DB_CONNECT_TIMEOUT_S), the dead-link bounds (TCP user timeout and
+    keepalives, sized by ACKLINE_DB_STATEMENT_TIMEOUT_S, which bounds none of their
+    statements) and ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS."""
+    from ackline.sinks.connection import Bounds  # asyncpg: only for the commands that connect
+
+    return Bounds(
+        connect_s=settings.db_connect_timeout_s,
+        statement_s=settings.db_statement_timeout_s,
+        idle_in_transaction_ms=settings.db_idle_in_transaction_timeout_ms,
+    )

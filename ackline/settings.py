@@ -287,15 +287,17 @@ class Settings(BaseSettings):
         default=15_000,
         ge=100,
         le=2_147_483_647,  # PostgreSQL's largest
-        description="idle_in_transaction_session_timeout of the worker's connections",
+        description="idle_in_transaction_session_timeout of the worker's connections, and "
+        "of the changefeed's (`tail`, `process`, `dispatch`)",
     )
     db_connect_timeout_s: float = Field(
         default=10.0,
         gt=0,
         le=300,
         description=(
-            "bound on connecting to PostgreSQL, for the worker and every operator command "
-            "(TCP, TLS, start-up and the answer to the connection's first read)"
+            "bound on connecting to PostgreSQL, for the worker, every operator command and "
+            "the changefeed's connections (TCP, TLS, start-up and, for the worker, the answer "
+            "to the connection's first read)"
         ),
     )
     db_statement_timeout_s: float = Field(
@@ -304,7 +306,8 @@ class Settings(BaseSettings):
         le=3_600,
         description="bound on every statement of the worker; past it the connection is "
         "dropped and the work retried on a new one. Also the TCP user timeout of its "
-        "connections (keepalives find an idle dead one in about 2/3 of it)",
+        "connections (keepalives find an idle dead one in about 2/3 of it), and of the "
+        "changefeed's (`tail`, `process`, `dispatch`), whose statements it does not bound",
     )
     db_commit_timeout_s: float = Field(
         default=30.0,

@@ -17,7 +17,10 @@ wait without a bound lasts for ever. So every wait here has one (:class:`Bounds`
   ``client_connection_check_interval`` in the startup packet, so the *server* ends the
   session of a client that vanished (and frees its row locks) instead of waiting for
   ever: ``idle_in_transaction_session_timeout`` covers only an idle transaction, not a
-  backend waiting in COPY or running a statement;
+  backend waiting in COPY or running a statement. The changefeed's connections (its
+  readers, the processors and their lag watch) get these two, :func:`link_settings` and
+  :func:`bound_socket`, and not the statement bound: a feed read or a processor's
+  statement may rightly run long;
 - a connection given up on is never closed politely (that waits on the dead peer): it is
   terminated at once, with SO_LINGER=0 so that a COMMIT still queued in our kernel is
   dropped rather than delivered if the path heals. Its server session may live on for a
@@ -139,12 +142,31 @@ class Bounds:
         return max(100, int(self.statement_s * 1000 / 2))
 
 
-def session_settings(bounds: Bounds, application_name: str) -> dict[str, str]:
-    """The server settings sent in the startup packet (all of context ``user``).
+def link_settings(bounds: Bounds) -> dict[str, str]:
+    """The server settings (all of context ``user``, sent in the startup packet) that
+    make the server end the session of a client that vanished, instead of keeping it,
+    its locks and its transaction, for ever.
 
-    Keepalives end the session of a vanished client while nothing is in flight,
-    ``tcp_user_timeout`` while the server's own reply goes unacknowledged, and
-    ``client_connection_check_interval`` notices the dead socket during a statement.
+    Keepalives end it while nothing is in flight, ``tcp_user_timeout`` while the
+    server's own reply goes unacknowledged, ``client_connection_check_interval``
+    notices the dead socket during a statement, and
+    ``idle_in_transaction_session_timeout`` ends a transaction its client stopped
+    using (a stalled worker or reader must not hold its row locks for ever).
+    """
+    idle, interval, count = bounds.keepalive
+    return {
+        "idle_in_transaction_session_timeout": str(bounds.idle_in_transaction_ms),
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": str(interval),
+        "tcp_keepalives_count": str(count),
+        "tcp_user_timeout": str(bounds.user_timeout_ms),
+        "client_connection_check_interval": str(interval * 1000),
+    }
+
+
+def session_settings(bounds: Bounds, application_name: str) -> dict[str, str]:
+    """The worker's server settings: :func:`link_settings`, its name, and its plan cache.
+
     ``plan_cache_mode``: every statement is planned for its own parameters. After five
     runs PostgreSQL may otherwise cache a generic plan made from the statistics of that
     moment: the key read, planned while a just-migrated ledger was analyzed empty, kept a
@@ -152,15 +174,8 @@ def session_settings(bounds: Bounds, application_name: str) -> dict[str, str]:
     s per batch ten seconds later) until autovacuum analyzed it again. Planning costs well
     under a millisecond per statement, and each statement serves a whole batch.
     """
-    idle, interval, count = bounds.keepalive
     return {
-        # A stalled or stopped worker must not hold offset-row locks forever.
-        "idle_in_transaction_session_timeout": str(bounds.idle_in_transaction_ms),
-        "tcp_keepalives_idle": str(idle),
-        "tcp_keepalives_interval": str(interval),
-        "tcp_keepalives_count": str(count),
-        "tcp_user_timeout": str(bounds.user_timeout_ms),
-        "client_connection_check_interval": str(interval * 1000),
+        **link_settings(bounds),
         "application_name": application_name,
         "plan_cache_mode": "force_custom_plan",
     }
@@ -176,8 +191,10 @@ def _socket(conn: asyncpg.Connection) -> Any:
     return sock
 
 
-def _bound_socket(conn: asyncpg.Connection, bounds: Bounds) -> None:
-    """Keepalive and TCP_USER_TIMEOUT on the client socket (Linux option names)."""
+def bound_socket(conn: asyncpg.Connection, bounds: Bounds) -> None:
+    """Keepalive and TCP_USER_TIMEOUT on the client socket (Linux option names): a
+    connection whose server vanished, or dropped the session while the link was down,
+    fails by itself, even while the client waits for a reply it already asked for."""
     sock = _socket(conn)
     if sock is None:
         return
@@ -326,7 +343,7 @@ class Database:
                 ) from exc
             raise
         try:
-            _bound_socket(conn, self.bounds)
+            bound_socket(conn, self.bounds)
         except BaseException:
             drop(conn)
             raise

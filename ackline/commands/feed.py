@@ -57,6 +57,7 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
+    from ackline.clients import feed_bounds
     from ackline.sinks.errors import FeedError
     from ackline.sinks.feed.changefeed import (
         AnyReader,
@@ -80,7 +81,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
         connector(
             dsn,
             f"ackline-tail:{args.reader or '-'}",
-            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+            feed_bounds(settings),
         ),
         settings.retry_max_seconds,
         give_up=not args.follow,
@@ -179,6 +180,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     """
     import json
 
+    from ackline.clients import feed_bounds
     from ackline.commands.processor_run import run_processors
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.dispatcher import Dispatcher
@@ -198,7 +200,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     opened = connector(
         dsn,
         f"ackline-dispatch:{instance}",
-        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        feed_bounds(settings),
     )
     connect = guarded_connect(dsn, opened, settings.retry_max_seconds, give_up=args.once, log=log)
     # PostgreSQL unreachable, or never migrated, now is one error line and exit 2, as for

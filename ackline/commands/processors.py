@@ -126,7 +126,7 @@ async def _process(
     processors: list[Processor],
     start_at: Cursor | None,
 ) -> int:
-    from ackline.clients import processor_setting
+    from ackline.clients import feed_bounds, processor_setting
     from ackline.commands.processor_run import run_processors
     from ackline.sinks.feed.changefeed import connector
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
@@ -155,7 +155,7 @@ async def _process(
     connect = connector(
         dsn,
         f"ackline-process:{instance}",
-        idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+        feed_bounds(settings),
     )
     names = [r.name for r in runners]
     server = _endpoints(metrics, names)

@@ -24,7 +24,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import asyncpg
 
-from ackline.sinks.connection import is_transient, went_away
+from ackline.sinks.connection import (
+    Bounds,
+    bound_socket,
+    drop,
+    is_transient,
+    link_settings,
+    went_away,
+)
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.gaps import Drop, Told, drops, newest_drop
 from ackline.sinks.feed.types import START, Cursor, FeedBatch
@@ -459,20 +466,38 @@ def _least(a: int | None, b: int | None) -> int | None:
 
 
 def connector(
-    dsn: str, application_name: str, *, idle_in_transaction_timeout_ms: int = 15_000
+    dsn: str, application_name: str, bounds: Bounds | None = None
 ) -> Callable[[], Awaitable[asyncpg.Connection]]:
-    """A connect function for :func:`follow`: a stalled reader must not hold its cursor
-    row lock (nor pin every reader's horizon) forever."""
+    """A connect function for :func:`follow` (the readers of `ackline tail`, `process`
+    and `dispatch`, and the processors' lag watch), whose connections are bounded as the
+    worker's are (:mod:`ackline.sinks.connection`) but for their statements.
+
+    - The connect by ``bounds.connect_s``.
+    - The socket and the session by the worker's link bounds (:func:`bound_socket`,
+      :func:`link_settings`, sized by ``bounds.statement_s``): a request that reached
+      the server just before the link went dark, whose reply was lost and whose session
+      the server then dropped, would leave the client waiting for ever (nothing of its
+      own unacknowledged, nothing probing the peer); keepalives find that out, and
+      TCP_USER_TIMEOUT a request or reply that goes unacknowledged. The server in turn
+      ends a vanished client's session, so its cursor row lock (and every reader's
+      horizon) is not held for ever: ``idle_in_transaction_session_timeout``
+      (``bounds.idle_in_transaction_ms``) covers only a transaction left idle.
+    - No ``command_timeout``: a feed read, and a processor's own statements, may rightly
+      run long; a live server answers them in its own time.
+    - No ``plan_cache_mode``: it is there for the worker's key read; a processor's
+      statements are its own, and their plans its own concern.
+    """
+    bounds = bounds or Bounds()
+    settings = {**link_settings(bounds), "application_name": application_name[:63]}
 
     async def connect() -> asyncpg.Connection:
-        return await asyncpg.connect(
-            dsn,
-            timeout=10,
-            server_settings={
-                "application_name": application_name[:63],
-                "idle_in_transaction_session_timeout": str(idle_in_transaction_timeout_ms),
-            },
-        )
+        conn = await asyncpg.connect(dsn, timeout=bounds.connect_s, server_settings=settings)
+        try:
+            bound_socket(conn, bounds)
+        except BaseException:
+            drop(conn)
+            raise
+        return conn
 
     return connect
 

@@ -44,7 +44,7 @@ from ackline.schemas.decode import Row, decode
 from ackline.sinks.admin.erase import erase
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.admin.partitions import apply_retention
-from ackline.sinks.connection import Database
+from ackline.sinks.connection import Bounds, Database
 from ackline.sinks.errors import FeedError
 from ackline.sinks.feed.changefeed import Changefeed, LocalReader, Reader, connector, follow
 from ackline.sinks.feed.dispatcher import ERASE_AGENT
@@ -484,7 +484,7 @@ def test_a_handler_held_past_the_idle_timeout_stops_instead_of_repeating(dsn: st
             calls += 1
             await asyncio.sleep(1.5)
 
-        connect = connector(dsn, "t", idle_in_transaction_timeout_ms=300)
+        connect = connector(dsn, "t", Bounds(idle_in_transaction_ms=300))
         with pytest.raises(FeedError, match="ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"):
             async with asyncio.timeout(30):
                 await follow(

@@ -27,6 +27,8 @@ import logging
 import re
 import socket
 import time
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from ackline.sinks.errors import WaitStoppedError
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from tests.integration.harness import Services, Worker, db, wait_until
+from tests.integration.processing import Ev, Process, copy_ingest, scrape, synthetic_runs
 from tests.integration.test_writer import GROUP, TOPIC, batch, row
 from tests.integration.windows import (
     batches,
@@ -51,6 +54,7 @@ from tests.integration.windows import (
     verify_ok,
     wait_drained,
 )
+from tests.support.processors import SETUP_SQL
 
 COPY_GATE, COMMIT_GATE = 4241, 4242
 BOUNDS = {"db_connect_timeout_s": 2, "db_statement_timeout_s": 4, "db_commit_timeout_s": 4}
@@ -148,12 +152,17 @@ class Gates:
 
 def waiting_at(dsn: str, gate: int, worker: str) -> list[dict[str, Any]]:
     """The worker's writer backends that wait on ``gate``."""
+    return backends_at(dsn, gate, f"ackline:{worker}")
+
+
+def backends_at(dsn: str, gate: int, application_name: str) -> list[dict[str, Any]]:
+    """The backends of ``application_name`` that wait on ``gate``."""
     rows = db(
         dsn,
         "SELECT a.pid, left(a.query, 40) AS query FROM pg_stat_activity a "
         "JOIN pg_locks l ON l.pid = a.pid AND NOT l.granted AND l.locktype = 'advisory' "
         "WHERE a.application_name = $1 AND l.objid = $2",
-        f"ackline:{worker}",
+        application_name,
         gate,
     )
     return [dict(r) for r in rows]
@@ -536,3 +545,129 @@ def test_retrying_logs_error_after_the_bound_and_stops_on_request(
         assert len(downs) == 1 and downs[0] is not None  # readiness told once, when it began
     else:  # the one attempt never failed: it was still connecting when stopped
         assert levels == [] and downs == [], levels
+
+
+# -- a processor (`ackline process`) beyond the link ----------------------------------
+
+APPLY_GATE, PROCESSOR_COMMIT_GATE = 4243, 4244
+_JOURNAL_GATES = """
+CREATE TRIGGER apply_gate AFTER INSERT ON journal
+    FOR EACH STATEMENT EXECUTE FUNCTION test_gate('4243');
+CREATE CONSTRAINT TRIGGER journal_commit_gate AFTER INSERT ON journal
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_gate('4244');
+"""
+PROCESSOR_BOUNDS = {
+    "ACKLINE_DB_CONNECT_TIMEOUT_S": "2",
+    "ACKLINE_DB_STATEMENT_TIMEOUT_S": "3",  # TCP user timeout 3 s, keepalives 1 s x 3
+    "ACKLINE_DB_CHECK_INTERVAL_S": "0.5",  # the lag watch samples every 0.5 s
+}
+DATABASE_UP = "ackline_processor_database_up"
+
+
+def _scrape_in(ns: str, port: int) -> dict[str, float]:
+    """The process's metrics, read from inside its namespace, where its endpoint is
+    (nothing while it does not answer yet)."""
+
+    def read() -> dict[str, float]:
+        try:
+            return scrape(port)
+        except OSError:
+            return {}
+
+    return submit_in_namespace(ns, read).result(timeout=30)
+
+
+@pytest.mark.parametrize("gate", [APPLY_GATE, PROCESSOR_COMMIT_GATE], ids=["apply", "commit"])
+def test_a_processor_whose_reply_was_lost_in_a_vanished_link_reconnects(
+    net: Net, netdb: str, tmp_path: Path, gate: int
+) -> None:
+    """`ackline process` follows the feed over the link. Its first batch's journal
+    INSERT (``apply``), or its COMMIT, has reached the server and waits at a gate; the
+    link vanishes; the gate opens, so the server finishes (for ``commit``, the batch and
+    its cursor commit), its reply is lost, and the server drops the session (its
+    tcp_user_timeout). Meanwhile the lag watch finds PostgreSQL gone
+    (``ackline_processor_database_up`` 0). Then the link comes back. The processor finds
+    its connection dead (keepalives, TCP_USER_TIMEOUT), reconnects and goes on from its
+    stored cursor: every event applied exactly once. Before, the feed's connections had
+    neither: the processor waited for the lost reply for ever (nothing of its own was
+    unacknowledged, nothing probed), and the lag watch's sample went on being resent
+    (for ~15 minutes by default), the gauge still 1."""
+    observer = net.pg.socket_dsn(netdb)
+    events = synthetic_runs(300, seed=4243)
+    asyncio.run(_journal_with_gates(observer, events))
+    app, ns = "ackline-process:a", net.link.client_ns
+    port = 9400 + gate % 100  # in the client namespace: nothing else listens there
+    gates = Gates(observer)
+    try:
+        gates.close_gate(gate)
+        proc = Process(
+            net.pg.dsn(netdb),
+            tmp_path,
+            "a",
+            "tests.support.processors:JOURNAL",
+            *("--instance", "a", "--batch-events", "100", "--poll-interval", "0.5"),
+            prefix=net.link.exec_prefix(ns),
+            ACKLINE_METRICS_PORT=str(port),
+            **PROCESSOR_BOUNDS,
+        )
+        try:
+            wait_until(lambda: backends_at(observer, gate, app), 60, "the processor at the gate")
+            (held,) = backends_at(observer, gate, app)
+            wait_until(lambda: _scrape_in(ns, port).get(DATABASE_UP) == 1, 30, "the lag watch")
+            net.link.vanish()
+            try:
+                gates.open_gate(gate)  # the server finishes; its reply is lost
+                wait_until(
+                    lambda: not db(observer, _BACKEND, held["pid"]),
+                    30,
+                    "the server to drop the processor's session",
+                )
+                wait_until(
+                    lambda: _scrape_in(ns, port).get(DATABASE_UP) == 0,
+                    30,
+                    "the lag watch to find PostgreSQL gone",
+                )
+            finally:
+                net.link.restore()
+            restored = time.monotonic()
+            wait_until(
+                lambda: "reader journal: transient error, reconnecting" in proc.log(),
+                30,
+                "the processor to find its connection dead",
+            )
+            wait_until(
+                lambda: sum(_journal(observer).values()) >= len(events), 60, "every event applied"
+            )
+            print(f"caught up {time.monotonic() - restored:.1f}s after the link returned")
+            wait_until(
+                lambda: _scrape_in(ns, port).get(DATABASE_UP) == 1,
+                30,
+                "the lag watch to reach PostgreSQL again",
+            )
+            done = proc.stop()
+        finally:
+            proc.kill()
+    finally:
+        gates.close()
+    assert done.code == 0, done.err[-3000:]
+    assert _journal(observer) == Counter(e.event_id for e in events)  # each exactly once
+    assert done.report("journal")["outcome"] == "stopped"
+
+
+_BACKEND = "SELECT pid FROM pg_stat_activity WHERE pid = $1"
+
+
+async def _journal_with_gates(dsn: str, events: list[Ev]) -> None:
+    """The journal's table with its two gates, and ``events`` ingested."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(SETUP_SQL)
+        await conn.execute(_JOURNAL_GATES)
+        await copy_ingest(conn, events, chunk=100)
+    finally:
+        await conn.close()
+
+
+def _journal(dsn: str) -> Counter[uuid.UUID]:
+    rows = db(dsn, "SELECT event_id FROM journal WHERE processor = 'journal'")
+    return Counter(r["event_id"] for r in rows)

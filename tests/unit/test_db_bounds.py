@@ -11,11 +11,19 @@ import time
 import asyncpg
 import pytest
 
+from ackline.clients import feed_bounds
 from ackline.core.errors import SettingsError
 from ackline.dev.netns import stale_namespaces
 from ackline.runtime.health import ReadyLimits, Snapshot, readiness
 from ackline.settings import load_settings
-from ackline.sinks.connection import Bounds, Database, describe, is_transient, session_settings
+from ackline.sinks.connection import (
+    Bounds,
+    Database,
+    describe,
+    is_transient,
+    link_settings,
+    session_settings,
+)
 from ackline.sinks.errors import TransientDatabaseError, WaitStoppedError
 
 NOW = 1_000_000.0
@@ -52,6 +60,30 @@ def test_session_settings_make_the_server_end_a_vanished_clients_session() -> No
         "tcp_user_timeout": "30000",
         "client_connection_check_interval": "3000",
         "application_name": "ackline:w1",
+        "plan_cache_mode": "force_custom_plan",
+    }
+
+
+def test_the_feeds_connections_get_the_link_bounds_and_not_the_workers_plan_cache() -> None:
+    """The changefeed's connections (connector) get the keepalives, TCP user timeout,
+    check interval and idle-transaction bound of the worker's, sized by the same
+    settings; the worker's own session settings are those plus its name and plan cache."""
+    settings = load_settings(
+        db_statement_timeout_s=3, db_connect_timeout_s=2, db_idle_in_transaction_timeout_ms=5_000
+    )
+    bounds = feed_bounds(settings)
+    assert (bounds.connect_s, bounds.idle_in_transaction_ms) == (2, 5_000)
+    assert link_settings(bounds) == {
+        "idle_in_transaction_session_timeout": "5000",
+        "tcp_keepalives_idle": "1",
+        "tcp_keepalives_interval": "1",
+        "tcp_keepalives_count": "3",
+        "tcp_user_timeout": "3000",
+        "client_connection_check_interval": "1000",
+    }
+    assert session_settings(bounds, "w") == {
+        **link_settings(bounds),
+        "application_name": "w",
         "plan_cache_mode": "force_custom_plan",
     }
 
