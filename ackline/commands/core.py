@@ -10,12 +10,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ackline import endpoints
 from ackline.commands import Subparsers, uses, whole_from
 from ackline.commands.guard import connect
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings, poll_interval_advice
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +123,9 @@ async def _preflight(
         say_at = now + _PREFLIGHT_SAY_S
 
     try:
-        missing = await database.retrying(
+        missing, new_group = await database.retrying(
             "the wait for PostgreSQL before joining",
-            lambda conn: conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL"),
+            lambda conn: _first_look(conn, settings.group_id, settings.topic),
             on_retry=waiting,
             stopping=stopped,
             quiet=True,
@@ -143,10 +147,31 @@ async def _preflight(
             f"the database at {_address(target)} has no ackline schema (no consumer_offsets "
             f"table): {migrate_hint(setting)}"
         )
+    if new_group is not None:
+        log.warning(
+            "%s: this group reads the topic from its start, and dead-letters its poison "
+            "records again",
+            new_group,
+        )
     if not stopped():
         from ackline.runtime.twins import refuse_a_namesake
 
         await refuse_a_namesake(settings, bootstrap, stopped)
+
+
+async def _first_look(conn: asyncpg.Connection, group: str, topic: str) -> tuple[bool, str | None]:
+    """(the schema missing, the line when ``group`` has no DB offset for ``topic`` while
+    other groups have some): a mistyped ACKLINE_GROUP_ID otherwise re-read the whole
+    topic in silence (`status` and `doctor` said so; `run`, which does the reading, did
+    not). A topic no group has ingested yet is no news."""
+    from ackline.status import db_offsets, groups_with_offsets, no_offsets_note
+
+    if await conn.fetchval("SELECT to_regclass('consumer_offsets') IS NULL"):
+        return True, None
+    if await db_offsets(conn, group, topic):
+        return False, None
+    others = await groups_with_offsets(conn, topic)
+    return False, no_offsets_note([], group, topic, others) if others else None
 
 
 def _address(dsn: str) -> str:

@@ -191,6 +191,36 @@ def test_a_worker_started_while_postgresql_does_not_answer_waits_outside_the_gro
     verify_mixed_ok(dsn, manifest, group)
 
 
+def test_a_group_new_to_a_topic_others_ingest_is_warned_of_at_start(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """A mistyped ACKLINE_GROUP_ID re-read the whole topic and dead-lettered every poison
+    record again, in silence (an operator's report): `status` and `doctor` named the
+    groups that have offsets, `run`, which does the reading, said nothing. It warns at
+    start now, naming them; a group that has offsets gets no such line."""
+    db(
+        dsn,
+        "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch) "
+        "VALUES ($1, $2, 0, 0, 1)",
+        f"g-{topic}",
+        topic,
+    )
+    typo = f"g-{topic}-typo"
+    w = Worker(services, dsn, topic, tmp_path, name="t", group=typo)
+    try:
+        wait_until(lambda: "assigned" in w.log(), 60, "the worker to join")  # after the check
+        assert f"no DB offsets for group {typo}" in w.log(), w.log()[-2000:]
+        assert f"groups with offsets for it: g-{topic}" in w.log(), w.log()[-2000:]
+    finally:
+        assert w.stop() == 0, w.log()[-2000:]
+    ok = Worker(services, dsn, topic, tmp_path, name="k")
+    try:
+        wait_until(lambda: "assigned" in ok.log(), 60, "the worker to join")
+    finally:
+        assert ok.stop() == 0, ok.log()[-2000:]
+    assert "no DB offsets for group" not in ok.log(), ok.log()[-2000:]
+
+
 def test_a_verdict_with_lost_events_says_where_they_were(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
