@@ -44,6 +44,7 @@ from pydantic_settings import (
 
 from ackline.core.errors import SettingsError
 from ackline.core.faults import Faults
+from ackline.core.faults import parse as parse_faults
 from ackline.sinks.admin.durations import format_duration, parse_duration, retention_period
 from ackline.sinks.errors import RETRY_MAX_BACKOFF_S
 
@@ -489,6 +490,12 @@ class Settings(BaseSettings):
     def fault_points(self) -> Faults:
         """The fault points these settings arm (ACKLINE_FAULTS; none in production)."""
         return Faults(self.faults, self.fault_stall_seconds, self.fault_release_file)
+
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, value: str) -> str:
+        parse_faults(value)  # at load, for every command, not only where faults are armed
+        return value
 
     @field_validator("database_url", "database_ingest_url", "database_processor_url")
     @classmethod

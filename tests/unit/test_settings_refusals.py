@@ -86,6 +86,8 @@ def test_a_command_says_so_in_one_line(
         ("ACKLINE_PROGRESS_LOG_S", "1e-9", "at least 1"),
         ("ACKLINE_SHUTDOWN_WAIT_S", "inf", "finite"),
         ("ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "99999999999999", "2147483647"),
+        # checked only by `run`: `config show` and `status` took it (an operator's report)
+        ("ACKLINE_FAULTS", "garbage", "point=action"),
     ],
 )
 def test_values_no_one_means_stop_at_start(
