@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
@@ -68,6 +68,10 @@ class _CrossFieldError(ValueError):
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+PARTITIONS_AHEAD_MAX: Final = 52
+"""ACKLINE_PARTITIONS_AHEAD's bound, which `partitions ensure --ahead` keeps too."""
 
 
 class Settings(BaseSettings):
@@ -244,7 +248,7 @@ class Settings(BaseSettings):
     partitions_ahead: int = Field(
         default=2,
         ge=1,
-        le=52,
+        le=PARTITIONS_AHEAD_MAX,
         description="how many intervals after today the workers keep partitions made for",
     )
     retention: str = Field(

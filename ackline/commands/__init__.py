@@ -87,10 +87,11 @@ BIGINT_MAX = 2**63 - 1
 argument with a traceback)."""
 
 
-def whole_from(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from ``low`` to :data:`BIGINT_MAX`, refused when
-    parsed rather than by Kafka after a wait (a partition count of 0, a negative event
-    count) or by asyncpg (a number past a bigint)."""
+def whole_from(low: int, high: int = BIGINT_MAX) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high`` (:data:`BIGINT_MAX`),
+    refused when parsed rather than by Kafka after a wait (a partition count of 0, a
+    negative event count), by asyncpg (a number past a bigint), or not at all (a flag
+    that stands for a setting, past the setting's range)."""
 
     def whole(text: str) -> int:
         try:
@@ -99,10 +100,9 @@ def whole_from(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, not {text}")
-        if value > BIGINT_MAX:
-            raise argparse.ArgumentTypeError(
-                f"must be at most {BIGINT_MAX} (PostgreSQL's bigint), not {text}"
-            )
+        if value > high:
+            why = " (PostgreSQL's bigint)" if high == BIGINT_MAX else ""
+            raise argparse.ArgumentTypeError(f"must be at most {high}{why}, not {text}")
         return value
 
     return whole

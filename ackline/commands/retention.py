@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ackline.commands import Subparsers, uses
+from ackline.commands import Subparsers, uses, whole_from
 from ackline.commands.guard import connect
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
-from ackline.settings import Settings
+from ackline.settings import PARTITIONS_AHEAD_MAX, Settings
 from ackline.sinks.admin.durations import retention_period
 
 if TYPE_CHECKING:
@@ -233,7 +233,11 @@ def register(sub: Subparsers) -> None:
     lst.set_defaults(handler=cmd_list)
     ens = qa.add_parser("ensure", help="make the partitions of today and ahead")
     ens.add_argument("--interval", choices=("day", "week"), help="ACKLINE_PARTITION_INTERVAL")
-    ens.add_argument("--ahead", type=int, help="ACKLINE_PARTITIONS_AHEAD")
+    ens.add_argument(
+        "--ahead",
+        type=whole_from(1, PARTITIONS_AHEAD_MAX),
+        help=f"ACKLINE_PARTITIONS_AHEAD (1 to {PARTITIONS_AHEAD_MAX})",
+    )
     ens.set_defaults(handler=cmd_ensure)
     for each in (apply, show, lst, ens):
         uses(each, why="the activity partitions hold every topic and group ingested")

@@ -20,6 +20,19 @@ from ackline.load import produce
 from ackline.load.paths import TargetError, check_target
 
 
+@pytest.mark.parametrize(("value", "says"), [("0", ">= 1"), ("99", "at most 52"), ("x", "whole")])
+def test_partitions_ensure_keeps_the_settings_range(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--ahead` stands for ACKLINE_PARTITIONS_AHEAD (1 to 52) but took 0 and 99 (99 made
+    99 daily partitions; an operator's report)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(["partitions", "ensure", f"--ahead={value}"])
+    assert stop.value.code == 2
+    assert says in capsys.readouterr().err
+    assert cli.parser().parse_args(["partitions", "ensure", "--ahead", "52"]).ahead == 52
+
+
 @pytest.mark.parametrize("option", ["--timeout", "--idle-timeout"])
 @pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "-inf", "1e12"])
 def test_capture_refuses_a_timeout_out_of_range(
