@@ -485,7 +485,15 @@ class Settings(BaseSettings):
             return ""
         # a unit required, as `retention apply --older-than` requires one: "12" meant as
         # weeks would keep 12 days
-        return format_duration(retention_period(value, unit_required=True))
+        try:
+            return format_duration(retention_period(value, unit_required=True))
+        except ValueError as exc:  # an upgrade: the bare number used to be days
+            if value.strip().isdigit():
+                raise ValueError(
+                    f"{exc} (a bare number was taken for days before: {value.strip()}d keeps "
+                    "that meaning)"
+                ) from exc
+            raise
 
     def retention_keep(self) -> timedelta | None:
         """The retention period, or None when retention is off."""

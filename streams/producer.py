@@ -277,7 +277,8 @@ def within_topic_limit(conf: dict[str, Any], topic: str, timeout: float) -> dict
     if found.missing:
         log.warning(
             "topic %s does not exist (or is not yet visible to this producer) on %s: its "
-            "transactions fail as transient until it does; check its name, or create it",
+            "transactions fail as transient until it does (unless the cluster creates "
+            "topics on first use); check its name, or create it",
             topic,
             conf["bootstrap.servers"],
         )

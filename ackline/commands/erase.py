@@ -16,23 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 from ackline.commands import Subparsers, uses
-from ackline.commands.guard import connect, with_migrate_fix
+from ackline.commands.guard import on_database, with_migrate_fix
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
+if TYPE_CHECKING:
+    import asyncpg
+
 log = logging.getLogger("ackline.erase")
-
-
-def _dsn(settings: Settings) -> str:
-    if settings.database_url is not None:
-        from ackline.clients import database_dsn
-
-        return database_dsn(settings.database_url.get_secret_value(), settings)
-    from ackline.endpoints import endpoints
-
-    return endpoints(settings)[1]
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
@@ -47,17 +42,11 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
         selector, value = "event", args.event
     value = check_value(selector, value)
 
-    async def go() -> Erasure:
-        conn = await connect(
-            _dsn(settings), timeout=settings.db_connect_timeout_s
-        )  # unreachable: the address and a fix
-        try:
-            return await erase(conn, selector, value, reason=args.reason, dry_run=args.dry_run)
-        finally:
-            await conn.close()
+    def go(conn: asyncpg.Connection) -> Awaitable[Erasure]:
+        return erase(conn, selector, value, reason=args.reason, dry_run=args.dry_run)
 
-    try:
-        done = run_stoppable(go())
+    try:  # unreachable: the address and a fix (on_database)
+        done = run_stoppable(on_database(settings, go))
     except ErasureError as exc:  # nothing erased; on a database never migrated, the fix
         line = with_migrate_fix(
             str(exc), exc.__cause__, "it creates the erasure tables and the roles"

@@ -18,15 +18,16 @@ import gzip
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ackline.core.errors import AcklineError
-from ackline.settings import dsn_address, dsn_hint
+from ackline.settings import Settings, dsn_address, dsn_hint
 
 if TYPE_CHECKING:
     import asyncpg
 
 DSN_HINT = dsn_hint()
+T = TypeVar("T")
 
 
 class DatabaseUnavailableError(AcklineError):
@@ -69,6 +70,21 @@ async def connect(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connect
         if _unreached(exc):
             raise DatabaseUnavailableError(dsn, exc) from exc
         raise
+
+
+async def on_database(
+    settings: Settings, action: Callable[[asyncpg.Connection], Awaitable[T]]
+) -> T:
+    """``action`` on a connection as the operator (ACKLINE_DATABASE_URL, else the local
+    stack's), connected within ACKLINE_DB_CONNECT_TIMEOUT_S (:func:`connect`), closed
+    after it whatever happens."""
+    from ackline.endpoints import database
+
+    conn = await connect(database(settings), timeout=settings.db_connect_timeout_s)
+    try:
+        return await action(conn)
+    finally:
+        await conn.close()
 
 
 # Static: the names are a parameter. to_regclass needs no privilege on the table.

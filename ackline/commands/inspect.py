@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ackline.commands import Subparsers, uses, whole_from
-from ackline.commands.guard import connect
+from ackline.commands.guard import on_database
 from ackline.core.signals import run_stoppable
-from ackline.endpoints import database, endpoints
+from ackline.endpoints import endpoints
 from ackline.settings import Settings
 
 T = TypeVar("T")
@@ -23,14 +23,7 @@ DEFAULT_LIMIT = 20
 
 
 def _with_db(settings: Settings, query: Callable[[Any], Awaitable[T]]) -> T:
-    async def go() -> T:
-        conn = await connect(database(settings), timeout=settings.db_connect_timeout_s)
-        try:
-            return await query(conn)
-        finally:
-            await conn.close()
-
-    return run_stoppable(go())
+    return run_stoppable(on_database(settings, query))
 
 
 def _print_json(value: Any) -> None:

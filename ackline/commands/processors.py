@@ -234,16 +234,11 @@ def _value(metrics: ProcessorMetrics, sample: str, processor: str | None = None)
 
 
 async def _with_conn(settings: Settings, action: Callable[[asyncpg.Connection], Any]) -> Any:
-    """``action`` on a connection as the operator (ACKLINE_DATABASE_URL), connected within
-    ACKLINE_DB_CONNECT_TIMEOUT_S (unbounded, it waited asyncpg's 60 s and named no
-    address)."""
-    from ackline.commands.guard import connect
+    """``action`` as the operator, within ACKLINE_DB_CONNECT_TIMEOUT_S (unbounded, it
+    waited asyncpg's 60 s and named no address)."""
+    from ackline.commands.guard import on_database
 
-    conn = await connect(_operator_dsn(settings), timeout=settings.db_connect_timeout_s)
-    try:
-        return await action(conn)
-    finally:
-        await conn.close()
+    return await on_database(settings, action)
 
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:

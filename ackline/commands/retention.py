@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ackline.commands import Subparsers, uses, whole_from
-from ackline.commands.guard import connect
+from ackline.commands.guard import on_database
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
 from ackline.settings import PARTITIONS_AHEAD_MAX, Settings
@@ -34,28 +34,8 @@ FROM retention_drops ORDER BY drop_id DESC LIMIT 10
 """
 
 
-def _dsn(settings: Settings) -> str:
-    """PostgreSQL only: ACKLINE_DATABASE_URL (with the TLS settings), else the local stack."""
-    if settings.database_url is not None:
-        from ackline.clients import database_dsn
-
-        return database_dsn(settings.database_url.get_secret_value(), settings)
-    from ackline.endpoints import endpoints
-
-    return endpoints(settings)[1]
-
-
 def _with_db(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    async def go() -> T:
-        conn = await connect(
-            _dsn(settings), timeout=settings.db_connect_timeout_s
-        )  # unreachable: the address and a fix
-        try:
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    return run_stoppable(go())
+    return run_stoppable(on_database(settings, work))
 
 
 def older_than(text: str) -> timedelta:

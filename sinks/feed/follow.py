@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -466,7 +467,11 @@ def _least(a: int | None, b: int | None) -> int | None:
 
 
 def connector(
-    dsn: str, application_name: str, bounds: Bounds | None = None
+    dsn: str,
+    application_name: str,
+    bounds: Bounds | None = None,
+    *,
+    idle_in_transaction_timeout_ms: int | None = None,
 ) -> Callable[[], Awaitable[asyncpg.Connection]]:
     """A connect function for :func:`follow` (the readers of `ackline tail`, `process`
     and `dispatch`, and the processors' lag watch), whose connections are bounded as the
@@ -486,8 +491,13 @@ def connector(
       run long; a live server answers them in its own time.
     - No ``plan_cache_mode``: it is there for the worker's key read; a processor's
       statements are its own, and their plans its own concern.
+
+    ``idle_in_transaction_timeout_ms``, the one bound this function took before
+    ``bounds`` (docs/changefeed.md told a reader's code to pass it), still sets that one.
     """
     bounds = bounds or Bounds()
+    if idle_in_transaction_timeout_ms is not None:
+        bounds = dataclasses.replace(bounds, idle_in_transaction_ms=idle_in_transaction_timeout_ms)
     settings = {**link_settings(bounds), "application_name": application_name[:63]}
 
     async def connect() -> asyncpg.Connection:

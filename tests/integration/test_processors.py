@@ -967,22 +967,26 @@ def test_a_batch_its_processor_makes_fail_at_commit_stops_at_its_event(dsn: str)
     assert journal(dsn, "refused_at_commit") == Counter(e.event_id for e in events[:5])
 
 
-def test_an_apply_that_ends_its_transaction_itself_stops_the_processor(dsn: str) -> None:
+@pytest.mark.parametrize("name", ["rolling_back", "commits_midway"])
+def test_an_apply_that_ends_its_transaction_itself_stops_the_processor(dsn: str, name: str) -> None:
     """A processor whose ``apply`` runs ROLLBACK itself and returns: the runner's COMMIT
     then committed nothing (PostgreSQL only warns), the batch was counted as applied, and
     the same batch came back for ever: `--until-caught-up` never ended (a review). A COMMIT
-    of its own would move the cursor with part of a batch, so narrowing the batch down
-    could skip events: the processor now stops at once, saying what it did, and nothing
-    it applied is applied twice."""
-    spec = "tests.support.processors:ROLLING_BACK"
+    of its own (then a BEGIN, and a raise: ``commits_midway``) moved the cursor with part
+    of a batch, and narrowing the failure down read on from past it: the rest of the
+    batch passed over in silence, exit 0 (a second review). The processor now stops at
+    once, saying what it did and how to apply the batch again, and nothing it applied is
+    applied twice."""
+    spec = f"tests.support.processors:{name.upper()}"
     events, _ = _with_poison(dsn, spec)
 
     broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
     assert broken.code == 1, broken.err[-2000:]
-    report = broken.report("rolling_back")
+    report = broken.report(name)
     assert report["outcome"] == "failed", report
     assert "COMMIT or ROLLBACK" in report["error"], report["error"]
-    applied = journal(dsn, "rolling_back")
+    assert f"processors reset {name} --cursor-only --to-cursor" in report["error"]
+    applied = journal(dsn, name)
     assert set(applied.values()) <= {1}, applied
     assert set(applied) <= {e.event_id for e in events[:5]}, applied  # none past it
 

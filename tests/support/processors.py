@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 
 import asyncpg
@@ -170,6 +171,24 @@ class RollingBack(Journal):
         return n
 
 
+class CommitsMidway(Journal):
+    """A journal that, in a batch holding the step whose thought is "poison", writes the
+    events before it, COMMITs them (the cursor, moved to the batch's end before ``apply``,
+    with them), BEGINs again and raises: narrowing the failure down then read on from past
+    the batch, and the events from the poison on were passed over in silence."""
+
+    name = "commits_midway"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        at = [i for i, e in enumerate(batch.events) if e.payload.get("thought") == "poison"]
+        if not at:
+            return await super().apply(conn, batch)
+        await super().apply(conn, dataclasses.replace(batch, events=batch.events[: at[0]]))
+        await conn.execute("COMMIT")
+        await conn.execute("BEGIN")
+        raise PoisonError("poisoned, after a COMMIT of its own")
+
+
 JOURNAL = Journal()
 PICKY = Picky()
 LOST = Lost()
@@ -178,6 +197,7 @@ LATE_DAWDLER = LateDawdler()
 SWALLOWER = Swallower()
 REFUSED_AT_COMMIT = RefusedAtCommit()
 ROLLING_BACK = RollingBack()
+COMMITS_MIDWAY = CommitsMidway()
 
 
 class Ops(Journal):

@@ -39,8 +39,7 @@ def _detail(erasure_id: int | None, raw_value: bytes | None) -> RejectDetail:
 def _show(
     detail: RejectDetail, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> str:
-    monkeypatch.setattr(inspect_cmd, "database", lambda settings: "postgresql://unused")
-    monkeypatch.setattr(inspect_cmd, "_with_db", lambda dsn, query: detail)
+    monkeypatch.setattr(inspect_cmd, "_with_db", lambda settings, query: detail)
     args = cli.parser().parse_args(["rejects", "show", "7"])
     assert inspect_cmd.cmd_rejects(args, Settings()) == 0
     return capsys.readouterr().out

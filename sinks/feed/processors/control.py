@@ -32,11 +32,19 @@ _REGISTERED = "SELECT paused, failed_at, error, error_event_id FROM processors W
 
 _PAUSED = "SELECT paused FROM processors WHERE name = $1"
 
-_CLEAR_FAILURE = """
-UPDATE processors
-SET failed_at = NULL, error = NULL, error_event_id = NULL, error_cursor = NULL
-WHERE name = $1 AND failed_at IS NOT NULL
+_WRITTEN_HERE = """
+SELECT xmin = pg_current_xact_id()::xid FROM feed_cursors WHERE reader = $1
 """
+
+_CLEAR_FAILURE = (
+    """
+WITH cleared AS (
+    UPDATE processors
+    SET failed_at = NULL, error = NULL, error_event_id = NULL, error_cursor = NULL
+    WHERE name = $1 AND failed_at IS NOT NULL
+)"""
+    + _WRITTEN_HERE
+)
 
 _FAILED = """
 UPDATE processors
@@ -315,10 +323,19 @@ async def is_paused(conn: asyncpg.Connection, name: str) -> bool:
     return bool(await conn.fetchval(_PAUSED, name))
 
 
-async def clear_failure(conn: asyncpg.Connection, name: str) -> None:
+async def clear_failure(conn: asyncpg.Connection, name: str) -> bool:
     """Inside a batch's transaction: the batch commits past where the processor stopped.
-    Touches (and locks) the row only when it holds a failure."""
-    await conn.execute(_CLEAR_FAILURE, name)
+    Touches (and locks) the row only when it holds a failure. True when the cursor row was
+    last written by this very transaction (its compare-and-set): False when the
+    processor's ``apply`` ended the batch's transaction and began another (a COMMIT or
+    ROLLBACK, then BEGIN), in the same round trip."""
+    return bool(await conn.fetchval(_CLEAR_FAILURE, name))
+
+
+async def cursor_written_here(conn: asyncpg.Connection, name: str) -> bool:
+    """Whether the cursor row was last written by the transaction open on ``conn`` (see
+    :func:`clear_failure`)."""
+    return bool(await conn.fetchval(_WRITTEN_HERE, name))
 
 
 async def record_failure(

@@ -77,14 +77,12 @@ def load(spec: str) -> Processor:
 def cursor_name(spec: str) -> str:
     """The name of the cursor ``spec`` stands for, as `processors reset --cursor-only`
     moves it: a ``module:attribute`` or a built-in or entry point is loaded for its
-    processor's name (a FeedError when ``module:attribute`` cannot be); any other bare
-    name, or a named one whose code no longer loads, is the cursor's name as given (a
-    cursor can be moved without the processor's code)."""
-    if ":" in spec:
-        return load(spec).name
-    if spec not in available():
+    processor's name; any other name, or one whose code does not load, is the cursor's
+    name as given (a cursor can be moved without the processor's code, and the reset
+    then says when no cursor has that name)."""
+    if ":" not in spec and spec not in available():
         return spec
     try:
         return load(spec).name
-    except FeedError:
+    except FeedError:  # a reader's own name may hold a ':' (`tail --reader a:b`)
         return spec

@@ -273,6 +273,7 @@ class ProcessorRunner:
         statement after it, that is the processor's doing (:meth:`_processors_doing`) is
         raised as :class:`ProcessorError`, which the runner narrows down to an event; any
         other is raised as it came (a transient one retries the batch whole)."""
+        self._in_hand = None  # not an earlier batch's, on a read that finds nothing
         if batch.caught_up:
             return None
         work = ProcessorBatch(self.name, self.instance, batch.start, batch.end, tuple(batch.events))
@@ -283,14 +284,17 @@ class ProcessorRunner:
             try:
                 result = await self.processor.apply(conn, work)
             except Exception as exc:
-                _still_in_transaction(conn, self.name)
+                await self._same_transaction(conn, work, raised=True)
                 failure = await self._processors_doing(exc, conn, began, in_apply=True)
                 if failure is None:
                     raise
                 raise failure from exc
-            _still_in_transaction(conn, self.name)
+            await self._same_transaction(conn, work, raised=False)
         try:
-            await control.clear_failure(conn, self.name)
+            if not await control.clear_failure(conn, self.name) and work.events:
+                raise _transaction_ended(self.name, work)
+        except TransactionEndedError:
+            raise
         except Exception as exc:
             failure = None
             if work.events:  # what apply left shows at the next statement
@@ -338,6 +342,31 @@ class ProcessorRunner:
                 ),
             )
         return None
+
+    async def _same_transaction(
+        self, conn: asyncpg.Connection, work: ProcessorBatch, *, raised: bool
+    ) -> None:
+        """Raise :class:`TransactionEndedError` if ``apply`` ended the batch's transaction:
+        none open on the connection (a COMMIT or ROLLBACK of its own), or one open that did
+        not write the cursor (then a BEGIN too: the cursor row's xmin is not this
+        transaction's). Unchecked, a ROLLBACK left the runner's COMMIT committing nothing
+        (PostgreSQL only warns), the batch counted and read again for ever; a COMMIT moved
+        the cursor with part of a batch, and narrowing the failure down passed the rest
+        over. After ``apply`` returned, :func:`control.clear_failure` asks in its own round
+        trip; after it raised, in a transaction the error aborted, nothing can be asked
+        (what that leaves is said in docs/processors.md)."""
+        if conn.is_closed():
+            return  # gone: the database's going away, or the idle bound, decide
+        if not conn.is_in_transaction():
+            raise _transaction_ended(self.name, work)
+        if not raised:
+            return
+        try:
+            here = await control.cursor_written_here(conn, self.name)
+        except (asyncpg.InFailedSQLTransactionError, asyncpg.InterfaceError):
+            return  # aborted by the error (or busy): cannot tell
+        if not here:
+            raise _transaction_ended(self.name, work)
 
     async def _held_idle_too_long(self, held_s: float, conn: asyncpg.Connection) -> bool:
         """Whether a closed connection under ``apply`` is the processor's doing: it held the
@@ -556,19 +585,18 @@ class ProcessorRunner:
         )
 
 
-def _still_in_transaction(conn: asyncpg.Connection, processor: str) -> None:
-    """Raise :class:`TransactionEndedError` if ``apply`` ended the batch's transaction
-    (the connection open, no transaction on it). Unchecked, a ROLLBACK of its own left the
-    runner's COMMIT committing nothing (PostgreSQL only warns), the batch counted as
-    applied and read again for ever; a COMMIT of its own moved the cursor with part of a
-    batch."""
-    if not conn.is_closed() and not conn.is_in_transaction():
-        raise TransactionEndedError(
-            f"processor {processor!r}: apply ended the batch's transaction itself (a COMMIT "
-            "or ROLLBACK of its own): never do (catch errors inside a savepoint, async with "
-            "conn.transaction()). What a COMMIT of its own wrote stays; see `ackline "
-            "processors status` and `ackline processors reset`"
-        )
+def _transaction_ended(processor: str, work: ProcessorBatch) -> TransactionEndedError:
+    """The error of an ``apply`` that ended its batch's transaction (:class:`ProcessorRunner`
+    ``._same_transaction``). Pure."""
+    start = work.start.encode()
+    return TransactionEndedError(
+        f"processor {processor!r}: apply ended the batch's transaction itself (a COMMIT or "
+        "ROLLBACK of its own): never do (catch errors inside a savepoint, async with "
+        f"conn.transaction()). The batch from cursor {start} to {work.end.encode()} may be "
+        "partly applied and its cursor moved past it (a COMMIT): check the processor's "
+        f"state, then `ackline processors reset {processor} --cursor-only --to-cursor "
+        f"{start}` applies it again"
+    )
 
 
 def _text(exc: BaseException) -> str:
