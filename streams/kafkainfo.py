@@ -7,6 +7,7 @@ with ``enable.auto.commit`` off. confluent-kafka errors are wrapped at this boun
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
@@ -116,6 +117,37 @@ def describe_topic(
         brokers=len(meta.brokers),
         config={name: str(entry.value) for name, entry in entries.items()},
     )
+
+
+def kafka_uuid_text(most: int, least: int) -> str | None:
+    """A Kafka UUID (its two signed 64-bit halves) as Kafka prints it (``kafka-topics
+    --describe``: URL-safe base64, unpadded; librdkafka's own text uses the other
+    alphabet), or None for the all-zero UUID, which a broker that keeps no topic IDs
+    gives. Pure."""
+    raw = most.to_bytes(8, "big", signed=True) + least.to_bytes(8, "big", signed=True)
+    if not any(raw):
+        return None
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def topic_id(bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0) -> str | None:
+    """The ID of ``topic``'s incarnation (:func:`kafka_uuid_text`): a topic deleted and
+    made again under its name has a new one. None when the topic does not exist or the
+    broker keeps no IDs. Raises KafkaUnavailableError when the broker cannot be asked or
+    refuses (describe not allowed). One DescribeTopics request; reads only."""
+    try:
+        with admin_client(bootstrap, conf) as client:
+            futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+            found = futures[topic].result(timeout=timeout)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    uid = found.topic_id
+    if uid is None:
+        return None
+    return kafka_uuid_text(uid.get_most_significant_bits(), uid.get_least_significant_bits())
 
 
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:

@@ -24,6 +24,7 @@ MODULES = (
     "processors",
     "retention",
     "erase",
+    "offsets",
 )
 
 GlobalSetting = Literal["topic", "group_id"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import logging
@@ -20,6 +21,8 @@ from ackline.settings import Settings, poll_interval_advice
 
 if TYPE_CHECKING:
     import asyncpg
+
+    from ackline.sinks.connection import Database
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,11 @@ async def _preflight(
 ) -> None:
     """What the worker does after its topic checks and before it joins the group: wait
     until PostgreSQL answers, then its schema must be there (else one line: run `ackline
-    migrate`), then no live member of the group may carry its worker id (else one line
-    naming ACKLINE_WORKER_ID: :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
+    migrate`), then the group's DB offsets for the topic must belong to the topic's
+    incarnation in Kafka (else one line naming both topic IDs and `ackline offsets
+    adopt-topic`: :func:`_same_incarnation`), then no live member of the group may carry
+    its worker id (else one line naming ACKLINE_WORKER_ID:
+    :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
     early, having waited for nothing more, once ``stopped()``.
 
     Why wait before joining: a worker that joined the group while PostgreSQL did not
@@ -130,6 +136,24 @@ async def _preflight(
             stopping=stopped,
             quiet=True,
         )
+        if say_at > since:
+            log.info(
+                "PostgreSQL answers after %.0f s: joining the consumer group",
+                time.monotonic() - since,
+            )
+        if missing:
+            raise AcklineError(
+                f"the database at {_address(target)} has no ackline schema (no "
+                f"consumer_offsets table): {migrate_hint(setting)}"
+            )
+        if new_group is not None:
+            log.warning(
+                "%s: this group reads the topic from its start, and dead-letters its poison "
+                "records again",
+                new_group,
+            )
+        if not stopped():
+            await _same_incarnation(settings, bootstrap, database, stopped)
     except WaitStoppedError:
         return
     except asyncpg.InvalidAuthorizationSpecificationError as exc:
@@ -138,21 +162,6 @@ async def _preflight(
         raise
     finally:
         await database.discard()
-    if say_at > since:
-        log.info(
-            "PostgreSQL answers after %.0f s: joining the consumer group", time.monotonic() - since
-        )
-    if missing:
-        raise AcklineError(
-            f"the database at {_address(target)} has no ackline schema (no consumer_offsets "
-            f"table): {migrate_hint(setting)}"
-        )
-    if new_group is not None:
-        log.warning(
-            "%s: this group reads the topic from its start, and dead-letters its poison "
-            "records again",
-            new_group,
-        )
     if not stopped():
         from ackline.runtime.twins import refuse_a_namesake
 
@@ -172,6 +181,67 @@ async def _first_look(conn: asyncpg.Connection, group: str, topic: str) -> tuple
         return False, None
     others = await groups_with_offsets(conn, topic)
     return False, no_offsets_note([], group, topic, others) if others else None
+
+
+async def _same_incarnation(
+    settings: Settings, bootstrap: str, database: Database, stopped: Callable[[], bool]
+) -> None:
+    """Refuse to start (AcklineError, one line) when the group's DB offsets for the topic
+    belong to another incarnation of it (deleted and made again under its name: its
+    records below those offsets would never be ingested); record the topic's ID where
+    none is (:mod:`ackline.sinks.ingest.incarnation`).
+
+    Order of effects: read the topic's ID from Kafka (DescribeTopics), then one
+    autocommitted call that records it unless one is recorded, and reads what is. A
+    crash before that call leaves nothing; after it, the ID recorded is this
+    incarnation's (or the one that was). A topic ID that cannot be read (describe not
+    allowed, a broker that keeps none) or a schema before migration 0015 is a WARNING,
+    and the worker starts as it did before the check."""
+    import asyncpg
+
+    from ackline.clients import kafka_client_config
+    from ackline.core.errors import AcklineError
+    from ackline.sinks.ingest import incarnation
+    from ackline.streams.errors import KafkaUnavailableError
+    from ackline.streams.kafkainfo import topic_id
+
+    topic, group = settings.topic, settings.group_id
+    unchecked = "not checked that the group's DB offsets belong to this incarnation of it"
+    try:
+        current = await asyncio.to_thread(
+            topic_id, bootstrap, kafka_client_config(settings), topic, 5.0
+        )
+    except KafkaUnavailableError as exc:
+        log.warning("cannot read the topic ID of %s (%s): %s", topic, exc, unchecked)
+        return
+    if current is None:
+        log.warning("Kafka gives no topic ID for %s: %s", topic, unchecked)
+        return
+    try:
+        found = await database.retrying(
+            "the topic's incarnation check",
+            lambda conn: incarnation.record(conn, group, topic, current),
+            stopping=stopped,
+        )
+    except asyncpg.UndefinedFunctionError:
+        log.warning(
+            "the database has no topic incarnations (migration 0015: run `ackline migrate`): %s %s",
+            topic,
+            unchecked,
+        )
+        return
+    seen = incarnation.verdict(current, found)
+    if seen is incarnation.Verdict.OTHER:
+        raise AcklineError(incarnation.other_incarnation_line(topic, group, found.stored, current))
+    if seen is incarnation.Verdict.UPGRADE:
+        log.info(
+            "recorded topic ID %s of %s for group %s: its %d DB offsets, from before "
+            "topic IDs were recorded, are taken as this incarnation's",
+            current,
+            topic,
+            group,
+            found.offset_rows,
+        )
 
 
 def _address(dsn: str) -> str:

@@ -56,6 +56,7 @@ COMMANDS: list[tuple[str, list[str], set[str]]] = [
     ("partitions list", [], set()),
     ("partitions ensure", [], set()),
     ("erase", ["--agent", "a1"], set()),
+    ("offsets adopt-topic", [], {T, G}),
 ]
 OPTIONS = {T: "--topic", G: "--group-id"}
 

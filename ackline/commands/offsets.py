@@ -1,0 +1,98 @@
+"""`ackline offsets adopt-topic`: move a group's DB offsets to a new incarnation of its topic.
+
+A topic deleted and made again under its name has a new topic ID, and the workers refuse
+to start on it while the group's DB offsets belong to the old one (docs/guarantees.md, "A
+recreated topic"). Adopting drops those offsets and records the new ID, so the next
+worker ingests the new topic from its log start. Connects with the operator's DSN (the
+ingest role may not delete offsets) and to Kafka for the topic's ID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ackline import endpoints
+from ackline.commands import Subparsers, uses
+from ackline.commands.guard import connect
+from ackline.core.errors import AcklineError
+from ackline.core.signals import run_stoppable
+from ackline.settings import Settings
+
+
+def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
+    """Read the topic's ID from Kafka; then, unless it is already the one recorded, drop
+    the group's DB offsets for the topic and record it, in one transaction
+    (:func:`ackline.sinks.ingest.incarnation.adopt`, which says what a crash at each step
+    leaves). Run with the group's workers stopped."""
+    from ackline.clients import kafka_client_config
+    from ackline.sinks.ingest import incarnation
+    from ackline.streams.kafkainfo import topic_id
+
+    bootstrap, dsn = endpoints.endpoints(settings)
+    topic, group = settings.topic, settings.group_id
+    current = topic_id(bootstrap, kafka_client_config(settings), topic)
+    if current is None:
+        raise AcklineError(
+            f"Kafka at {bootstrap} gives no topic ID for {topic} (no such topic, or a broker "
+            "that keeps none): nothing to adopt"
+        )
+
+    async def go() -> incarnation.Adopted | None:
+        conn = await connect(dsn, timeout=settings.db_connect_timeout_s)
+        try:
+            stored = await conn.fetchval(
+                "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2",
+                group,
+                topic,
+            )
+            if stored == current:
+                return None
+            return await incarnation.adopt(conn, group, topic, current)
+        finally:
+            await conn.close()
+
+    adopted = run_stoppable(go())
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "topic": topic,
+                    "group_id": group,
+                    "topic_id": current,
+                    "adopted": adopted is not None,
+                    "previous_topic_id": adopted.previous if adopted else current,
+                    "dropped_offsets": (
+                        {str(p): o for p, o in sorted(adopted.offsets.items())} if adopted else {}
+                    ),
+                }
+            )
+        )
+    elif adopted is None:
+        print(f"group {group} already follows topic {topic} {current}: nothing changed")
+    else:
+        dropped = ", ".join(f"{p}:{o}" for p, o in sorted(adopted.offsets.items())) or "none"
+        print(
+            f"group {group} now follows topic {topic} {current} (was "
+            f"{adopted.previous or 'not recorded'}); dropped its DB offsets (partition:next) "
+            f"{dropped}: the next worker starts the topic as a new group's"
+        )
+    return 0
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("offsets", help="the group's DB offsets: adopt a recreated topic")
+    actions = p.add_subparsers(dest="action", required=True)
+    adopt = actions.add_parser(
+        "adopt-topic",
+        help="after the topic was deleted and made again: drop the group's DB offsets for it "
+        "and record its new topic ID, so workers start it from its log start",
+        description="Workers refuse to start when the topic's ID (a new one each time the "
+        "topic is made) is not the one the group's DB offsets belong to. Stop the group's "
+        "workers, then run this: in one transaction it drops the group's DB offsets for the "
+        "topic and records the new ID. Rows already ingested stay; events seen again are "
+        "duplicates as ever. Nothing changes when the ID is already the recorded one.",
+    )
+    adopt.add_argument("--json", action="store_true", help="one JSON object")
+    adopt.set_defaults(handler=cmd_adopt_topic)
+    uses(adopt, "topic", "group_id")

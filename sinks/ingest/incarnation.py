@@ -1,0 +1,115 @@
+"""Which incarnation of a topic a group's DB offsets belong to (migration 0015).
+
+A topic deleted and made again under its name starts its offsets at 0, and the group's
+DB offsets then point into a log they were never about: once it grew past them, a worker
+resumed there and what the new topic held below them was never ingested. Kafka gives
+each incarnation its own topic ID; the group's is recorded before a worker first joins,
+a worker refuses to start on another (:func:`verdict`), and the operator moves the group
+to the new incarnation with :func:`adopt`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import asyncpg
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What :func:`record` found: the ID recorded for (group, topic), whether this call
+    recorded it, and how many offset rows the group holds for the topic."""
+
+    stored: str
+    recorded: bool
+    offset_rows: int
+
+
+class Verdict(enum.Enum):
+    SAME = "same"  # the offsets belong to this incarnation
+    FIRST = "first"  # recorded now: no offsets yet
+    UPGRADE = "upgrade"  # recorded now, beside offsets from before migration 0015
+    OTHER = "other"  # the offsets belong to another incarnation: refuse
+
+
+def verdict(current: str, found: Recorded) -> Verdict:
+    """What a worker starting on incarnation ``current`` does with ``found``. Pure.
+
+    Offsets without a recorded ID are from before the migration: they are taken for the
+    current incarnation (nothing can tell better), as every start did before."""
+    if found.stored != current:
+        return Verdict.OTHER
+    if not found.recorded:
+        return Verdict.SAME
+    return Verdict.UPGRADE if found.offset_rows else Verdict.FIRST
+
+
+def other_incarnation_line(topic: str, group: str, stored: str, current: str) -> str:
+    """The refusal's one line: both IDs, the group, and what to do. Pure."""
+    return (
+        f"topic {topic} is another incarnation than group {group}'s DB offsets belong to "
+        f"(topic ID now {current}, recorded {stored}): the topic was deleted and made "
+        "again, and resuming at those offsets would skip the new topic's records below "
+        f"them. To ingest the new topic from its log start, stop every worker of the group "
+        f"and run `ackline offsets adopt-topic --topic {topic} --group-id {group}`"
+    )
+
+
+_RECORD = "SELECT stored, recorded, offset_rows FROM ackline_record_topic_id($1, $2, $3)"
+
+
+async def record(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Recorded:
+    """Record ``topic_id`` for (group, topic) where none is, and say what is recorded.
+
+    Order of effects: one autocommitted call of ackline_record_topic_id (0015), which
+    inserts the row unless there is one (ON CONFLICT DO NOTHING: two workers starting
+    together record one ID), then reads it. A crash before it commits records nothing;
+    after, the recorded ID is this incarnation's, which is what the next start records
+    anyway. It never replaces a recorded ID."""
+    row = await conn.fetchrow(_RECORD, group, topic, topic_id)
+    if row is None:  # the function always returns the row it inserted or found
+        raise RuntimeError("ackline_record_topic_id returned no row")
+    return Recorded(str(row["stored"]), bool(row["recorded"]), int(row["offset_rows"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    previous: str | None  # the ID recorded before (None: none was)
+    offsets: dict[int, int | None]  # the DB offsets dropped, partition -> next offset
+
+
+_LOCK = """
+SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2 FOR UPDATE
+"""
+_DROP = """
+DELETE FROM consumer_offsets WHERE group_id = $1 AND topic = $2
+RETURNING partition, next_offset
+"""
+_ADOPT = """
+INSERT INTO topic_incarnations AS t (group_id, topic, topic_id) VALUES ($1, $2, $3)
+ON CONFLICT (group_id, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, recorded_at = now()
+"""
+
+
+async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Adopted:
+    """Make ``topic_id`` the incarnation of (group, topic): drop the group's DB offsets for
+    the topic and record the ID, in one transaction. The next worker claims the topic's
+    partitions as a new group's (from the log start, or the end with start_from=latest).
+    Rows already ingested stay; a record of the new topic that carries an event already
+    stored is a duplicate as ever.
+
+    Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
+    waits), delete the offset rows, upsert the ID; COMMIT. A crash before COMMIT changes
+    nothing (the workers still refuse); after it, the group starts the new incarnation.
+    A worker still holding a partition finds its offset row gone at its next batch: the
+    fence matches no row, so it writes nothing (stop the group's workers first all the
+    same)."""
+    async with conn.transaction():
+        previous = await conn.fetchval(_LOCK, group, topic)
+        dropped = await conn.fetch(_DROP, group, topic)
+        await conn.execute(_ADOPT, group, topic, topic_id)
+    return Adopted(
+        None if previous is None else str(previous),
+        {int(r["partition"]): r["next_offset"] for r in dropped},
+    )
