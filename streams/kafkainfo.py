@@ -144,6 +144,8 @@ def topic_id(bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0) -> s
         if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    except TimeoutError as exc:  # librdkafka's own timeout may come late
+        raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: no answer") from exc
     uid = found.topic_id
     if uid is None:
         return None

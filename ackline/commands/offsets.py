@@ -62,7 +62,7 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
                     "topic_id": current,
                     "adopted": adopted is not None,
                     "previous_topic_id": adopted.previous if adopted else current,
-                    "dropped_offsets": (
+                    "rewound_offsets": (
                         {str(p): o for p, o in sorted(adopted.offsets.items())} if adopted else {}
                     ),
                 }
@@ -71,11 +71,12 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
     elif adopted is None:
         print(f"group {group} already follows topic {topic} {current}: nothing changed")
     else:
-        dropped = ", ".join(f"{p}:{o}" for p, o in sorted(adopted.offsets.items())) or "none"
+        rewound = ", ".join(f"{p}:{o}" for p, o in sorted(adopted.offsets.items())) or "none"
         print(
             f"group {group} now follows topic {topic} {current} (was "
-            f"{adopted.previous or 'not recorded'}); dropped its DB offsets (partition:next) "
-            f"{dropped}: the next worker starts the topic as a new group's"
+            f"{adopted.previous or 'not recorded'}); its DB offsets (partition:next) "
+            f"{rewound} rewound to 0, epochs bumped: the next worker reads the new topic "
+            "from its log start"
         )
     return 0
 
@@ -85,13 +86,14 @@ def register(sub: Subparsers) -> None:
     actions = p.add_subparsers(dest="action", required=True)
     adopt = actions.add_parser(
         "adopt-topic",
-        help="after the topic was deleted and made again: drop the group's DB offsets for it "
-        "and record its new topic ID, so workers start it from its log start",
+        help="after the topic was deleted and made again: rewind the group's DB offsets for "
+        "it to 0 and record its new topic ID, so workers start it from its log start",
         description="Workers refuse to start when the topic's ID (a new one each time the "
         "topic is made) is not the one the group's DB offsets belong to. Stop the group's "
-        "workers, then run this: in one transaction it drops the group's DB offsets for the "
-        "topic and records the new ID. Rows already ingested stay; events seen again are "
-        "duplicates as ever. Nothing changes when the ID is already the recorded one.",
+        "workers, then run this: in one transaction it rewinds the group's DB offsets for the "
+        "topic to 0 (their epochs bumped) and records the new ID. Rows already ingested "
+        "stay; events seen again are duplicates as ever. Nothing changes when the ID is "
+        "already the recorded one.",
     )
     adopt.add_argument("--json", action="store_true", help="one JSON object")
     adopt.set_defaults(handler=cmd_adopt_topic)

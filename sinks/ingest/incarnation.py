@@ -76,15 +76,19 @@ async def record(conn: asyncpg.Connection, group: str, topic: str, topic_id: str
 @dataclass(frozen=True, slots=True)
 class Adopted:
     previous: str | None  # the ID recorded before (None: none was)
-    offsets: dict[int, int | None]  # the DB offsets dropped, partition -> next offset
+    offsets: dict[int, int | None]  # the DB offsets rewound from, partition -> next offset
 
 
 _LOCK = """
 SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2 FOR UPDATE
 """
-_DROP = """
-DELETE FROM consumer_offsets WHERE group_id = $1 AND topic = $2
-RETURNING partition, next_offset
+_REWIND = """
+UPDATE consumer_offsets AS o
+SET next_offset = 0, epoch = o.epoch + 1, owner = NULL, updated_at = now()
+FROM consumer_offsets AS old
+WHERE o.group_id = $1 AND o.topic = $2
+  AND old.group_id = o.group_id AND old.topic = o.topic AND old.partition = o.partition
+RETURNING o.partition, old.next_offset
 """
 _ADOPT = """
 INSERT INTO topic_incarnations AS t (group_id, topic, topic_id) VALUES ($1, $2, $3)
@@ -93,23 +97,26 @@ ON CONFLICT (group_id, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, record
 
 
 async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Adopted:
-    """Make ``topic_id`` the incarnation of (group, topic): drop the group's DB offsets for
-    the topic and record the ID, in one transaction. The next worker claims the topic's
-    partitions as a new group's (from the log start, or the end with start_from=latest).
-    Rows already ingested stay; a record of the new topic that carries an event already
-    stored is a duplicate as ever.
+    """Make ``topic_id`` the incarnation of (group, topic): rewind the group's DB offsets
+    for the topic to 0 with their epochs bumped, and record the ID, in one transaction.
+    The next worker resumes each partition at 0 (the new topic's log start; records
+    retention already took count as such), whatever ACKLINE_START_FROM says: `latest`
+    would skip what the new topic holds. Rewound, not deleted: a claim after a delete
+    starts the epoch at 1 again, and a late batch of a worker cut off at epoch 1 would
+    pass the fence. Rows already ingested stay; a record of the new topic that carries an
+    event already stored is a duplicate as ever. A partition the old topic did not have
+    gets no row here: its first claim starts it by ACKLINE_START_FROM.
 
     Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
-    waits), delete the offset rows, upsert the ID; COMMIT. A crash before COMMIT changes
+    waits), rewind the offset rows, upsert the ID; COMMIT. A crash before COMMIT changes
     nothing (the workers still refuse); after it, the group starts the new incarnation.
-    A worker still holding a partition finds its offset row gone at its next batch: the
-    fence matches no row, so it writes nothing (stop the group's workers first all the
-    same)."""
+    A worker still holding a partition is fenced at its next batch (its epoch moved on)
+    and claims it again, at 0 (stop the group's workers first all the same)."""
     async with conn.transaction():
         previous = await conn.fetchval(_LOCK, group, topic)
-        dropped = await conn.fetch(_DROP, group, topic)
+        rewound = await conn.fetch(_REWIND, group, topic)
         await conn.execute(_ADOPT, group, topic, topic_id)
     return Adopted(
         None if previous is None else str(previous),
-        {int(r["partition"]): r["next_offset"] for r in dropped},
+        {int(r["partition"]): r["next_offset"] for r in rewound},
     )
