@@ -2,9 +2,10 @@
 
 A topic deleted and made again under its name has a new topic ID, and the workers refuse
 to start on it while the group's DB offsets belong to the old one (docs/guarantees.md, "A
-recreated topic"). Adopting drops those offsets and records the new ID, so the next
-worker ingests the new topic from its log start. Connects with the operator's DSN (the
-ingest role may not delete offsets) and to Kafka for the topic's ID.
+recreated topic"). Adopting rewinds those offsets to 0 (their epochs bumped) and records
+the new ID, so the next worker ingests the new topic from its log start. Connects with
+the operator's DSN (the ingest role may not record another ID) and to Kafka for the
+topic's ID.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import json
 
 from ackline import endpoints
 from ackline.commands import Subparsers, uses
-from ackline.commands.guard import connect
+from ackline.commands.guard import on_database
 from ackline.core.errors import AcklineError
 from ackline.core.signals import run_stoppable
 from ackline.settings import Settings
 
 
 def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
-    """Read the topic's ID from Kafka; then, unless it is already the one recorded, drop
+    """Read the topic's ID from Kafka; then, unless it is already the one recorded, rewind
     the group's DB offsets for the topic and record it, in one transaction
     (:func:`ackline.sinks.ingest.incarnation.adopt`, which says what a crash at each step
     leaves). Run with the group's workers stopped."""
@@ -29,7 +30,7 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
     from ackline.sinks.ingest import incarnation
     from ackline.streams.kafkainfo import topic_id
 
-    bootstrap, dsn = endpoints.endpoints(settings)
+    bootstrap, _ = endpoints.endpoints(settings)  # both named first: a missing one says so at once
     topic, group = settings.topic, settings.group_id
     current = topic_id(bootstrap, kafka_client_config(settings), topic)
     if current is None:
@@ -38,21 +39,9 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
             "that keeps none): nothing to adopt"
         )
 
-    async def go() -> incarnation.Adopted | None:
-        conn = await connect(dsn, timeout=settings.db_connect_timeout_s)
-        try:
-            stored = await conn.fetchval(
-                "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2",
-                group,
-                topic,
-            )
-            if stored == current:
-                return None
-            return await incarnation.adopt(conn, group, topic, current)
-        finally:
-            await conn.close()
-
-    adopted = run_stoppable(go())
+    adopted = run_stoppable(
+        on_database(settings, lambda conn: incarnation.adopt(conn, group, topic, current))
+    )
     if args.json:
         print(
             json.dumps(

@@ -96,7 +96,7 @@ ON CONFLICT (group_id, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, record
 """
 
 
-async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Adopted:
+async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Adopted | None:
     """Make ``topic_id`` the incarnation of (group, topic): rewind the group's DB offsets
     for the topic to 0 with their epochs bumped, and record the ID, in one transaction.
     The next worker resumes each partition at 0 (the new topic's log start; records
@@ -107,13 +107,18 @@ async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str)
     event already stored is a duplicate as ever. A partition the old topic did not have
     gets no row here: its first claim starts it by ACKLINE_START_FROM.
 
+    None, and nothing changed, when ``topic_id`` is the one recorded already.
+
     Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
-    waits), rewind the offset rows, upsert the ID; COMMIT. A crash before COMMIT changes
+    waits) and read it (the ID already recorded: roll back), rewind the offset rows,
+    upsert the ID; COMMIT. A crash before COMMIT changes
     nothing (the workers still refuse); after it, the group starts the new incarnation.
     A worker still holding a partition is fenced at its next batch (its epoch moved on)
     and claims it again, at 0 (stop the group's workers first all the same)."""
     async with conn.transaction():
         previous = await conn.fetchval(_LOCK, group, topic)
+        if previous == topic_id:
+            return None
         rewound = await conn.fetch(_REWIND, group, topic)
         await conn.execute(_ADOPT, group, topic, topic_id)
     return Adopted(

@@ -291,10 +291,7 @@ class ProcessorRunner:
                 raise failure from exc
             await self._same_transaction(conn, work, raised=False)
         try:
-            if not await control.clear_failure(conn, self.name) and work.events:
-                raise _transaction_ended(self.name, work)
-        except TransactionEndedError:
-            raise
+            written_here = await control.clear_failure(conn, self.name)
         except Exception as exc:
             failure = None
             if work.events:  # what apply left shows at the next statement
@@ -302,6 +299,8 @@ class ProcessorRunner:
             if failure is None:
                 raise
             raise failure from exc
+        if work.events and not written_here:
+            raise _transaction_ended(self.name, work)
         await self._faults.ahit(FAULT_POINT)
         return result
 
