@@ -931,40 +931,29 @@ def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str, 
     assert journal(dsn, name) == Counter(e.event_id for e in events[:5])
 
 
-def test_an_apply_that_swallows_a_failed_statement_stops_at_its_event(dsn: str) -> None:
-    """A processor that catches a failing statement without a savepoint leaves its
-    transaction aborted; the runner's next statement then failed, taken for a failure
-    before any event: no event named, the events before it never applied, and the same on
-    every restart. Found by a review. Now it is the processor's failure, narrowed to the
-    event, with the error saying what to do."""
-    spec = "tests.support.processors:SWALLOWER"
+@pytest.mark.parametrize(
+    ("name", "says"), [("swallower", "savepoint"), ("refused_at_commit", "refused at COMMIT")]
+)
+def test_a_batch_its_processor_leaves_failing_stops_at_its_event(
+    dsn: str, name: str, says: str
+) -> None:
+    """Two failures of a processor that showed only after ``apply`` returned, each taken
+    for a failure before any event: no event named, the events before it never applied,
+    the same on every restart (found by a review). ``swallower`` catches a failing
+    statement without a savepoint, leaving its transaction aborted for the runner's next
+    statement; ``refused_at_commit``'s table refuses an event only at COMMIT (a deferred
+    constraint trigger). Each is now the processor's failure, narrowed to its event, the
+    error saying what happened."""
+    spec = f"tests.support.processors:{name.upper()}"
     events, poison = _with_poison(dsn, spec)
 
     broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
     assert broken.code == 1, broken.err[-2000:]
-    report = broken.report("swallower")
+    report = broken.report(name)
     assert report["outcome"] == "failed", report
     assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
-    assert "savepoint" in report["error"], report["error"]
-    assert journal(dsn, "swallower") == Counter(e.event_id for e in events[:5])
-
-
-def test_a_batch_its_processor_makes_fail_at_commit_stops_at_its_event(dsn: str) -> None:
-    """A processor's table that refuses an event only at COMMIT (a deferred constraint or
-    constraint trigger): ``apply`` and the runner's statements go through, the COMMIT
-    fails. That was a failure before any event: none named, the events before it never
-    applied, the same on every restart (a review). Now it is the processor's, narrowed to
-    its event like one raised inside ``apply``."""
-    spec = "tests.support.processors:REFUSED_AT_COMMIT"
-    events, poison = _with_poison(dsn, spec)
-
-    broken = ackline(dsn, "process", spec, "--until-caught-up", timeout=90)
-    assert broken.code == 1, broken.err[-2000:]
-    report = broken.report("refused_at_commit")
-    assert report["outcome"] == "failed", report
-    assert report["error_event_id"] == str(poison.event_id), (report, broken.err[-3000:])
-    assert "refused at COMMIT" in report["error"], report["error"]
-    assert journal(dsn, "refused_at_commit") == Counter(e.event_id for e in events[:5])
+    assert says in report["error"], report["error"]
+    assert journal(dsn, name) == Counter(e.event_id for e in events[:5])
 
 
 @pytest.mark.parametrize("name", ["rolling_back", "commits_midway"])
