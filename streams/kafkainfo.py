@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
 from ackline.streams.admin import admin, admin_client, drain, metadata, unreachable
@@ -137,8 +137,18 @@ def topic_id(bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0) -> s
     refuses (describe not allowed). One DescribeTopics request; reads only."""
     try:
         with admin_client(bootstrap, conf) as client:
-            futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
-            found = futures[topic].result(timeout=timeout)
+            return described_topic_id(client, bootstrap, topic, timeout)
+    except KafkaException as exc:  # the client could not be made
+        raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+
+
+def described_topic_id(
+    client: AdminClient, bootstrap: str, topic: str, timeout: float
+) -> str | None:
+    """:func:`topic_id` on a client of the caller's (a watch that asks again and again)."""
+    try:
+        futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+        found = futures[topic].result(timeout=timeout)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:

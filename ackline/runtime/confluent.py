@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ackline.clients import kafka_client_config
+from ackline.core.errors import AcklineError
 from ackline.core.signals import exit_now, stop_signals
+from ackline.core.tasks import in_daemon_thread, settle
 from ackline.runtime import BeforeJoin
 from ackline.runtime.health import probe_database
 from ackline.runtime.wiring import build_ingest, decode_limits, load_payload_plugins, tune_malloc
@@ -68,7 +70,10 @@ async def run(
     handle SIGTERM/SIGINT; check the topic exists and create the dead-letter topic if
     missing; serve /metrics, /healthz, /readyz (when metrics_port is set);
     ``before_join`` (`ackline run`: wait for PostgreSQL); start the
-    PostgreSQL health probe; connect lazily; join the group in the consumer thread. At
+    PostgreSQL health probe and the watch of the topic's incarnation; connect lazily;
+    join the group in the consumer thread. The watch finding the topic recreated stops
+    the worker as SIGTERM does, and the run then raises the start's refusal
+    (AcklineError: status 2). At
     SIGTERM or SIGINT: the consumer thread finishes or cancels the batches in flight, stores
     offsets, leaves the group; then the probe and the HTTP server stop, connections close
     and the status is 0; ``on_signal`` is told which signal it was, and the handlers that
@@ -125,15 +130,17 @@ async def run(
             try:
                 runtime.run()
             except BaseException as exc:
-                loop.call_soon_threadsafe(_resolve, done, None, exc)
+                loop.call_soon_threadsafe(settle, done, None, exc)
             else:
-                loop.call_soon_threadsafe(_resolve, done, None, None)
+                loop.call_soon_threadsafe(settle, done, None, None)
 
         probe = asyncio.create_task(
             probe_database(
                 ingest.dsn, ingest.metrics, settings.db_check_interval_s, settings.worker_id
             )
         )
+        runtime.incarnation_fresh = ingest.incarnation.fresh_since
+        watch = asyncio.create_task(ingest.incarnation.run(on_other=request_stop))
         _tune_gc()
         tune_malloc()
         _tune_switching()
@@ -154,11 +161,14 @@ async def run(
                 status = 1
         finally:
             request_stop()
-            probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probe
+            for task in (probe, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await ingest.close(CLOSE_WAIT_S)
     log.info("stopped after %d committed batches", runtime.committed_batches)
+    if ingest.incarnation.refusal is not None:  # stopped on a recreated topic: as at start
+        raise AcklineError(ingest.incarnation.refusal)
     return status
 
 
@@ -177,24 +187,7 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
     it was not there), and a SIGTERM or SIGINT meanwhile was handled only after them: the
     worker then failed as if Kafka were down (status 2), its stop lost. ``work`` should
     end soon after the stop (here its metadata waits poll the same request)."""
-    loop = asyncio.get_running_loop()
-    task: asyncio.Future[T] = loop.create_future()
-
-    def body() -> None:
-        try:
-            value = work()
-        except BaseException as exc:
-            outcome: tuple[T | None, BaseException | None] = (None, exc)
-        else:
-            outcome = (value, None)
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(_resolve, task, *outcome)
-
-    # A daemon thread: abandoned at a stop, it must not hold the exit (a topic creation
-    # waits up to a minute, and an executor's threads are joined at shutdown).
-    task.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if abandoned
-    thread = threading.Thread(target=body, name="ackline-topics", daemon=True)
-    thread.start()
+    task, thread = in_daemon_thread(work, "ackline-topics")
     halt = asyncio.ensure_future(stopping.wait())
     both: set[asyncio.Future[Any]] = {task, halt}
     try:
@@ -208,16 +201,6 @@ async def _unless_stopped(work: Callable[[], T], stopping: asyncio.Event) -> T |
             await asyncio.sleep(0.05)
         return None
     return task.result()
-
-
-def _resolve(future: asyncio.Future[T], value: T | None, exc: BaseException | None) -> None:
-    """Settle ``future`` from a thread's outcome (on the loop), unless it already is."""
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(value)  # type: ignore[arg-type]
 
 
 async def _joined(done: asyncio.Future[None], stopping: asyncio.Event, bound_s: float) -> bool:
