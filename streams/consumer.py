@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -163,6 +163,12 @@ class ConsumerRuntime:
         )
         self.committed_batches = 0
         self.drain_and_stop = False
+        # Whether the topic's incarnation was confirmed by a read begun at or after a
+        # monotonic time (ackline.runtime.incarnation_watch): a held partition is
+        # released, and a drained worker stops, only then. The runtime sets it.
+        self.incarnation_fresh: Callable[[float], bool] = lambda since: True
+        self._ready_at: dict[TP, float] = {}  # held partitions whose log end reached them
+        self._drained_at: float | None = None
         self._topic_partitions = 0
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -242,8 +248,19 @@ class ConsumerRuntime:
         self._accept(msgs)
         if self._watch.due():
             self._report(consumer)
-        idle = not msgs and not self._buffered() and not self._writing()
-        if self.drain_and_stop and idle and self._drained(consumer):
+        if self.drain_and_stop:
+            self._stop_if_drained(consumer, not msgs and not self._buffered())
+
+    def _stop_if_drained(self, consumer: Consumer, idle: bool) -> None:
+        """``--until-drained``: stop once idle with every position at its last stable
+        offset, and the topic's incarnation confirmed since (not drained into a topic
+        made again, whose records below the old offsets were never read)."""
+        if not (idle and not self._writing() and self._drained(consumer)):
+            self._drained_at = None
+            return
+        if self._drained_at is None:
+            self._drained_at = time.monotonic()
+        if self.incarnation_fresh(self._drained_at):
             log.info("drained: every partition's position is at its last stable offset")
             self._stop.set()
 
@@ -1080,6 +1097,7 @@ class ConsumerRuntime:
             if slot.batch is not None:
                 pending |= {(r.topic, r.partition) for r in slot.batch.ranges}
         blocked = self.ledger.blocked()
+        self._ready_at = {tp: at for tp, at in self._ready_at.items() if tp in blocked}
         owned = self.ledger.tracked()  # lag is reported for suspended and blocked ones too
         try:
             asked = [TopicPartition(*tp) for tp in owned]
@@ -1098,7 +1116,12 @@ class ConsumerRuntime:
                 end = self._stable.get(tp, -1)
             db_next = self.ledger.db_next(tp)
             if tp in blocked and db_next is not None and end >= db_next:
-                self._unblock(consumer, tp)
+                # released once the topic is confirmed the same incarnation since: a
+                # topic made again grows past the old DB offset too (its records below
+                # it would never be read)
+                if self.incarnation_fresh(self._ready_at.setdefault(tp, time.monotonic())):
+                    del self._ready_at[tp]
+                    self._unblock(consumer, tp)
             elif (
                 tp in blocked
                 and db_next is not None

@@ -24,13 +24,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from ackline.core.errors import Terminated
+from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import exit_flushed
 from ackline.core.metrics import Metrics
 from ackline.core.signals import exit_now, run_stoppable, stops_between
@@ -167,9 +168,15 @@ def run(
         await probe_database(ingest.dsn, metrics, settings.db_check_interval_s, settings.worker_id)
 
     app.task(probe)
-    app.timer(LAG_INTERVAL_S)(_lag_reporter(app, metrics))
+    watch = ingest.incarnation
+
+    async def incarnation() -> None:  # another incarnation: stop as SIGTERM does
+        await watch.run(on_other=lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+    app.task(incarnation)
+    app.timer(LAG_INTERVAL_S)(_lag_reporter(app, metrics, watch.fresh_since))
     if until_drained:
-        app.timer(DRAIN_CHECK_S)(_drain_watch(app, settings.topic, partitions))
+        app.timer(DRAIN_CHECK_S)(_drain_watch(app, settings.topic, partitions, watch.fresh_since))
     worker = _Worker(app, quiet=True, loglevel=logging.getLogger().level or logging.INFO)
     worker.stop_bound_s = settings.shutdown_wait_s + STOP_EXTRA_S
     try:
@@ -184,6 +191,8 @@ def run(
         worker.stopped()
         ingest.server.close()
     log.info("stopped after %d committed batches", app.parts.sink.committed_batches)
+    if watch.refusal is not None:  # stopped on a recreated topic: as a start refuses
+        raise AcklineError(watch.refusal)
     return code
 
 
@@ -201,14 +210,18 @@ def _stop_overdue(bound_s: float) -> None:
     exit_flushed(1)
 
 
-def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
+def _drain_watch(
+    app: FaustApp, topic: str, partitions: int, fresh_since: Callable[[float], bool]
+) -> Any:
     """A timer that sends this process SIGTERM once it owns every partition, has read
-    each to its end (the last stable offset) and has written everything it read.
+    each to its end (the last stable offset) and has written everything it read, and
+    the topic's incarnation was confirmed since (not drained into a recreated topic).
 
     "Written everything" is observed twice in a row, a check apart: the agent idle,
     no message unacked, and no record taken since the previous check.
     """
     last_seen: list[int] = [-1]
+    drained_at: list[float | None] = [None]
 
     async def check() -> None:
         sink = app.parts.sink
@@ -226,15 +239,19 @@ def _drain_watch(app: FaustApp, topic: str, partitions: int) -> Any:
                 last_seen[0] = -1
                 return
         taken = sink.records_taken
-        if last_seen[0] == taken:
+        if last_seen[0] != taken:
+            drained_at[0] = None
+        elif fresh_since(drained_at[0] if drained_at[0] is not None else time.monotonic()):
             log.info("drained: every partition read to its end and written")
             os.kill(os.getpid(), signal.SIGTERM)
+        elif drained_at[0] is None:
+            drained_at[0] = time.monotonic()
         last_seen[0] = taken
 
     return check
 
 
-def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
+def _lag_reporter(app: FaustApp, metrics: Metrics, fresh_since: Callable[[float], bool]) -> Any:
     """A timer: ``ackline_partition_lag`` per partition of the ledger, the lag of
     :mod:`ackline.streams.lag` (:func:`~ackline.streams.lag.partition_lag`): the last
     stable offset (the consumer is read_committed, so ``highwaters`` asks ListOffsets for
@@ -245,7 +262,9 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     transactional topic showed lag 1 or more for ever, and ``/readyz`` 503;
     ``ackline_partitions_not_consumed`` = assigned partitions not consumed (fenced and not
     taken back, or blocked); a blocked partition whose log end reached its DB offset is
-    sought there and consumed again; fenced partitions due a retake are taken back; a
+    sought there and consumed again once the topic's incarnation was confirmed since it
+    got there (``fresh_since``: a topic made again grows past the old DB offsets too);
+    fenced partitions due a retake are taken back; a
     rewind mark that retention passed makes the worker rejoin the group.
 
     A retake or a log-end read that fails (a claim refused, the broker away past its
@@ -255,6 +274,7 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     of the group at once. PostgreSQL away holds a retake until it is back (the control
     connection retries), and the gauges with it."""
     shown: set[tuple[str, int]] = set()
+    ready_at: dict[tuple[str, int], float] = {}  # blocked ones whose log end reached them
 
     retention = RetentionWatch()
 
@@ -278,6 +298,8 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
     async def gauges(sink: FaustSink) -> None:
         ledger = sink.ledger
         tracked = {tp: ledger.db_next(tp) for tp in ledger.tracked()}
+        for gone in set(ready_at) - set(ledger.blocked()):
+            del ready_at[gone]
         for topic, partition in shown - set(tracked):
             metrics.lag.remove(topic, str(partition))
         shown.intersection_update(tracked)
@@ -296,7 +318,13 @@ def _lag_reporter(app: FaustApp, metrics: Metrics) -> Any:
             # read again, after the marks: a claim may have run, a batch committed
             done = ledger.db_next((topic, partition))
             position, handed = marks.get((topic, partition), (None, None))
-            if (topic, partition) in ledger.blocked() and done is not None and end >= done:
+            if (
+                (topic, partition) in ledger.blocked()
+                and done is not None
+                and end >= done
+                and fresh_since(ready_at.setdefault((topic, partition), time.monotonic()))
+            ):
+                del ready_at[topic, partition]
                 rewind = ledger.unblock((topic, partition))
                 await sink.kafka.seek({rewind.tp: rewind.offset})
                 position = None  # sought: the position read before is not the one now

@@ -25,6 +25,7 @@ from ackline.core.faults import Faults
 from ackline.core.metrics import Metrics
 from ackline.runtime.health import ReadyLimits
 from ackline.runtime.httpserver import StatusServer
+from ackline.runtime.incarnation_watch import IncarnationWatch
 from ackline.runtime.progress_line import ProgressLog, WorkerProgress
 from ackline.schemas.decode import REASONS, Limits
 from ackline.schemas.errors import SchemaError
@@ -71,6 +72,7 @@ class Ingest:
     limits: Limits
     server: StatusServer
     progress: ProgressLog
+    incarnation: IncarnationWatch  # the topic's incarnation, watched while it runs
 
     def serve(self) -> None:
         """Serve /metrics, /healthz and /readyz (unless ``metrics_port`` is 0), then log
@@ -215,6 +217,15 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             bootstrap, settings.dlq_topic, kafka_conf, reject_max_bytes=settings.batch_max_bytes
         ),
         limits=limits,
+        incarnation=IncarnationWatch(
+            bootstrap,
+            kafka_conf,
+            settings.topic,
+            settings.group_id,
+            worker_dsn,
+            settings.db_connect_timeout_s,
+            settings.worker_id,
+        ),
         server=StatusServer(
             metrics,
             ReadyLimits(
