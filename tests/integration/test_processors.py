@@ -1367,6 +1367,22 @@ def test_a_rebuild_from_the_start_after_a_retention_drop_is_refused(dsn: str) ->
     assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
 
 
+def test_a_rebuild_from_a_cursor_past_the_readable_feed_is_refused(dsn: str) -> None:
+    """An operator's hunt: `processors reset runs --to-cursor <a cursor from the future>`
+    (a typo, another database's cursor) emptied `runs` and set the cursor past every
+    transaction, so the rebuilt processor skipped what committed until the xids reached
+    it. --cursor-only refused it already; the rebuild is refused now, the table kept."""
+    write(dsn, steps_of("r-1", 3))
+    done = ackline(dsn, "process", "runs", "--until-caught-up")
+    assert done.code == 0, done.err[-2000:]
+    ahead = ackline(dsn, "processors", "reset", "runs", "--to-cursor", str(2**62))
+    assert ahead.code == 2, (ahead.code, ahead.out, ahead.err)
+    assert "past the readable feed" in ahead.err and "Traceback" not in ahead.err, ahead.err
+    assert db(dsn, "SELECT count(*) AS n FROM runs")[0]["n"] == 1  # kept
+    back = ackline(dsn, "processors", "reset", "runs", "--to-cursor", "1")
+    assert back.code == 0, back.err
+
+
 def _old_events_dropped_by_retention(dsn: str) -> None:
     """Five events of run "r-old" written, then taken by a forced retention drop of
     today's partition, which is made anew for what the test writes next."""

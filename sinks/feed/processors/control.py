@@ -593,7 +593,8 @@ async def reset(
     ``skip_events``: their events would never be applied (the dispatcher's requests never
     started), where the operator was told such a reset loses nothing (a review).
 
-    Order of effects: BEGIN; read the head if asked (before any xid); the
+    Order of effects: BEGIN; read the head (before any xid; a rebuild from a cursor past
+    it is refused: it would skip what commits until the xids reach it); the
     reset_after_head point; for a rebuild, take retention's lock (a drop then waits for
     this COMMIT and sees the rewound cursor behind it) and check for a gap; name the
     filter in effect for this transaction (0012's guard holds every cursor update to it);
@@ -615,7 +616,17 @@ async def reset(
     if conn.is_in_transaction():
         raise FeedError("reset needs a connection that is not in a transaction")
     async with conn.transaction():
-        target = await head(conn) if to is None else to
+        readable = await head(conn)  # read first: before this transaction holds an xid
+        target = readable if to is None else to
+        if clear is not None and target.xid > readable.xid:
+            # past the readable feed: the rebuilt processor would skip every transaction
+            # until the xids reach it (nothing else refused this: an operator's typo)
+            raise FeedError(
+                f"not rebuilding {name!r} from cursor {target.encode()}: it is past the "
+                f"readable feed (its head is {readable.encode()} now), and every event "
+                "committed until the xids reach it would never be applied; take a cursor "
+                "from `ackline processors status`, or reset without --to-cursor"
+            )
         await faults.ahit("reset_after_head")
         if clear is not None and not accept_gap:
             await conn.execute(_RETENTION_LOCK)  # a drop waits for this reset to commit
