@@ -83,6 +83,7 @@ class IncarnationWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poked: asyncio.Event | None = None
         self._unreadable_said = False
+        self._db_said = False  # read by a first check that already fails
 
     def fresh_since(self, since: float) -> bool:
         """Whether a partition ready at monotonic time ``since`` may be released: the

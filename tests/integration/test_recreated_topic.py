@@ -11,6 +11,7 @@ moves the group to the new incarnation, which a worker then ingests exactly once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from ackline.load.manifest import read_manifest
 from ackline.load.produce import Knobs
 from ackline.load.verify import Verdict, expected_outcome, verify
+from ackline.runtime.incarnation_watch import IncarnationWatch
 from ackline.sinks.ingest.incarnation import Recorded, record
 from ackline.streams.admin import delete_topic, ensure_topic
 from ackline.streams.kafkainfo import topic_id
@@ -293,3 +295,46 @@ def test_a_topic_recreated_under_a_running_worker_stops_it_before_its_old_offset
     assert j["lost"] == 0 and j["ingested"] == j["unique_expected"], report
     assert j["conflicts_unexpected"] == j["rejects_unexpected"] == 0, report
     assert j["drained"] and j["plan_inconsistent"] == 0, report
+
+
+def test_the_watch_outlives_postgresql_refusing_its_first_check(
+    services: Services, dsn: str, topic: str
+) -> None:
+    """The watch's first PostgreSQL failure raised AttributeError (the once-per-outage
+    flag was set only after a success): a watch whose first check met PostgreSQL away
+    died, and the worker then ran unchecked (its gates open, a recreation never seen).
+    It must say so once, go on checking, and confirm the topic once PostgreSQL answers."""
+    group = f"g-{topic}"
+    current = topic_id(services.bootstrap, {}, topic)
+    name = dsn.rsplit("/", 1)[-1].split("?", 1)[0]
+
+    async def allow(yes: bool) -> None:
+        conn = await asyncpg.connect(services.database_url)
+        try:
+            await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(yes).lower()}')
+        finally:
+            await conn.close()
+
+    async def go() -> None:
+        watch = IncarnationWatch(services.bootstrap, {}, topic, group, dsn, 2.0, "w")
+        others: list[bool] = []
+        await allow(False)
+        try:
+            task = asyncio.create_task(watch.run(on_other=lambda: others.append(True)))
+            await asyncio.sleep(1.0)  # the first check met the refusal
+            assert not task.done(), task.exception()
+        finally:
+            await allow(True)
+        try:
+            for _ in range(100):
+                if watch.confirmed is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert not task.done(), task.exception()
+            assert watch.confirmed == current and not others, (watch.confirmed, others)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    run_async(go())
