@@ -3,13 +3,15 @@ recreated topic").
 
 The start checks that the group's DB offsets belong to the topic's incarnation in Kafka
 (its topic ID). A topic deleted and made again *while* workers ran was not seen: with no
-rebalance the fetch went on at the old positions, and a held partition (DB offset past
-the new log end) was released once the new log grew past it; either way the new topic's
-records below the old offsets were never ingested, the worker still running. The watch
-reads the topic ID every :data:`CHECK_S` seconds (and at once when asked) and, on another
-incarnation than the recorded one, says the start's refusal line and stops the worker,
-which then exits as a refused start does (status 2). A held partition is released only
-after a read of the ID that began once it was ready (:meth:`IncarnationWatch.fresh_since`).
+rebalance the fetch went on at the old positions (or, where the new log was shorter, was
+reset to its start and the records below the DB offset dropped as read), and a held
+partition (DB offset past the new log end) was released once the new log grew past it;
+either way the new topic's records below the old offsets were never ingested, the worker
+still running. The watch reads the topic ID every :data:`CHECK_S` seconds (and at once
+when asked) and, when it changes or is not the recorded one, says the start's refusal
+line and stops the worker, which then exits as a refused start does (status 2). Once the
+ID was read, a held partition is released only after a read of it that began once the
+partition was ready (:meth:`IncarnationWatch.fresh_since`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ to the new log start, where those records are duplicates), but it is taken out o
 records past the old offsets came before those below them (docs/guarantees.md)."""
 READ_S = 5.0
 """The bound of one DescribeTopics."""
+MIN_GAP_S = 0.5
+"""The least time between two reads, however often the worker asks for one."""
 
 _DB_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
@@ -54,12 +58,11 @@ _DB_DOWN: tuple[type[BaseException], ...] = (
 class IncarnationWatch:
     """One worker's watch of ``topic``'s incarnation for ``group``.
 
-    ``confirmed`` is the topic ID the group's DB offsets were last confirmed to belong to
-    (recorded in ``topic_incarnations``), ``confirmed_at`` the monotonic time the read
-    that confirmed it began. ``refusal`` is the refusal line once another incarnation
-    was found (the worker is stopping). Until a first confirmation (the ID unreadable,
-    a schema before migration 0015) the watch holds nothing back: the worker runs
-    unchecked, as the start said.
+    ``confirmed`` is the topic ID this worker has read throughout (checked once against
+    the one recorded in ``topic_incarnations``), ``confirmed_at`` the monotonic time the
+    last read of it began. ``refusal`` is the refusal line once another incarnation was
+    found (the worker is stopping). Until a first read (the ID unreadable) the watch
+    holds nothing back: the worker runs unchecked, as the start said.
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class IncarnationWatch:
         self.confirmed_at = float("-inf")
         self.refusal: str | None = None
         self._client: AdminClient | None = None  # made in the reading thread, kept
-        self._disabled = False  # no migration 0015: nothing recorded to compare with
+        self._recorded = False  # the ID read is known to be the recorded one (or none can be)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poked: asyncio.Event | None = None
         self._unreadable_said = False
@@ -91,7 +94,7 @@ class IncarnationWatch:
         checks nothing. Thread-safe; False asks the watch to read at once."""
         if self.refusal is not None:
             return False
-        if self._disabled or self.confirmed is None or self.confirmed_at >= since:
+        if self.confirmed is None or self.confirmed_at >= since:
             return True
         self.poke()
         return False
@@ -105,32 +108,45 @@ class IncarnationWatch:
 
     async def run(self, on_other: Callable[[], None]) -> None:
         """Check until cancelled; on another incarnation set :attr:`refusal`, log it at
-        ERROR and call ``on_other`` (which stops the worker), then return.
+        ERROR and call ``on_other`` (which stops the worker), then return. A check that
+        fails unexpectedly does the same with its own line: the watch fails closed (a
+        worker without it would run on through a recreation).
 
         Order of effects at each check: read the topic ID (DescribeTopics, in a thread);
-        when it is not the confirmed one, one autocommitted call of
-        ackline_record_topic_id (:func:`ackline.sinks.ingest.incarnation.record`) on a
-        connection of its own, which records it where none is and says what is. It
+        until the ID this worker reads is known to be the recorded one, one autocommitted
+        call of ackline_record_topic_id (:func:`ackline.sinks.ingest.incarnation.record`)
+        on a connection of its own, which records it where none is and says what is. It
         never replaces a recorded ID, so a crash anywhere leaves what a start finds."""
         self._loop = asyncio.get_running_loop()
         self._poked = asyncio.Event()
-        while not self._disabled:
+        while True:
             began = time.monotonic()
-            line = await self._check(began)
+            try:
+                line = await self._check(began)
+            except Exception as exc:
+                log.error("the topic incarnation check failed: stopping", exc_info=True)
+                line = f"the watch of topic {self.topic}'s incarnation failed: {exc!r}"
             if line is not None:
                 self.refusal = line
                 log.error("%s", line)
                 on_other()
                 return
             self._poked.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CHECK_S):
                     await self._poked.wait()
-            except TimeoutError:
-                pass
+            # pokes come from every poll of a worker waiting on a release: one read a
+            # while at most
+            await asyncio.sleep(max(0.0, began + MIN_GAP_S - time.monotonic()))
 
     async def _check(self, began: float) -> str | None:
-        """One check begun at ``began``: the refusal line, or None."""
+        """One check begun at ``began``: the refusal line, or None.
+
+        The ID changing under a running worker is a recreation whatever PostgreSQL
+        says: that needs no connection (new ones may be refused while the writers'
+        still commit). PostgreSQL is asked once, whether the first ID this worker reads
+        is the one its DB offsets belong to (the start asked too: this covers a
+        recreation in between, and records the ID where the start could not)."""
         try:
             current = await in_daemon_thread(self._read, "ackline-incarnation")[0]
         except KafkaUnavailableError as exc:
@@ -140,18 +156,22 @@ class IncarnationWatch:
             self._unreadable("no topic ID")
             return None
         self._unreadable_said = False
-        if current == self.confirmed:
-            self.confirmed_at = began
+        if self.confirmed is not None and current != self.confirmed:
+            return incarnation.other_incarnation_line(
+                self.topic, self.group, self.confirmed, current
+            )
+        self.confirmed, self.confirmed_at = current, began
+        if self._recorded:
             return None
         found = await self._record(current)
         if found is None:
             return None
+        self._recorded = True
         seen = incarnation.verdict(current, found)
         if seen is incarnation.Verdict.OTHER:
             return incarnation.other_incarnation_line(self.topic, self.group, found.stored, current)
-        if self.confirmed is not None or seen is not incarnation.Verdict.SAME:
-            log.info("topic %s: incarnation %s confirmed for %s", self.topic, current, self.group)
-        self.confirmed, self.confirmed_at = current, began
+        if seen is not incarnation.Verdict.SAME:
+            log.info("topic %s: incarnation %s recorded for %s", self.topic, current, self.group)
         return None
 
     def _read(self) -> str | None:
@@ -179,8 +199,8 @@ class IncarnationWatch:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 found = await incarnation.record(conn, self.group, self.topic, current)
-        except asyncpg.UndefinedFunctionError:
-            self._disabled = True  # the start said so (migration 0015 not applied)
+        except asyncpg.UndefinedFunctionError:  # no migration 0015 (the start said so):
+            self._recorded = True  # nothing recorded to compare with
             return None
         except _DB_DOWN as exc:
             self._db_down(exc)
@@ -194,18 +214,23 @@ class IncarnationWatch:
         """Once per outage: the worker's own connections say the rest."""
         if not self._db_said:
             log.warning(
-                "topic incarnation check: PostgreSQL did not answer (%s); partitions held "
-                "past their log end stay held until it does",
+                "topic incarnation check: PostgreSQL did not answer (%s): whether the "
+                "topic ID %s is the one recorded for the group is asked again at the next "
+                "check (a change of it under this worker stops it all the same)",
                 describe(exc),
+                self.confirmed,
             )
             self._db_said = True
 
     def _unreadable(self, why: str) -> None:
         if not self._unreadable_said:
             log.warning(
-                "cannot read the topic ID of %s (%s): partitions held past their log end "
-                "stay held until it is read",
+                "cannot read the topic ID of %s (%s): %s",
                 self.topic,
                 why,
+                "the worker runs unchecked until it is read"
+                if self.confirmed is None
+                else "partitions held past their log end stay held, and --until-drained "
+                "waits, until it is read",
             )
             self._unreadable_said = True

@@ -297,15 +297,17 @@ def test_a_topic_recreated_under_a_running_worker_stops_it_before_its_old_offset
     assert j["drained"] and j["plan_inconsistent"] == 0, report
 
 
-def test_the_watch_outlives_postgresql_refusing_its_first_check(
+def test_the_watch_outlives_postgresql_refusing_its_checks_and_stops_on_a_recreation_without_it(
     services: Services, dsn: str, topic: str
 ) -> None:
     """The watch's first PostgreSQL failure raised AttributeError (the once-per-outage
     flag was set only after a success): a watch whose first check met PostgreSQL away
     died, and the worker then ran unchecked (its gates open, a recreation never seen).
-    It must say so once, go on checking, and confirm the topic once PostgreSQL answers."""
+    It must go on checking and record the topic once PostgreSQL answers. And a review:
+    the refusal waited for a new connection, which PostgreSQL may refuse while the
+    writers' connections still commit; an ID changing under the worker needs none."""
     group = f"g-{topic}"
-    current = topic_id(services.bootstrap, {}, topic)
+    first = topic_id(services.bootstrap, {}, topic)
     name = dsn.rsplit("/", 1)[-1].split("?", 1)[0]
 
     async def allow(yes: bool) -> None:
@@ -314,6 +316,10 @@ def test_the_watch_outlives_postgresql_refusing_its_first_check(
             await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(yes).lower()}')
         finally:
             await conn.close()
+
+    def recorded() -> list[str]:
+        rows = db(dsn, "SELECT topic_id FROM topic_incarnations WHERE group_id = $1", group)
+        return [r["topic_id"] for r in rows]
 
     async def go() -> None:
         watch = IncarnationWatch(services.bootstrap, {}, topic, group, dsn, 2.0, "w")
@@ -327,11 +333,25 @@ def test_the_watch_outlives_postgresql_refusing_its_first_check(
             await allow(True)
         try:
             for _ in range(100):
-                if watch.confirmed is not None:
+                if await asyncio.to_thread(recorded):
                     break
                 await asyncio.sleep(0.1)
             assert not task.done(), task.exception()
-            assert watch.confirmed == current and not others, (watch.confirmed, others)
+            assert await asyncio.to_thread(recorded) == [first] and not others
+            assert watch.confirmed == first, watch.confirmed
+            await allow(False)  # new connections refused from here on
+            try:
+                assert first is not None
+                made = await asyncio.to_thread(_recreate, services, topic, first)
+                for _ in range(150):
+                    if task.done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert task.done() and others == [True], "no refusal without PostgreSQL"
+                line = watch.refusal or ""
+                assert first in line and made in line and "adopt-topic" in line, line
+            finally:
+                await allow(True)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
