@@ -135,9 +135,17 @@ def topic_id(bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0) -> s
     made again under its name has a new one. None when the topic does not exist or the
     broker keeps no IDs. Raises KafkaUnavailableError when the broker cannot be asked or
     refuses (describe not allowed). One DescribeTopics request; reads only."""
+    found = topic_incarnation(bootstrap, conf, topic, timeout)
+    return None if found is None else found[0]
+
+
+def topic_incarnation(
+    bootstrap: str, conf: Conf, topic: str, timeout: float = 10.0
+) -> tuple[str, int] | None:
+    """:func:`topic_id` and the incarnation's partition count, from the same answer."""
     try:
         with admin_client(bootstrap, conf) as client:
-            return described_topic_id(client, bootstrap, topic, timeout)
+            return _described(client, bootstrap, topic, timeout)
     except KafkaException as exc:  # the client could not be made
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
 
@@ -146,6 +154,13 @@ def described_topic_id(
     client: AdminClient, bootstrap: str, topic: str, timeout: float
 ) -> str | None:
     """:func:`topic_id` on a client of the caller's (a watch that asks again and again)."""
+    found = _described(client, bootstrap, topic, timeout)
+    return None if found is None else found[0]
+
+
+def _described(
+    client: AdminClient, bootstrap: str, topic: str, timeout: float
+) -> tuple[str, int] | None:
     try:
         futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
         found = futures[topic].result(timeout=timeout)
@@ -159,7 +174,8 @@ def described_topic_id(
     uid = found.topic_id
     if uid is None:
         return None
-    return kafka_uuid_text(uid.get_most_significant_bits(), uid.get_least_significant_bits())
+    text = kafka_uuid_text(uid.get_most_significant_bits(), uid.get_least_significant_bits())
+    return None if text is None else (text, len(found.partitions))
 
 
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:

@@ -28,19 +28,22 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
     leaves). Run with the group's workers stopped."""
     from ackline.clients import kafka_client_config
     from ackline.sinks.ingest import incarnation
-    from ackline.streams.kafkainfo import topic_id
+    from ackline.streams.kafkainfo import topic_incarnation
 
     bootstrap, _ = endpoints.endpoints(settings)  # both named first: a missing one says so at once
     topic, group = settings.topic, settings.group_id
-    current = topic_id(bootstrap, kafka_client_config(settings), topic)
-    if current is None:
+    found = topic_incarnation(bootstrap, kafka_client_config(settings), topic)
+    if found is None:
         raise AcklineError(
             f"Kafka at {bootstrap} gives no topic ID for {topic} (no such topic, or a broker "
             "that keeps none): nothing to adopt"
         )
+    current, partitions = found
 
     adopted = run_stoppable(
-        on_database(settings, lambda conn: incarnation.adopt(conn, group, topic, current))
+        on_database(
+            settings, lambda conn: incarnation.adopt(conn, group, topic, current, partitions)
+        )
     )
     if args.json:
         print(
@@ -54,6 +57,7 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
                     "rewound_offsets": (
                         {str(p): o for p, o in sorted(adopted.offsets.items())} if adopted else {}
                     ),
+                    "started_partitions": list(adopted.started) if adopted else [],
                 }
             )
         )
@@ -61,11 +65,16 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
         print(f"group {group} already follows topic {topic} {current}: nothing changed")
     else:
         rewound = ", ".join(f"{p}:{o}" for p, o in sorted(adopted.offsets.items())) or "none"
+        started = (
+            f"; partitions {', '.join(map(str, adopted.started))} (new) start at 0"
+            if adopted.started
+            else ""
+        )
         print(
             f"group {group} now follows topic {topic} {current} (was "
             f"{adopted.previous or 'not recorded'}); its DB offsets (partition:next) "
-            f"{rewound} rewound to 0, epochs bumped: the next worker reads the new topic "
-            "from its log start"
+            f"{rewound} rewound to 0, epochs bumped{started}: the next worker reads the new "
+            "topic from its log start"
         )
     return 0
 
@@ -80,7 +89,8 @@ def register(sub: Subparsers) -> None:
         description="Workers refuse to start when the topic's ID (a new one each time the "
         "topic is made) is not the one the group's DB offsets belong to. Stop the group's "
         "workers, then run this: in one transaction it rewinds the group's DB offsets for the "
-        "topic to 0 (their epochs bumped) and records the new ID. Rows already ingested "
+        "topic to 0 (their epochs bumped), stores 0 for partitions the group has none for, "
+        "and records the new ID. Rows already ingested "
         "stay; events seen again are duplicates as ever. Nothing changes when the ID is "
         "already the recorded one.",
     )

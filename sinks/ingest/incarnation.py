@@ -77,6 +77,7 @@ async def record(conn: asyncpg.Connection, group: str, topic: str, topic_id: str
 class Adopted:
     previous: str | None  # the ID recorded before (None: none was)
     offsets: dict[int, int | None]  # the DB offsets rewound from, partition -> next offset
+    started: tuple[int, ...] = ()  # partitions the group had no DB offset for, stored at 0
 
 
 _LOCK = """
@@ -90,13 +91,21 @@ WHERE o.group_id = $1 AND o.topic = $2
   AND old.group_id = o.group_id AND old.topic = o.topic AND old.partition = o.partition
 RETURNING o.partition, old.next_offset
 """
+_NEW_PARTITIONS = """
+INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch, owner, claimed_at)
+SELECT $1, $2, p, 0, 1, NULL, now() FROM generate_series(0, $3::int - 1) AS p
+ON CONFLICT (group_id, topic, partition) DO NOTHING
+RETURNING partition
+"""
 _ADOPT = """
 INSERT INTO topic_incarnations AS t (group_id, topic, topic_id) VALUES ($1, $2, $3)
 ON CONFLICT (group_id, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, recorded_at = now()
 """
 
 
-async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Adopted | None:
+async def adopt(
+    conn: asyncpg.Connection, group: str, topic: str, topic_id: str, partitions: int = 0
+) -> Adopted | None:
     """Make ``topic_id`` the incarnation of (group, topic): rewind the group's DB offsets
     for the topic to 0 with their epochs bumped, and record the ID, in one transaction.
     The next worker resumes each partition at 0 (the new topic's log start; records
@@ -104,14 +113,16 @@ async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str)
     would skip what the new topic holds. Rewound, not deleted: a claim after a delete
     starts the epoch at 1 again, and a late batch of a worker cut off at epoch 1 would
     pass the fence. Rows already ingested stay; a record of the new topic that carries an
-    event already stored is a duplicate as ever. A partition the old topic did not have
-    gets no row here: its first claim starts it by ACKLINE_START_FROM.
+    event already stored is a duplicate as ever. A partition of the new topic's
+    ``partitions`` that the group has no offset row for gets one at 0 (epoch 1, no
+    owner): left without one, its first claim started it by ACKLINE_START_FROM, and
+    `latest` skipped what the new topic already held there (an operator's loss).
 
     None, and nothing changed, when ``topic_id`` is the one recorded already.
 
     Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
     waits) and read it (the ID already recorded: roll back), rewind the offset rows,
-    upsert the ID; COMMIT. A crash before COMMIT changes
+    insert the missing ones at 0, upsert the ID; COMMIT. A crash before COMMIT changes
     nothing (the workers still refuse); after it, the group starts the new incarnation.
     A worker still holding a partition is fenced at its next batch (its epoch moved on)
     and claims it again, at 0 (stop the group's workers first all the same)."""
@@ -120,8 +131,10 @@ async def adopt(conn: asyncpg.Connection, group: str, topic: str, topic_id: str)
         if previous == topic_id:
             return None
         rewound = await conn.fetch(_REWIND, group, topic)
+        started = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions)
         await conn.execute(_ADOPT, group, topic, topic_id)
     return Adopted(
         None if previous is None else str(previous),
         {int(r["partition"]): r["next_offset"] for r in rewound},
+        tuple(sorted(int(r["partition"]) for r in started)),
     )

@@ -186,6 +186,45 @@ def test_a_recreated_topic_is_refused_at_start_until_adopted_then_ingested_exact
     _verify_beside(dsn, new, group, old_verdict, old_batches)
 
 
+def test_a_partition_the_old_topic_did_not_have_is_read_from_its_log_start_after_adopt(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """An operator's loss: the topic made again with more partitions, produced to, adopted
+    ("the next worker reads the new topic from its log start"), then ingested with
+    ACKLINE_START_FROM=latest. The rewound partitions started at 0, but the ones the old
+    topic did not have got no DB offset and started at their end: 1,136 of 2,000 events
+    never ingested. Adopting now stores 0 for them too."""
+    group = f"g-{topic}"
+    first_id = topic_id(services.bootstrap, {}, topic)
+    assert first_id is not None
+    produce_mix(services, topic, tmp_path, 200, seed=71, knobs=NO_OFFSET_KEYED)
+    w = Worker(services, dsn, topic, tmp_path, name="w1", args=["--until-drained"])
+    assert _ended(w) == 0, w.log()[-3000:]
+
+    delete_topic(services.bootstrap, topic)
+    wait_until(lambda: topic_id(services.bootstrap, {}, topic) is None, 60, "the deletion")
+    ensure_topic(services.bootstrap, topic, partitions=5)
+    wait_until(
+        lambda: topic_id(services.bootstrap, {}, topic) not in (None, first_id),
+        60,
+        "the new incarnation to be visible",
+    )
+    new = produce_mix(services, topic, tmp_path, 600, seed=72, knobs=NO_OFFSET_KEYED)
+    ends = watermarks(services.bootstrap, topic, 5)
+    assert ends[3][1] > 0 and ends[4][1] > 0, ends  # the new partitions hold records
+
+    said = _adopt(services, dsn, topic, group)
+    assert said["adopted"], said
+
+    w2 = Worker(
+        services, dsn, topic, tmp_path, name="w2", args=["--until-drained"], start_from="latest"
+    )
+    assert _ended(w2) == 0, w2.log()[-3000:]
+    verdict = run_async(verify(dsn, new, group))
+    assert verdict.lost == 0, verdict.to_json()
+    assert verdict.ingested == verdict.unique_expected, verdict.to_json()
+
+
 def test_offsets_from_before_the_migration_take_the_topic_id_there_is(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
