@@ -113,10 +113,11 @@ async def adopt(
     would skip what the new topic holds. Rewound, not deleted: a claim after a delete
     starts the epoch at 1 again, and a late batch of a worker cut off at epoch 1 would
     pass the fence. Rows already ingested stay; a record of the new topic that carries an
-    event already stored is a duplicate as ever. A partition of the new topic's
-    ``partitions`` that the group has no offset row for gets one at 0 (epoch 1, no
-    owner): left without one, its first claim started it by ACKLINE_START_FROM, and
-    `latest` skipped what the new topic already held there (an operator's loss).
+    event already stored is a duplicate as ever. When the group has offset rows for the
+    topic, a partition of the new topic's ``partitions`` that has none gets one at 0
+    (epoch 1, no owner): left without one, its first claim started it by
+    ACKLINE_START_FROM, and `latest` skipped what the new topic already held there (an
+    operator's loss). A group with no rows gets none (it starts as any new group does).
 
     None, and nothing changed, when ``topic_id`` is the one recorded already.
 
@@ -131,7 +132,9 @@ async def adopt(
         if previous == topic_id:
             return None
         rewound = await conn.fetch(_REWIND, group, topic)
-        started = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions)
+        # only a group that ingested the old incarnation: one with no offsets (never
+        # started, or a mistyped --group-id) keeps starting by ACKLINE_START_FROM
+        started = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions) if rewound else []
         await conn.execute(_ADOPT, group, topic, topic_id)
     return Adopted(
         None if previous is None else str(previous),
