@@ -26,8 +26,11 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
     the group's DB offsets for the topic and record it, in one transaction
     (:func:`ackline.sinks.ingest.incarnation.adopt`, which says what a crash at each step
     leaves). Run with the group's workers stopped."""
+    import asyncpg
+
     from ackline.clients import kafka_client_config
     from ackline.sinks.ingest import incarnation
+    from ackline.status import groups_with_offsets
     from ackline.streams.kafkainfo import topic_incarnation
 
     bootstrap, _ = endpoints.endpoints(settings)  # both named first: a missing one says so at once
@@ -40,11 +43,15 @@ def cmd_adopt_topic(args: argparse.Namespace, settings: Settings) -> int:
         )
     current, partitions = found
 
-    adopted = run_stoppable(
-        on_database(
-            settings, lambda conn: incarnation.adopt(conn, group, topic, current, partitions)
-        )
-    )
+    async def adopt(conn: asyncpg.Connection) -> incarnation.Adopted | None:
+        try:
+            return await incarnation.adopt(conn, group, topic, current, partitions)
+        except incarnation.NothingToAdoptError as exc:  # name the groups that have some
+            others = await groups_with_offsets(conn, topic)
+            named = ", ".join(others) if others else "none"
+            raise AcklineError(f"{exc}; groups with DB offsets for {topic}: {named}") from exc
+
+    adopted = run_stoppable(on_database(settings, adopt))
     if args.json:
         print(
             json.dumps(

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ackline.sinks.errors import SinkError
+
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
@@ -73,6 +75,11 @@ async def record(conn: asyncpg.Connection, group: str, topic: str, topic_id: str
     return Recorded(str(row["stored"]), bool(row["recorded"]), int(row["offset_rows"]))
 
 
+class NothingToAdoptError(SinkError):
+    """The group never ingested the topic: adopting would only record an ID for a name
+    that may be mistyped (an operator's hunt: it succeeded and said nothing was wrong)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Adopted:
     previous: str | None  # the ID recorded before (None: none was)
@@ -119,7 +126,9 @@ async def adopt(
     ACKLINE_START_FROM, and `latest` skipped what the new topic already held there (an
     operator's loss). A group with no rows gets none (it starts as any new group does).
 
-    None, and nothing changed, when ``topic_id`` is the one recorded already.
+    None, and nothing changed, when ``topic_id`` is the one recorded already;
+    NothingToAdoptError, nothing changed, when the group has neither a recorded ID nor an
+    offset row for the topic.
 
     Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
     waits) and read it (the ID already recorded: roll back), rewind the offset rows,
@@ -132,6 +141,11 @@ async def adopt(
         if previous == topic_id:
             return None
         rewound = await conn.fetch(_REWIND, group, topic)
+        if previous is None and not rewound:  # rolled back: nothing written
+            raise NothingToAdoptError(
+                f"group {group} has no DB offsets and no recorded incarnation for topic "
+                f"{topic}: nothing to adopt (a mistyped --group-id / ACKLINE_GROUP_ID?)"
+            )
         # only a group that ingested the old incarnation: one with no offsets (never
         # started, or a mistyped --group-id) keeps starting by ACKLINE_START_FROM
         started = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions) if rewound else []

@@ -213,6 +213,20 @@ def test_a_partition_the_old_topic_did_not_have_is_read_from_its_log_start_after
     ends = watermarks(services.bootstrap, topic, 5)
     assert ends[3][1] > 0 and ends[4][1] > 0, ends  # the new partitions hold records
 
+    # a mistyped group (an operator's hunt: it was adopted, an ID recorded for it, and
+    # nothing said) is refused, the groups that have DB offsets for the topic named
+    typo = ackline(
+        dsn,
+        "offsets",
+        "adopt-topic",
+        ACKLINE_KAFKA_BOOTSTRAP=services.bootstrap,
+        ACKLINE_TOPIC=topic,
+        ACKLINE_GROUP_ID="typo-group",
+    )
+    assert typo.code == 2 and "nothing to adopt" in typo.err, (typo.code, typo.err)
+    assert group in typo.err and "Traceback" not in typo.err, typo.err
+    kept = db(dsn, "SELECT group_id FROM topic_incarnations WHERE topic = $1", topic)
+    assert [r["group_id"] for r in kept] == [group], kept
     said = _adopt(services, dsn, topic, group)
     assert said["adopted"], said
 
