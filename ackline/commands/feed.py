@@ -171,6 +171,23 @@ def cmd_dispatch(args: argparse.Namespace, settings: Settings) -> int:
     return run_stoppable(_dispatch(args, settings, _dsn(settings)))
 
 
+def _refuse_a_processors_cursor(reader: str) -> None:
+    """``--reader`` must not name another processor: the dispatcher would take over its
+    cursor (the newest instance of a name does) and move it past events that processor
+    never applied, and the processor was then superseded (an operator's hunt: `dispatch
+    --reader runs` left the projection short, then stalled)."""
+    from ackline.sinks.errors import FeedError
+    from ackline.sinks.feed.processors.registry import BUILTINS, available
+
+    target = available().get(reader)
+    if target is not None and target != BUILTINS["dispatcher"]:
+        raise FeedError(
+            f"--reader {reader} is the cursor of processor {reader} ({target}): dispatching "
+            "on it would move it past events that processor never applied; name the "
+            "dispatcher's own cursor (default: dispatcher)"
+        )
+
+
 async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
     """The dispatcher processor (`ackline process dispatcher`), under its older name.
 
@@ -188,6 +205,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     from ackline.sinks.feed.processors.runner import Outcome, ProcessorRunner, Report
 
     instance = args.instance or settings.worker_id
+    _refuse_a_processors_cursor(args.reader)
     dispatcher = Dispatcher(args.reader)
     runner = ProcessorRunner(
         check(dispatcher, f"dispatcher {args.reader!r}"),

@@ -1568,6 +1568,22 @@ def test_dispatcher_starts_one_run_per_ingested_request(
     assert replayed[0]["n"] > 0  # the replay did commit batches (with nothing new in them)
 
 
+def test_dispatch_on_another_processors_cursor_is_refused(dsn: str) -> None:
+    """An operator's hunt: `dispatch --reader runs` took over the `runs` projection's
+    cursor (the newest instance of a name does) and moved it past every event, the
+    projection never applying them, then superseded. Refused now, the cursor unmoved."""
+    asyncio.run(ingest(dsn, [[requested("r1", "agent-x")]], 0))
+    built = _ackline(dsn, "process", "runs", "--until-caught-up")
+    assert built.returncode == 0, built.stderr
+    before = db(dsn, "SELECT position::text AS p FROM feed_cursors WHERE reader = 'runs'")
+    asyncio.run(ingest(dsn, [[requested("r2", "agent-y")]], 1))
+    taken = _ackline(dsn, "dispatch", "--once", "--reader", "runs")
+    assert taken.returncode == 2, (taken.returncode, taken.stdout, taken.stderr)
+    assert "processor runs" in taken.stderr and "Traceback" not in taken.stderr, taken.stderr
+    after = db(dsn, "SELECT position::text AS p FROM feed_cursors WHERE reader = 'runs'")
+    assert after == before, (before, after)
+
+
 def test_a_following_dispatch_says_what_it_applied(dsn: str, tmp_path: Path) -> None:
     """`ackline dispatch` ran its runner alone, not as `process dispatcher` does: following
     the feed it logged nothing between its start line and its summary. Every
