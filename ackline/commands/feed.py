@@ -57,6 +57,8 @@ def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
+    import asyncpg
+
     from ackline.clients import feed_bounds
     from ackline.sinks.errors import FeedError
     from ackline.sinks.feed.changefeed import (
@@ -67,6 +69,7 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
         connector,
         follow,
     )
+    from ackline.sinks.feed.processors.control import refused_by_guard
     from ackline.sinks.feed.types import START, Cursor, FeedBatch, Filter, event_line
 
     if args.limit is not None and args.limit < 1:
@@ -133,6 +136,12 @@ async def _tail(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
             # the reader of our stdout left (`| head`); with --commit the batch rolled back
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return work_done(0)
+        except asyncpg.PostgresError as exc:
+            if not refused_by_guard(exc):
+                raise
+            # --commit on a processor's cursor: 0012's guard refused it, the batch rolled
+            # back (a traceback said so, in an operator's hunt); the database's words
+            raise FeedError(f"reader {args.reader}: {exc}") from exc
         # still under the handlers: a stop from here on does not cut the last line
         said = (
             "stopped (a read was cancelled; nothing committed)"

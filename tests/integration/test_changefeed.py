@@ -1568,10 +1568,11 @@ def test_dispatcher_starts_one_run_per_ingested_request(
     assert replayed[0]["n"] > 0  # the replay did commit batches (with nothing new in them)
 
 
-def test_dispatch_on_another_processors_cursor_is_refused(dsn: str) -> None:
+def test_dispatch_or_tail_on_another_processors_cursor_is_refused(dsn: str) -> None:
     """An operator's hunt: `dispatch --reader runs` took over the `runs` projection's
     cursor (the newest instance of a name does) and moved it past every event, the
-    projection never applying them, then superseded. Refused now, the cursor unmoved."""
+    projection never applying them, then superseded. Refused now, the cursor unmoved.
+    `tail --reader runs --commit` was refused by the database, with a traceback."""
     asyncio.run(ingest(dsn, [[requested("r1", "agent-x")]], 0))
     built = _ackline(dsn, "process", "runs", "--until-caught-up")
     assert built.returncode == 0, built.stderr
@@ -1582,6 +1583,12 @@ def test_dispatch_on_another_processors_cursor_is_refused(dsn: str) -> None:
     assert "processor runs" in taken.stderr and "Traceback" not in taken.stderr, taken.stderr
     after = db(dsn, "SELECT position::text AS p FROM feed_cursors WHERE reader = 'runs'")
     assert after == before, (before, after)
+    # tail --commit on it: the database's guard refuses (0012), said in one line
+    tailed = _ackline(dsn, "tail", "--reader", "runs", "--commit")
+    assert tailed.returncode == 2, (tailed.returncode, tailed.stderr)
+    assert "is in effect" in tailed.stderr and "Traceback" not in tailed.stderr, tailed.stderr
+    again = db(dsn, "SELECT position::text AS p FROM feed_cursors WHERE reader = 'runs'")
+    assert again == before, (before, again)
 
 
 def test_a_following_dispatch_says_what_it_applied(dsn: str, tmp_path: Path) -> None:
