@@ -27,6 +27,7 @@ from ackline.sinks.admin.grants import (
     roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
+from ackline.sinks.ingest.incarnation import other_incarnation_line
 from ackline.status import (
     OffsetRow,
     PartitionStatus,
@@ -37,11 +38,13 @@ from ackline.status import (
     unread_starts,
 )
 from ackline.streams.dlq_rules import weaker_than_source
+from ackline.streams.errors import KafkaUnavailableError
 from ackline.streams.kafkainfo import (
     TopicFacts,
     describe_topic,
     reachable,
     scan_ranges,
+    topic_id,
     topic_offsets,
 )
 
@@ -185,7 +188,7 @@ def offsets_check(
         elif r.high is not None and r.db_next > r.high:
             problems.append(
                 f"partition {r.partition}: DB next offset {r.db_next} is past the log end "
-                f"{r.high} (topic recreated?)"
+                f"{r.high} (topic recreated? see the topic incarnation check)"
             )
     if problems:
         return Check(name, "fail", "; ".join(problems))
@@ -193,6 +196,22 @@ def offsets_check(
     if missing is not None:
         return Check(name, "warn", f"{missing}; lag {lag} counted from the log start")
     return Check(name, "pass", f"DB offsets inside the log on {len(rows)} partitions, lag {lag}")
+
+
+def incarnation_check(topic: str, group: str, current: str | None, recorded: str | None) -> Check:
+    """The group's DB offsets belong to the topic's incarnation in Kafka (its topic ID):
+    another one means the topic was deleted and made again, and a worker refuses to start
+    (the offsets check alone passed once the new log grew past the old offsets)."""
+    name = "topic incarnation"
+    if current is None:
+        return Check(name, "warn", f"cannot read the topic ID of {topic}: not checked")
+    if recorded is None:
+        return Check(
+            name, "pass", f"{topic} {current}; none recorded for group {group} yet (a start does)"
+        )
+    if recorded != current:
+        return Check(name, "fail", other_incarnation_line(topic, group, recorded, current))
+    return Check(name, "pass", f"group {group}'s DB offsets belong to {topic} {current}")
 
 
 def retention_check(config: dict[str, str], oldest_ms: dict[int, int], now_ms: int) -> Check:
@@ -263,6 +282,11 @@ class _DbFacts:
     offsets: list[OffsetRow]
     groups: list[str]
     """The groups with offsets for the topic, read only when this group has none."""
+    recorded_id: str | None = None
+    """The topic ID the group's DB offsets belong to (migration 0015), if recorded."""
+
+
+_RECORDED_ID = "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2"
 
 
 async def _db_facts(
@@ -285,7 +309,10 @@ async def _db_facts(
         )
         offsets = await db_offsets(conn, group, topic) if has_tables else []
         groups = await groups_with_offsets(conn, topic) if has_tables and not offsets else []
-        return _DbFacts(applied, roles, bool(has_tables), offsets, groups)
+        recorded = None
+        if await conn.fetchval("SELECT to_regclass('topic_incarnations') IS NOT NULL"):
+            recorded = await conn.fetchval(_RECORDED_ID, group, topic)
+        return _DbFacts(applied, roles, bool(has_tables), offsets, groups, recorded)
     finally:
         await conn.close()
 
@@ -344,6 +371,16 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
     return checks
 
 
+def _incarnation(
+    settings: Settings, bootstrap: str, conf: dict[str, Any], recorded: str | None
+) -> Check:
+    try:
+        current = topic_id(bootstrap, conf, settings.topic, 5.0)
+    except KafkaUnavailableError:
+        current = None
+    return incarnation_check(settings.topic, settings.group_id, current, recorded)
+
+
 def _topic_checks(
     settings: Settings, bootstrap: str, conf: dict[str, Any], db: _DbFacts | None
 ) -> list[Check]:
@@ -370,6 +407,7 @@ def _topic_checks(
                 else None
             )
             checks.append(offsets_check(rows, facts.partitions, missing))
+            checks.append(_incarnation(settings, bootstrap, conf, db.recorded_id))
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))

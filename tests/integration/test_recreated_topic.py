@@ -165,6 +165,17 @@ def test_a_recreated_topic_is_refused_at_start_until_adopted_then_ingested_exact
     recorded = db(dsn, "SELECT topic_id FROM topic_incarnations WHERE group_id = $1", group)
     assert [r["topic_id"] for r in recorded] == [first_id]  # the first worker's, kept
     assert offset_rows(dsn, group) == rows  # nothing was claimed (no epoch) or moved
+    # doctor says so too (an operator's hunt: its offsets check passed, the new log past
+    # the old offsets, while the worker refused)
+    where = {
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_TOPIC": topic,
+        "ACKLINE_GROUP_ID": group,
+    }
+    doc = ackline(dsn, "doctor", "--json", **where)
+    check = {c["name"]: c for c in json.loads(doc.out)["checks"]}["topic incarnation"]
+    assert doc.code == 1 and check["status"] == "fail", (doc.code, check)
+    assert "adopt-topic" in check["detail"] and new_id in check["detail"], check
 
     said = _adopt(services, dsn, topic, group)
     assert said["adopted"] and said["topic_id"] == new_id, said
@@ -177,6 +188,9 @@ def test_a_recreated_topic_is_refused_at_start_until_adopted_then_ingested_exact
     assert {p: r.next_offset for p, r in rewound.items()} == dict.fromkeys(rows, 0), rewound
     assert all(rewound[p].epoch > rows[p].epoch for p in rows), (rows, rewound)
     assert not _adopt(services, dsn, topic, group)["adopted"]
+    doc = ackline(dsn, "doctor", "--json", **where)
+    check = {c["name"]: c for c in json.loads(doc.out)["checks"]}["topic incarnation"]
+    assert check["status"] == "pass", check
 
     w3 = Worker(
         services, dsn, topic, tmp_path, name="w3", runtime=runtime, args=["--until-drained"]

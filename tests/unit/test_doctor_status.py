@@ -340,3 +340,15 @@ def test_a_group_without_db_offsets_warns() -> None:
     assert check.status == "warn"
     assert check.detail.startswith("no DB offsets for group nosuch")
     assert "lag 0 counted from the log start" in check.detail
+
+
+def test_incarnation_check() -> None:
+    """An operator's hunt: after the topic was made again, doctor passed once the new log
+    grew past the old offsets (the worker refused to start all the while)."""
+    other = doctor.incarnation_check("t", "g", "NEW", "OLD")
+    assert other.status == "fail"
+    assert "OLD" in other.detail and "NEW" in other.detail
+    assert "ackline offsets adopt-topic --topic t --group-id g" in other.detail
+    assert doctor.incarnation_check("t", "g", "A", "A").status == "pass"
+    assert doctor.incarnation_check("t", "g", "A", None).status == "pass"  # a start records
+    assert doctor.incarnation_check("t", "g", None, "A").status == "warn"  # not checked
