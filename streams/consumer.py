@@ -38,7 +38,14 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from ackline.core.faults import DISARMED, Faults
@@ -57,7 +64,7 @@ from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, safe_headers
-from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError
+from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError, mixed_group
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
@@ -388,6 +395,10 @@ class ConsumerRuntime:
                 if err is not None:
                     if err.fatal():
                         raise FatalConsumerError(f"fatal consumer error: {err}")
+                    if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+                        # never joins while such a member is in: a WARNING every 2 s for
+                        # ever (an operator's hunt, a faust worker in the group)
+                        raise FatalConsumerError(mixed_group(self.cfg.group_id, str(err)))
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)

@@ -59,3 +59,14 @@ class ProducerFencedError(OutcomeUnknownError):
     Close it. Whoever owns the unit of work now resends its records if it does not know
     that they were committed.
     """
+
+
+def mixed_group(group: str, error: str) -> str:
+    """The line of a worker that cannot join ``group``: a member with another partition
+    assignment protocol is in it (a worker of the other runtime). Pure."""
+    return (
+        f"cannot join consumer group {group}: a member of it uses another partition "
+        f"assignment protocol ({error}); a worker of the other runtime (faust or "
+        "confluent) or another client has ACKLINE_GROUP_ID's group: the runtimes cannot "
+        "share a group, give each its own ACKLINE_GROUP_ID (or stop the others first)"
+    )

@@ -383,3 +383,27 @@ def test_a_running_worker_says_what_it_committed(
     finally:
         assert w.stop() == 0, w.log()[-3000:]
     verify_mixed_ok(dsn, manifest, group)
+
+
+def test_a_worker_that_cannot_join_a_group_of_the_other_runtime_says_so_and_exits(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """An operator's hunt: a confluent worker started in a group a faust worker is in
+    logged `consumer error: ... INCONSISTENT_GROUP_PROTOCOL` every 2 s for ever, never
+    joining and never naming the group or the setting. It exits 2 with one line now."""
+    produce_worker_mix(services, topic, tmp_path, 200, seed=18)
+    dirs = [tmp_path / d for d in ("faust", "confluent")]
+    for d in dirs:
+        d.mkdir()
+    faust = Worker(services, dsn, topic, dirs[0], name="f1", runtime="faust")
+    try:
+        wait_until(lambda: "assigned" in faust.log(), 90, "the faust worker to join")
+        other = Worker(services, dsn, topic, dirs[1], name="c1")
+        wait_until(lambda: other.proc.poll() is not None, 60, "the confluent worker to exit")
+        said = other.log()
+        assert other.reap() == 2, said[-3000:]
+        line = next((x for x in said.splitlines() if "cannot join consumer group" in x), "")
+        assert f"g-{topic}" in line and "ACKLINE_GROUP_ID" in line, said[-3000:]
+        assert "Traceback" not in said, said[-3000:]
+    finally:
+        assert faust.stop() == 0
