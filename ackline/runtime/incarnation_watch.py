@@ -153,7 +153,7 @@ class IncarnationWatch:
             self._unreadable(str(exc))
             return None
         if current is None:  # deleted (maybe being made again), or a broker with no IDs
-            self._unreadable("no topic ID")
+            self._unreadable("Kafka has no such topic now, deleted?, or keeps no topic IDs")
             return None
         self._unreadable_said = False
         if self.confirmed is not None and current != self.confirmed:
