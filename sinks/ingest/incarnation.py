@@ -98,6 +98,7 @@ WHERE o.group_id = $1 AND o.topic = $2
   AND old.group_id = o.group_id AND old.topic = o.topic AND old.partition = o.partition
 RETURNING o.partition, old.next_offset
 """
+_HAS_OFFSETS = "SELECT EXISTS (SELECT 1 FROM consumer_offsets WHERE group_id = $1 AND topic = $2)"
 _NEW_PARTITIONS = """
 INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch, owner, claimed_at)
 SELECT $1, $2, p, 0, 1, NULL, now() FROM generate_series(0, $3::int - 1) AS p
@@ -121,9 +122,9 @@ async def adopt(
     starts the epoch at 1 again, and a late batch of a worker cut off at epoch 1 would
     pass the fence. Rows already ingested stay; a record of the new topic that carries an
     event already stored is a duplicate as ever. When the group has offset rows for the
-    topic, a partition of the new topic's ``partitions`` that has none gets one at 0
-    (epoch 1, no owner): left without one, its first claim started it by
-    ACKLINE_START_FROM, and `latest` skipped what the new topic already held there (an
+    topic, a partition of the new topic's ``partitions`` that has none gets one at 0 (no
+    owner, its epoch bumped with the rest): left without one, its first claim started it
+    by ACKLINE_START_FROM, and `latest` skipped what the new topic already held there (an
     operator's loss). A group with no rows gets none (it starts as any new group does).
 
     None, and nothing changed, when ``topic_id`` is the one recorded already;
@@ -131,27 +132,38 @@ async def adopt(
     offset row for the topic.
 
     Order of effects, all in one transaction: lock the recorded row (a concurrent adopt
-    waits) and read it (the ID already recorded: roll back), rewind the offset rows,
-    insert the missing ones at 0, upsert the ID; COMMIT. A crash before COMMIT changes
-    nothing (the workers still refuse); after it, the group starts the new incarnation.
+    waits) and read it (the ID already recorded: roll back), insert the missing offset
+    rows at 0 (waiting for a claim of one in flight), rewind every row (those just
+    inserted too: their epoch moves past any claim's), upsert the ID; COMMIT. A crash
+    before COMMIT changes nothing (the workers still refuse); after it, the group starts
+    the new incarnation.
     A worker still holding a partition is fenced at its next batch (its epoch moved on)
     and claims it again, at 0 (stop the group's workers first all the same)."""
     async with conn.transaction():
         previous = await conn.fetchval(_LOCK, group, topic)
         if previous == topic_id:
             return None
-        rewound = await conn.fetch(_REWIND, group, topic)
-        if previous is None and not rewound:  # rolled back: nothing written
+        ingested = await conn.fetchval(_HAS_OFFSETS, group, topic)
+        if previous is None and not ingested:  # rolled back: nothing written
             raise NothingToAdoptError(
                 f"group {group} has no DB offsets and no recorded incarnation for topic "
                 f"{topic}: nothing to adopt (a mistyped --group-id / ACKLINE_GROUP_ID?)"
             )
         # only a group that ingested the old incarnation: one with no offsets (never
-        # started, or a mistyped --group-id) keeps starting by ACKLINE_START_FROM
-        started = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions) if rewound else []
+        # started, or a mistyped --group-id) keeps starting by ACKLINE_START_FROM.
+        # Inserted before the rewind: a claim of one of them committed meanwhile (a worker
+        # still running) is then rewound too; after it, the insert's DO NOTHING kept the
+        # claim's start and epoch 1, neither rewound nor fenced
+        inserted = await conn.fetch(_NEW_PARTITIONS, group, topic, partitions) if ingested else []
+        started = {int(r["partition"]) for r in inserted}
+        rewound = await conn.fetch(_REWIND, group, topic)
         await conn.execute(_ADOPT, group, topic, topic_id)
     return Adopted(
         None if previous is None else str(previous),
-        {int(r["partition"]): r["next_offset"] for r in rewound},
-        tuple(sorted(int(r["partition"]) for r in started)),
+        {
+            int(r["partition"]): r["next_offset"]
+            for r in rewound
+            if int(r["partition"]) not in started
+        },
+        tuple(sorted(started)),
     )

@@ -425,3 +425,65 @@ def test_the_watch_outlives_postgresql_refusing_its_checks_and_stops_on_a_recrea
                 await task
 
     run_async(go())
+
+
+def test_a_new_partition_claimed_while_adopt_runs_is_rewound_too(dsn: str) -> None:
+    """A worker's claim of a partition the old topic did not have, committed while adopt
+    ran (between its rewind and its insert of the missing rows), was kept: the insert's
+    ON CONFLICT DO NOTHING left the row at the claim's start (the log end for
+    start_from=latest) and epoch 1, neither rewound nor fenced, and what the partition
+    held below it was never ingested. Adopt now inserts the missing rows first, then
+    rewinds every row, so the claim is rewound to 0 and its epoch moved on."""
+    from ackline.sinks.ingest.incarnation import adopt
+    from ackline.sinks.ingest.offsets import claim
+
+    group, topic = "g-race", "t-race"
+
+    async def scenario() -> tuple[asyncpg.Record, Any]:
+        setup = await asyncpg.connect(dsn)
+        worker = await asyncpg.connect(dsn)
+        operator = await asyncpg.connect(dsn)
+        try:
+            await setup.execute(
+                "INSERT INTO consumer_offsets (group_id, topic, partition, next_offset, epoch, "
+                "owner, claimed_at) VALUES ($1, $2, 0, 500, 1, NULL, now())",
+                group,
+                topic,
+            )
+            await setup.execute(
+                "INSERT INTO topic_incarnations (group_id, topic, topic_id) VALUES ($1, $2, 'OLD')",
+                group,
+                topic,
+            )
+            # the worker's claim of partition 1 (new in the new topic), at its log end
+            tx = worker.transaction()
+            await tx.start()
+            claimed = await claim(worker, group, "w1", [(topic, 1)], {(topic, 1): 777})
+            assert [c.epoch for c in claimed] == [1], claimed
+            adopting = asyncio.ensure_future(adopt(operator, group, topic, "NEW", 2))
+            pid = operator.get_server_pid()
+            for _ in range(100):  # until adopt waits on the claim's row
+                waiting = await setup.fetchval(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.05)
+            await tx.commit()
+            adopted = await adopting
+            row = await setup.fetchrow(
+                "SELECT next_offset, epoch, owner FROM consumer_offsets "
+                "WHERE group_id = $1 AND topic = $2 AND partition = 1",
+                group,
+                topic,
+            )
+            assert row is not None
+            return row, adopted
+        finally:
+            for conn in (setup, worker, operator):
+                await conn.close()
+
+    row, adopted = asyncio.run(scenario())
+    assert row["next_offset"] == 0 and row["epoch"] > 1 and row["owner"] is None, dict(row)
+    assert adopted is not None and adopted.offsets == {0: 500, 1: 777}, adopted
+    assert adopted.started == (), adopted
