@@ -64,7 +64,12 @@ from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, safe_headers
-from ackline.streams.errors import DeadLettersStoppedError, FatalConsumerError, mixed_group
+from ackline.streams.errors import (
+    DeadLettersStoppedError,
+    FatalConsumerError,
+    mixed_group,
+    mixed_group_grace_s,
+)
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
@@ -149,6 +154,9 @@ class ConsumerRuntime:
         # hands its partitions to another (KIP-848 brokers default to 45 s).
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
         self._away = False
+        # since when joins failed with INCONSISTENT_GROUP_PROTOCOL (None: none since the
+        # last assignment); a member gone without leaving keeps failing them for a while
+        self._mixed_since: float | None = None
         # Out of the group because PostgreSQL does not answer this worker (_check_database),
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
@@ -397,8 +405,12 @@ class ConsumerRuntime:
                         raise FatalConsumerError(f"fatal consumer error: {err}")
                     if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
                         # never joins while such a member is in: a WARNING every 2 s for
-                        # ever (an operator's hunt, a faust worker in the group)
-                        raise FatalConsumerError(mixed_group(self.cfg.group_id, str(err)))
+                        # ever (an operator's hunt, a faust worker in the group); one
+                        # killed stays in until its session times out, so not at once
+                        now = time.monotonic()
+                        since = self._mixed_since = self._mixed_since or now
+                        if now - since >= mixed_group_grace_s(self.cfg.session_timeout_ms):
+                            raise FatalConsumerError(mixed_group(self.cfg.group_id, str(err)))
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)
@@ -927,6 +939,7 @@ class ConsumerRuntime:
         would be taken for committed ones). A crash after the claim and before the assign
         leaves only a higher epoch, which the next owner bumps again.
         """
+        self._mixed_since = None  # in the group
         if not partitions:
             return
         if self._left:  # a rebalance under way when it left: the leave revokes them next

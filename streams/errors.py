@@ -61,6 +61,16 @@ class ProducerFencedError(OutcomeUnknownError):
     """
 
 
+def mixed_group_grace_s(session_timeout_ms: int) -> float:
+    """How long a worker meets INCONSISTENT_GROUP_PROTOCOL before it gives up. Pure.
+
+    A member gone without leaving (a faust worker killed while the group switches
+    runtime) stays in the group until its session times out, and the protocols are
+    checked against it till then: twice this worker's session timeout (the other
+    runtime's comes from the same setting), at least 30 s."""
+    return max(2 * session_timeout_ms / 1000, 30.0)
+
+
 def mixed_group(group: str, error: str) -> str:
     """The line of a worker that cannot join ``group``: a member with another partition
     assignment protocol is in it (a worker of the other runtime). Pure."""

@@ -407,3 +407,35 @@ def test_a_worker_that_cannot_join_a_group_of_the_other_runtime_says_so_and_exit
         assert "Traceback" not in said, said[-3000:]
     finally:
         assert faust.stop() == 0
+
+
+def test_a_worker_joining_after_a_crashed_faust_worker_waits_for_its_session_to_expire(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """Switching a group's runtime with its faust worker gone (killed, not stopped): the
+    dead member stays in the group until its session times out, and a confluent worker
+    started meanwhile met INCONSISTENT_GROUP_PROTOCOL and exited 2 at once (the old code:
+    the test failed), where it joins once the session expired (6 s here)."""
+    produce_worker_mix(services, topic, tmp_path, 200, seed=19)
+    dirs = [tmp_path / d for d in ("faust", "confluent")]
+    for d in dirs:
+        d.mkdir()
+    faust = Worker(services, dsn, topic, dirs[0], name="f1", runtime="faust")
+    wait_until(lambda: "assigned" in faust.log(), 90, "the faust worker to join")
+    faust.kill()
+    other = Worker(services, dsn, topic, dirs[1], name="c1")
+    try:
+        wait_until(
+            lambda: (
+                other.proc.poll() is not None
+                or db(dsn, "SELECT count(*) AS n FROM consumer_offsets WHERE owner = 'c1'")[0]["n"]
+                == 3
+            ),
+            60,
+            "the confluent worker to claim the partitions (or exit)",
+        )
+        said = other.log()
+        assert other.proc.poll() is None, (other.proc.returncode, said[-3000:])
+        assert "cannot join consumer group" not in said, said[-3000:]
+    finally:
+        assert other.stop() == 0, other.log()[-3000:]
