@@ -7,6 +7,7 @@ be reached, already reported as a fail). The exit status is 1 when any check fai
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -198,11 +199,15 @@ def offsets_check(
     return Check(name, "pass", f"DB offsets inside the log on {len(rows)} partitions, lag {lag}")
 
 
-def incarnation_check(topic: str, group: str, current: str | None, recorded: str | None) -> Check:
+def incarnation_check(
+    topic: str, group: str, current: str | None, recorded: str | None, migrated: bool = True
+) -> Check:
     """The group's DB offsets belong to the topic's incarnation in Kafka (its topic ID):
     another one means the topic was deleted and made again, and a worker refuses to start
     (the offsets check alone passed once the new log grew past the old offsets)."""
     name = "topic incarnation"
+    if not migrated:  # nothing recorded, and a start records nothing: not a pass
+        return Check(name, "skip", "no topic_incarnations table (migration 0015)")
     if current is None:
         return Check(name, "warn", f"cannot read the topic ID of {topic}: not checked")
     if recorded is None:
@@ -284,6 +289,8 @@ class _DbFacts:
     """The groups with offsets for the topic, read only when this group has none."""
     recorded_id: str | None = None
     """The topic ID the group's DB offsets belong to (migration 0015), if recorded."""
+    has_incarnations: bool = False
+    """Whether migration 0015's table is there."""
 
 
 _RECORDED_ID = "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2"
@@ -310,9 +317,10 @@ async def _db_facts(
         offsets = await db_offsets(conn, group, topic) if has_tables else []
         groups = await groups_with_offsets(conn, topic) if has_tables and not offsets else []
         recorded = None
-        if await conn.fetchval("SELECT to_regclass('topic_incarnations') IS NOT NULL"):
+        migrated = await conn.fetchval("SELECT to_regclass('topic_incarnations') IS NOT NULL")
+        if migrated:
             recorded = await conn.fetchval(_RECORDED_ID, group, topic)
-        return _DbFacts(applied, roles, bool(has_tables), offsets, groups, recorded)
+        return _DbFacts(applied, roles, bool(has_tables), offsets, groups, recorded, migrated)
     finally:
         await conn.close()
 
@@ -371,14 +379,14 @@ def gather(settings: Settings, bootstrap: str, dsn: str) -> list[Check]:
     return checks
 
 
-def _incarnation(
-    settings: Settings, bootstrap: str, conf: dict[str, Any], recorded: str | None
-) -> Check:
-    try:
-        current = topic_id(bootstrap, conf, settings.topic, 5.0)
-    except KafkaUnavailableError:
-        current = None
-    return incarnation_check(settings.topic, settings.group_id, current, recorded)
+def _incarnation(settings: Settings, bootstrap: str, conf: dict[str, Any], db: _DbFacts) -> Check:
+    current = None
+    if db.has_incarnations:
+        with contextlib.suppress(KafkaUnavailableError):
+            current = topic_id(bootstrap, conf, settings.topic, 5.0)
+    return incarnation_check(
+        settings.topic, settings.group_id, current, db.recorded_id, db.has_incarnations
+    )
 
 
 def _topic_checks(
@@ -407,7 +415,7 @@ def _topic_checks(
                 else None
             )
             checks.append(offsets_check(rows, facts.partitions, missing))
-            checks.append(_incarnation(settings, bootstrap, conf, db.recorded_id))
+            checks.append(_incarnation(settings, bootstrap, conf, db))
             checks.append(retention_check(facts.config, oldest, int(time.time() * 1000)))
     dlq = describe_topic(bootstrap, conf, settings.dlq_topic)
     checks.append(dlq_check(settings.dlq_topic, dlq is not None))

@@ -352,3 +352,5 @@ def test_incarnation_check() -> None:
     assert doctor.incarnation_check("t", "g", "A", "A").status == "pass"
     assert doctor.incarnation_check("t", "g", "A", None).status == "pass"  # a start records
     assert doctor.incarnation_check("t", "g", None, "A").status == "warn"  # not checked
+    # no migration 0015: nothing recorded and nothing will be (a review: it said pass)
+    assert doctor.incarnation_check("t", "g", "A", None, migrated=False).status == "skip"
