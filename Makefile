@@ -28,10 +28,10 @@ demo: install
 	$(BIN)/ackline demo
 
 ## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here),
-## on three pytest-xdist workers with a stack each (the suite mostly waits on faults: three
-## overlap more of the waits than two on two cores; docs/development.md), or in one
-## process (TEST_WORKERS=0).
-TEST_WORKERS ?= 3
+## on two pytest-xdist workers with a stack each: ~16 min on two cores at the host's usual speed
+## (26-30 on a host running 2.5x slow; three workers were tried and not kept:
+## docs/development.md), against ~24 in one process (TEST_WORKERS=0).
+TEST_WORKERS ?= 2
 test: install lint
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
