@@ -97,11 +97,11 @@ def _verify_beside(dsn: str, manifest: Path, group: str, old: Verdict, old_batch
     assert verdict.drained and verdict.duplicates_expected > 0, report
 
 
-def _recreate(services: Services, topic: str, before: str) -> str:
-    """Delete ``topic`` and make it again (3 partitions); its new ID once visible."""
+def _recreate(services: Services, topic: str, before: str, partitions: int = 3) -> str:
+    """Delete ``topic`` and make it again with ``partitions``; its new ID once visible."""
     delete_topic(services.bootstrap, topic)
     wait_until(lambda: topic_id(services.bootstrap, {}, topic) is None, 60, "the deletion")
-    ensure_topic(services.bootstrap, topic, partitions=3)
+    ensure_topic(services.bootstrap, topic, partitions=partitions)
     wait_until(
         lambda: topic_id(services.bootstrap, {}, topic) not in (None, before),
         60,
@@ -215,14 +215,7 @@ def test_a_partition_the_old_topic_did_not_have_is_read_from_its_log_start_after
     w = Worker(services, dsn, topic, tmp_path, name="w1", args=["--until-drained"])
     assert _ended(w) == 0, w.log()[-3000:]
 
-    delete_topic(services.bootstrap, topic)
-    wait_until(lambda: topic_id(services.bootstrap, {}, topic) is None, 60, "the deletion")
-    ensure_topic(services.bootstrap, topic, partitions=5)
-    wait_until(
-        lambda: topic_id(services.bootstrap, {}, topic) not in (None, first_id),
-        60,
-        "the new incarnation to be visible",
-    )
+    _recreate(services, topic, first_id, partitions=5)
     new = produce_mix(services, topic, tmp_path, 600, seed=72, knobs=NO_OFFSET_KEYED)
     ends = watermarks(services.bootstrap, topic, 5)
     assert ends[3][1] > 0 and ends[4][1] > 0, ends  # the new partitions hold records
