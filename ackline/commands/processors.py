@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
 
     from ackline.runtime.httpserver import HttpServer
     from ackline.sinks.feed.processors.contract import Processor
+    from ackline.sinks.feed.processors.control import Status
     from ackline.sinks.feed.processors.metrics import ProcessorMetrics
     from ackline.sinks.feed.processors.runner import Report
     from ackline.sinks.feed.types import Cursor
@@ -254,10 +254,16 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    from ackline.sinks.feed.processors.control import statuses
+    from ackline.sinks.feed.processors.control import no_such_processor, statuses
 
-    found = run_stoppable(_with_conn(settings, lambda c: statuses(c, args.names or None)))
-    missing = sorted(set(args.names or []) - {s.name for s in found})
+    async def read(conn: asyncpg.Connection) -> list[Status]:
+        found = await statuses(conn, args.names or None)
+        missing = sorted(set(args.names or []) - {s.name for s in found})
+        if missing:  # a typo: the known names beside it, no table of the others
+            raise await no_such_processor(conn, missing)
+        return found
+
+    found = run_stoppable(_with_conn(settings, read))
     if args.json:
         print(json.dumps([s.to_json() for s in found]))
     else:
@@ -289,9 +295,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     f"  stopped at event {s.error_event_id or '-'} (after cursor "
                     f"{s.error_cursor or '-'}): {s.error}"
                 )
-    for name in missing:
-        print(f"ackline processors status: no processor named {name!r}", file=sys.stderr)
-    return 1 if missing else 0
+    return 0
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:

@@ -1127,6 +1127,13 @@ def test_pause_resume_lag_metrics_and_sigterm(dsn: str, tmp_path: Path) -> None:
     assert gone.code == 2 and "no processor named 'runs'" in gone.err
     first = ackline(dsn, "process", "runs", "--until-caught-up")  # registers it
     assert first.code == 0 and first.report("runs")["applied"] == 0
+    # a typo is refused in one line that names the registered processors (an operator
+    # found pause naming none, and status exiting 1 after printing the table's header)
+    for verb in ("pause", "resume", "status", "clear-superseded"):
+        typo = ackline(dsn, "processors", verb, "ruuns")
+        assert typo.code == 2, (verb, typo.code, typo.err[-2000:])
+        assert "no processor named 'ruuns' (registered: runs;" in typo.err, (verb, typo.err)
+        assert "Traceback" not in typo.err and typo.out == "", (verb, typo.out)
     assert ackline(dsn, "processors", "pause", "runs").code == 0
     events = synthetic_runs(300, seed=2)
     n = len(events)  # 300 and a few re-emitted

@@ -169,3 +169,12 @@ def test_the_bench_line_of_the_runs_processor() -> None:
     del summary["processors"]
     assert "runs_processor_events_per_s" not in last_line(summary)
     assert "processor runs" not in table(summary)
+
+
+def test_an_unknown_processor_line_names_the_registered_ones() -> None:
+    from ackline.sinks.feed.processors.control import unknown_processors_line
+
+    line = unknown_processors_line(["ruuns"], ["dispatcher", "runs"])
+    assert line.startswith("no processor named 'ruuns' (registered: dispatcher, runs;"), line
+    assert "none yet" in unknown_processors_line(["a", "b"], [])
+    assert "'a', 'b'" in unknown_processors_line(["a", "b"], [])

@@ -107,6 +107,7 @@ WHERE name = $1 AND filter IS DISTINCT FROM $2
 """
 
 _CLEAR_SUPERSEDED = "UPDATE processors SET superseded_filters = '{}' WHERE name = $1"
+_NAMES = "SELECT name FROM processors ORDER BY name"
 
 _NAME_FILTER = "SELECT set_config('ackline.processor_filter', $1, false)"
 
@@ -500,7 +501,24 @@ async def clear_superseded(conn: asyncpg.Connection, name: str) -> None:
     another one starts."""
     status = await conn.execute(_CLEAR_SUPERSEDED, name)
     if status != "UPDATE 1":
-        raise FeedError(f"no processor named {name!r} (it registers when it first runs)")
+        raise await no_such_processor(conn, [name])
+
+
+async def no_such_processor(conn: asyncpg.Connection, names: list[str]) -> FeedError:
+    """The error for ``names`` that no processor registered: one line naming those that
+    did (a typo is then plain), read-only."""
+    registered = [str(r["name"]) for r in await conn.fetch(_NAMES)]
+    return FeedError(unknown_processors_line(names, registered))
+
+
+def unknown_processors_line(names: list[str], registered: list[str]) -> str:
+    """One line: which of ``names`` is no registered processor, and which are. Pure."""
+    which = ", ".join(repr(n) for n in names)
+    known = ", ".join(registered) if registered else "none yet"
+    return (
+        f"no processor named {which} (registered: {known}; a processor registers when it "
+        "first runs)"
+    )
 
 
 async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> None:
@@ -508,7 +526,7 @@ async def set_paused(conn: asyncpg.Connection, name: str, paused: bool) -> None:
     before each batch, so a pause takes effect at the next batch boundary."""
     status = await conn.execute(_PAUSE, name, paused)
     if status != "UPDATE 1":
-        raise FeedError(f"no processor named {name!r} (it registers when it first runs)")
+        raise await no_such_processor(conn, [name])
 
 
 async def head(conn: asyncpg.Connection) -> Cursor:
