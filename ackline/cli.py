@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ackline.commands import MODULES, Handler, Uses
 from ackline.commands.guard import explain
@@ -97,8 +97,17 @@ def _subparsers(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]
                 yield from _subparsers(child)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad argument is one line naming the command's --help,
+    not the command's whole usage (nine lines for `process`) above the one that matters.
+    Subcommands' parsers are of this class too (add_subparsers makes its own type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` says more)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ackline", description=DESCRIPTION)
+    p = _Parser(prog="ackline", description=DESCRIPTION)
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in MODULES:

@@ -20,6 +20,26 @@ from ackline.load import produce
 from ackline.load.paths import TargetError, check_target
 
 
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["process", "runs", "--batch-events", "0"], "ackline process"),
+        (["processors"], "ackline processors"),
+        (["nosuch"], "ackline"),
+    ],
+)
+def test_a_bad_argument_is_one_line_naming_the_commands_help(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator found `--batch-events 0` refused under nine lines of `process`'s usage."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parser().parse_args(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"{prog}: error: ") and f"(`{prog} --help` says more)" in err, err
+
+
 @pytest.mark.parametrize(("value", "says"), [("0", ">= 1"), ("99", "at most 52"), ("x", "whole")])
 def test_partitions_ensure_keeps_the_settings_range(
     value: str, says: str, capsys: pytest.CaptureFixture[str]
