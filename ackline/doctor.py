@@ -28,6 +28,7 @@ from ackline.sinks.admin.grants import (
     roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
+from ackline.sinks.ingest import incarnation
 from ackline.sinks.ingest.incarnation import other_incarnation_line
 from ackline.status import (
     OffsetRow,
@@ -293,9 +294,6 @@ class _DbFacts:
     """Whether migration 0015's table is there."""
 
 
-_RECORDED_ID = "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2"
-
-
 async def _db_facts(
     dsn: str, group: str, topic: str, files: list[Migration], timeout: float
 ) -> _DbFacts:
@@ -316,10 +314,8 @@ async def _db_facts(
         )
         offsets = await db_offsets(conn, group, topic) if has_tables else []
         groups = await groups_with_offsets(conn, topic) if has_tables and not offsets else []
-        recorded = None
-        migrated = await conn.fetchval("SELECT to_regclass('topic_incarnations') IS NOT NULL")
-        if migrated:
-            recorded = await conn.fetchval(_RECORDED_ID, group, topic)
+        migrated = await incarnation.migrated(conn)
+        recorded = await incarnation.recorded_id(conn, group, topic) if migrated else None
         return _DbFacts(applied, roles, bool(has_tables), offsets, groups, recorded, migrated)
     finally:
         await conn.close()

@@ -214,10 +214,20 @@ def render(
     return "\n".join(lines)
 
 
-def to_json(topic: str, group_id: str, rows: Sequence[PartitionStatus]) -> dict[str, Any]:
+def to_json(
+    topic: str,
+    group_id: str,
+    rows: Sequence[PartitionStatus],
+    topic_id: str | None = None,
+    recorded_topic_id: str | None = None,
+) -> dict[str, Any]:
+    """``topic_id``: Kafka's ID of the topic now; ``recorded_topic_id``: the one the
+    group's DB offsets belong to (they differ: the topic was made again, see the note)."""
     return {
         "topic": topic,
         "group_id": group_id,
+        "topic_id": topic_id,
+        "recorded_topic_id": recorded_topic_id,
         "total_lag": sum(r.lag or 0 for r in rows),
         "partitions": [r.to_json() for r in rows],
     }

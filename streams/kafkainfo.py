@@ -145,22 +145,25 @@ def topic_incarnation(
     """:func:`topic_id` and the incarnation's partition count, from the same answer."""
     try:
         with admin_client(bootstrap, conf) as client:
-            return _described(client, bootstrap, topic, timeout)
+            found = described(client, bootstrap, topic, timeout)
     except KafkaException as exc:  # the client could not be made
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
+    return None if found is None or found.topic_id is None else (found.topic_id, found.partitions)
 
 
-def described_topic_id(
-    client: AdminClient, bootstrap: str, topic: str, timeout: float
-) -> str | None:
-    """:func:`topic_id` on a client of the caller's (a watch that asks again and again)."""
-    found = _described(client, bootstrap, topic, timeout)
-    return None if found is None else found[0]
+@dataclass(frozen=True, slots=True)
+class Described:
+    """What DescribeTopics says of an existing topic: its ID (None: the broker keeps
+    none) and its partition count."""
+
+    topic_id: str | None
+    partitions: int
 
 
-def _described(
-    client: AdminClient, bootstrap: str, topic: str, timeout: float
-) -> tuple[str, int] | None:
+def described(client: AdminClient, bootstrap: str, topic: str, timeout: float) -> Described | None:
+    """One DescribeTopics of ``topic`` on a client of the caller's (a watch that asks again
+    and again); None when Kafka has no such topic. Raises KafkaUnavailableError when the
+    broker cannot be asked or refuses."""
     try:
         futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
         found = futures[topic].result(timeout=timeout)
@@ -172,10 +175,12 @@ def _described(
     except TimeoutError as exc:  # librdkafka's own timeout may come late
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: no answer") from exc
     uid = found.topic_id
-    if uid is None:
-        return None
-    text = kafka_uuid_text(uid.get_most_significant_bits(), uid.get_least_significant_bits())
-    return None if text is None else (text, len(found.partitions))
+    text = (
+        None
+        if uid is None
+        else kafka_uuid_text(uid.get_most_significant_bits(), uid.get_least_significant_bits())
+    )
+    return Described(text, len(found.partitions))
 
 
 def reachable(bootstrap: str, conf: Conf, timeout: float = 5.0) -> int:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import asyncpg
 
     from ackline.sinks.connection import Database
+    from ackline.sinks.ingest.incarnation import Confirmed
 
 log = logging.getLogger(__name__)
 
@@ -69,28 +70,29 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _preflight(
     settings: Settings, bootstrap: str, dsn: str, stopped: Callable[[], bool]
-) -> None:
+) -> Confirmed | None:
     """What the worker does after its topic checks and before it joins the group: wait
-    until PostgreSQL answers, then its schema must be there (else one line: run `ackline
-    migrate`), then the group's DB offsets for the topic must belong to the topic's
-    incarnation in Kafka (else one line naming both topic IDs and `ackline offsets
-    adopt-topic`: :func:`_same_incarnation`), then no live member of the group may carry
-    its worker id (else one line naming ACKLINE_WORKER_ID:
-    :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
-    early, having waited for nothing more, once ``stopped()``.
+        until PostgreSQL answers, then its schema must be there (else one line: run `ackline
+        migrate`), then the group's DB offsets for the topic must belong to the topic's
+        incarnation in Kafka (else one line naming both topic IDs and `ackline offsets
+        adopt-topic`: :func:`_same_incarnation`), then no live member of the group may carry
+        its worker id (else one line naming ACKLINE_WORKER_ID:
+        :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
+        early, having waited for nothing more, once ``stopped()``. Returns the topic ID the
+    incarnation check confirmed, if it did: the running watch's baseline.
 
-    Why wait before joining: a worker that joined the group while PostgreSQL did not
-    answer held its partitions, idle, until its leave bound (90 s) handed them to workers
-    that could write; one that has not joined holds nothing. The wait is the worker's own
-    retry loop (:meth:`~ackline.sinks.connection.Database.retrying`, on one connection
-    like the worker's): it waits out what that loop takes for transient — a connection
-    refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
-    or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
-    it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds, an
-    ERROR once the wait passes ``ACKLINE_DB_DOWN_ERROR_AFTER_S`` (as the settings say of
-    every outage of the worker's: the WARNINGs alone went on for ever). A
-    stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
-    nothing was taken). The check's connection is dropped: nothing to wait for."""
+        Why wait before joining: a worker that joined the group while PostgreSQL did not
+        answer held its partitions, idle, until its leave bound (90 s) handed them to workers
+        that could write; one that has not joined holds nothing. The wait is the worker's own
+        retry loop (:meth:`~ackline.sinks.connection.Database.retrying`, on one connection
+        like the worker's): it waits out what that loop takes for transient — a connection
+        refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
+        or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
+        it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds, an
+        ERROR once the wait passes ``ACKLINE_DB_DOWN_ERROR_AFTER_S`` (as the settings say of
+        every outage of the worker's: the WARNINGs alone went on for ever). A
+        stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
+        nothing was taken). The check's connection is dropped: nothing to wait for."""
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting
@@ -152,10 +154,11 @@ async def _preflight(
                 "records again",
                 new_group,
             )
-        if not stopped():
-            await _same_incarnation(settings, bootstrap, database, stopped)
+        confirmed = (
+            None if stopped() else await _same_incarnation(settings, bootstrap, database, stopped)
+        )
     except WaitStoppedError:
-        return
+        return None
     except asyncpg.InvalidAuthorizationSpecificationError as exc:
         if "does not exist" in str(exc):
             raise AcklineError(missing_role(str(exc), setting)) from exc
@@ -166,6 +169,7 @@ async def _preflight(
         from ackline.runtime.twins import refuse_a_namesake
 
         await refuse_a_namesake(settings, bootstrap, stopped)
+    return confirmed
 
 
 async def _first_look(conn: asyncpg.Connection, group: str, topic: str) -> tuple[bool, str | None]:
@@ -185,18 +189,20 @@ async def _first_look(conn: asyncpg.Connection, group: str, topic: str) -> tuple
 
 async def _same_incarnation(
     settings: Settings, bootstrap: str, database: Database, stopped: Callable[[], bool]
-) -> None:
+) -> Confirmed | None:
     """Refuse to start (AcklineError, one line) when the group's DB offsets for the topic
     belong to another incarnation of it (deleted and made again under its name: its
     records below those offsets would never be ingested); record the topic's ID where
-    none is (:mod:`ackline.sinks.ingest.incarnation`).
+    none is (:mod:`ackline.sinks.ingest.incarnation`). Returns the ID so confirmed, the
+    running watch's baseline (:class:`~ackline.runtime.incarnation_watch.IncarnationWatch`).
 
     Order of effects: read the topic's ID from Kafka (DescribeTopics), then one
     autocommitted call that records it unless one is recorded, and reads what is. A
     crash before that call leaves nothing; after it, the ID recorded is this
     incarnation's (or the one that was). A topic ID that cannot be read (describe not
     allowed, a broker that keeps none) or a schema before migration 0015 is a WARNING,
-    and the worker starts as it did before the check."""
+    and the worker starts as it did before the check (None: the watch checks its own
+    first read)."""
     import asyncpg
 
     from ackline.clients import kafka_client_config
@@ -207,16 +213,17 @@ async def _same_incarnation(
 
     topic, group = settings.topic, settings.group_id
     unchecked = "not checked that the group's DB offsets belong to this incarnation of it"
+    read_at = time.monotonic()
     try:
         current = await asyncio.to_thread(
             topic_id, bootstrap, kafka_client_config(settings), topic, 5.0
         )
     except KafkaUnavailableError as exc:
         log.warning("cannot read the topic ID of %s (%s): %s", topic, exc, unchecked)
-        return
+        return None
     if current is None:
         log.warning("Kafka gives no topic ID for %s: %s", topic, unchecked)
-        return
+        return None
     try:
         found = await database.retrying(
             "the topic's incarnation check",
@@ -229,19 +236,13 @@ async def _same_incarnation(
             topic,
             unchecked,
         )
-        return
-    seen = incarnation.verdict(current, found)
-    if seen is incarnation.Verdict.OTHER:
-        raise AcklineError(incarnation.other_incarnation_line(topic, group, found.stored, current))
-    if seen is incarnation.Verdict.UPGRADE:
-        log.info(
-            "recorded topic ID %s of %s for group %s: its %d DB offsets, from before "
-            "topic IDs were recorded, are taken as this incarnation's",
-            current,
-            topic,
-            group,
-            found.offset_rows,
-        )
+        return None
+    judged = incarnation.judge(topic, group, current, found)
+    if judged.refusal is not None:
+        raise AcklineError(judged.refusal)
+    if judged.note is not None:
+        log.info("%s", judged.note)
+    return incarnation.Confirmed(current, read_at)
 
 
 def _address(dsn: str) -> str:

@@ -33,8 +33,15 @@ def _print_json(value: Any) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from ackline import status
     from ackline.clients import kafka_client_config
+    from ackline.sinks.ingest import incarnation
     from ackline.streams.errors import KafkaUnavailableError, TopicError
-    from ackline.streams.kafkainfo import GroupMember, group_members, scan_ranges, topic_offsets
+    from ackline.streams.kafkainfo import (
+        GroupMember,
+        group_members,
+        scan_ranges,
+        topic_id,
+        topic_offsets,
+    )
 
     bootstrap, _ = endpoints(settings)  # both named first: a missing one says so at once
     topic, group = settings.topic, settings.group_id
@@ -43,12 +50,26 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if kafka is None:
         raise TopicError(f"topic {topic} does not exist on {bootstrap}")
 
-    async def read(conn: Any) -> tuple[list[status.OffsetRow], list[str]]:
+    async def read(conn: Any) -> tuple[list[status.OffsetRow], list[str], str | None]:
         db = await status.db_offsets(conn, group, topic)
-        return db, [] if db else await status.groups_with_offsets(conn, topic)
+        others = [] if db else await status.groups_with_offsets(conn, topic)
+        return db, others, await incarnation.recorded_id(conn, group, topic)
 
-    db, groups = _with_db(settings, read)
-    note = status.no_offsets_note(db, group, topic, groups)
+    db, groups, recorded = _with_db(settings, read)
+    try:  # the DB offsets may belong to another incarnation: their lag is then no lag
+        current = topic_id(bootstrap, conf, topic)
+    except KafkaUnavailableError as exc:
+        print(f"ackline status: topic ID unknown ({exc})", file=sys.stderr)
+        current = None
+    notes = [
+        n
+        for n in (
+            incarnation.mismatch_line(topic, group, recorded, current),
+            status.no_offsets_note(db, group, topic, groups),
+        )
+        if n is not None
+    ]
+    note = "\n".join(notes) if notes else None
     starts, ends = status.unread_starts(db, kafka)
     _, settled = scan_ranges(bootstrap, conf, topic, starts, ends)
     try:
@@ -58,7 +79,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         members = None
     rows = status.merge(db, kafka, settled=settled, members=members, topic=topic)
     if args.json:
-        _print_json(status.to_json(topic, group, rows))
+        _print_json(status.to_json(topic, group, rows, current, recorded))
         if note is not None:  # beside the JSON, which stays one document
             print(f"ackline status: {note}", file=sys.stderr)
     else:

@@ -113,6 +113,12 @@ class Metrics:
             "joins the consumer group",
             registry=r,
         )
+        self.topic_missing = Gauge(
+            "ackline_topic_missing",
+            "1 while Kafka says the worker's topic does not exist (deleted, maybe being "
+            "made again), as the watch of its incarnation last read it",
+            registry=r,
+        )
         self.behind_since = Gauge(
             "ackline_behind_since_timestamp_seconds",
             "Unix time since when the worker has been behind (lag > 0), as its lag reports "

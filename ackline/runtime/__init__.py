@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ackline.core.errors import SettingsError
 from ackline.settings import Settings
 
-BeforeJoin = Callable[[Callable[[], bool]], Awaitable[None]]
+if TYPE_CHECKING:
+    from ackline.sinks.ingest.incarnation import Confirmed
+
+BeforeJoin = Callable[[Callable[[], bool]], Awaitable["Confirmed | None"]]
 """What a worker awaits after its topic checks and before it joins the consumer group,
-given a ``stopped()`` to return early on (`ackline run`: wait for PostgreSQL)."""
+given a ``stopped()`` to return early on (`ackline run`: wait for PostgreSQL, check the
+topic's incarnation). It returns the topic ID it confirmed as the one the group's DB
+offsets belong to, if it did: the running watch starts from it."""
 
 
 def run(

@@ -119,7 +119,7 @@ async def run(
             ingest.serve()  # /healthz answers while before_join waits for PostgreSQL
             if before_join is not None:
                 with ingest.waiting_to_join():
-                    await before_join(stopping.is_set)
+                    ingest.incarnation.start_from(await before_join(stopping.is_set))
         if partitions is None or stopping.is_set():
             await ingest.close(CLOSE_WAIT_S)
             log.info("stopped before the worker started")

@@ -162,7 +162,7 @@ def run(
     if before_join is not None:
         # a stop meanwhile is recorded (run_stoppable) and the wait returns: raised after it
         with ingest.waiting_to_join():
-            run_stoppable(before_join(lambda: False))
+            ingest.incarnation.start_from(run_stoppable(before_join(lambda: False)))
 
     async def probe() -> None:
         await probe_database(ingest.dsn, metrics, settings.db_check_interval_s, settings.worker_id)

@@ -39,6 +39,7 @@ class Snapshot:
     db_down_since: float = 0.0  # the worker's own operations failing since (0: they succeed)
     behind_since: float = 0.0  # behind (lag > 0) since, as the lag reports saw it (0: not)
     waiting_to_join: bool = False  # the start-up wait for PostgreSQL, before the group
+    topic_missing: bool = False  # Kafka says the topic does not exist (deleted?)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,11 @@ def readiness(snap: Snapshot, now: float, limits: ReadyLimits) -> list[str]:
         )
     elif snap.assigned <= 0:
         reasons.append("no partitions assigned")
+    if snap.topic_missing:
+        reasons.append(
+            "Kafka has no such topic now (deleted?): the worker has nothing to ingest; if "
+            "it is made again, the worker stops on the new incarnation (exit 2)"
+        )
     if snap.not_consumed > 0:
         reasons.append(
             f"{snap.not_consumed} partition(s) assigned but not consumed (a batch that did "
@@ -119,6 +125,7 @@ def snapshot(metrics: Metrics, started: float) -> Snapshot:
         behind_since=_gauge(metrics, "ackline_behind_since_timestamp_seconds"),
         out_of_group=_gauge(metrics, "ackline_out_of_group") >= 1,
         waiting_to_join=_gauge(metrics, "ackline_waiting_to_join") >= 1,
+        topic_missing=_gauge(metrics, "ackline_topic_missing") >= 1,
     )
 
 

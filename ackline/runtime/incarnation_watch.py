@@ -32,7 +32,7 @@ from ackline.sinks.connection import describe
 from ackline.sinks.ingest import incarnation
 from ackline.streams.admin import admin, drain
 from ackline.streams.errors import KafkaUnavailableError
-from ackline.streams.kafkainfo import described_topic_id
+from ackline.streams.kafkainfo import Described, described
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class IncarnationWatch:
         dsn: str,
         connect_timeout_s: float,
         name: str,
+        on_missing: Callable[[bool], None] = lambda missing: None,
     ) -> None:
         self._bootstrap, self._conf = bootstrap, dict(conf)
         self.topic, self.group = topic, group
@@ -87,6 +88,17 @@ class IncarnationWatch:
         self._poked: asyncio.Event | None = None
         self._unreadable_said = False
         self._db_said = False  # read by a first check that already fails
+        self._on_missing = on_missing  # whether Kafka has the topic, at each read
+
+    def start_from(self, confirmed: incarnation.Confirmed | None) -> None:
+        """Take the ID the start confirmed (read, and found to be the recorded one) as
+        this worker's: the first read is then compared with it, without asking
+        PostgreSQL again, so a recreation between the start's check and that read is a
+        change under the worker like any other. None (the start could not read or
+        check it): the first read is checked against PostgreSQL."""
+        if confirmed is not None:
+            self.confirmed, self.confirmed_at = confirmed.topic_id, confirmed.read_at
+            self._recorded = True
 
     def fresh_since(self, since: float) -> bool:
         """Whether a partition ready at monotonic time ``since`` may be released: the
@@ -145,15 +157,20 @@ class IncarnationWatch:
         The ID changing under a running worker is a recreation whatever PostgreSQL
         says: that needs no connection (new ones may be refused while the writers'
         still commit). PostgreSQL is asked once, whether the first ID this worker reads
-        is the one its DB offsets belong to (the start asked too: this covers a
-        recreation in between, and records the ID where the start could not)."""
+        is the one its DB offsets belong to, and only where the start did not confirm
+        one (:meth:`start_from`): this records the ID where the start could not read it."""
         try:
-            current = await in_daemon_thread(self._read, "ackline-incarnation")[0]
+            found = await in_daemon_thread(self._read, "ackline-incarnation")[0]
         except KafkaUnavailableError as exc:
             self._unreadable(str(exc))
             return None
-        if current is None:  # deleted (maybe being made again), or a broker with no IDs
-            self._unreadable("Kafka has no such topic now, deleted?, or keeps no topic IDs")
+        self._on_missing(found is None)
+        if found is None:  # deleted (maybe being made again)
+            self._unreadable("Kafka has no such topic now: deleted?")
+            return None
+        current = found.topic_id
+        if current is None:
+            self._unreadable("the broker keeps no topic IDs")
             return None
         self._unreadable_said = False
         if self.confirmed is not None and current != self.confirmed:
@@ -163,26 +180,24 @@ class IncarnationWatch:
         self.confirmed, self.confirmed_at = current, began
         if self._recorded:
             return None
-        found = await self._record(current)
-        if found is None:
+        recorded = await self._record(current)
+        if recorded is None:
             return None
         self._recorded = True
-        seen = incarnation.verdict(current, found)
-        if seen is incarnation.Verdict.OTHER:
-            return incarnation.other_incarnation_line(self.topic, self.group, found.stored, current)
-        if seen is not incarnation.Verdict.SAME:
-            log.info("topic %s: incarnation %s recorded for %s", self.topic, current, self.group)
-        return None
+        judged = incarnation.judge(self.topic, self.group, current, recorded)
+        if judged.note is not None:
+            log.info("%s", judged.note)
+        return judged.refusal
 
-    def _read(self) -> str | None:
-        """The topic ID (in a thread), on the watch's one admin client."""
+    def _read(self) -> Described | None:
+        """The topic as Kafka describes it (in a thread), on the watch's one admin client."""
         if self._client is None:
             try:
                 self._client = admin(self._bootstrap, self._conf)
             except KafkaException as exc:  # a bad client setting: the start said so
                 raise KafkaUnavailableError(str(exc)) from exc
         try:
-            return described_topic_id(self._client, self._bootstrap, self.topic, READ_S)
+            return described(self._client, self._bootstrap, self.topic, READ_S)
         finally:
             drain(self._client)
 

@@ -225,6 +225,7 @@ def build_ingest(settings: Settings, bootstrap: str, dsn: str) -> Ingest:
             worker_dsn,
             settings.db_connect_timeout_s,
             settings.worker_id,
+            on_missing=lambda missing: metrics.topic_missing.set(int(missing)),
         ),
         server=StatusServer(
             metrics,

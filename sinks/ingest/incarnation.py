@@ -47,6 +47,51 @@ def verdict(current: str, found: Recorded) -> Verdict:
     return Verdict.UPGRADE if found.offset_rows else Verdict.FIRST
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """What a check of incarnation ``current`` against what :func:`record` found says:
+    the refusal line (another incarnation), else the INFO line worth logging (an ID
+    recorded now), else neither."""
+
+    refusal: str | None
+    note: str | None
+
+
+def judge(topic: str, group: str, current: str, found: Recorded) -> Judged:
+    """The start's and the running watch's one reading of :func:`verdict`. Pure."""
+    seen = verdict(current, found)
+    if seen is Verdict.OTHER:
+        return Judged(other_incarnation_line(topic, group, found.stored, current), None)
+    if seen is Verdict.UPGRADE:
+        return Judged(
+            None,
+            f"recorded topic ID {current} of {topic} for group {group}: its "
+            f"{found.offset_rows} DB offsets, from before topic IDs were recorded, are "
+            "taken as this incarnation's",
+        )
+    if seen is Verdict.FIRST:
+        return Judged(None, f"recorded topic ID {current} of {topic} for group {group}")
+    return Judged(None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """A topic ID a worker's start read (the read began at monotonic ``read_at``) and
+    found to be the one its group's DB offsets belong to: the running watch's baseline,
+    so that it neither asks PostgreSQL again nor misses a recreation in between."""
+
+    topic_id: str
+    read_at: float
+
+
+def mismatch_line(topic: str, group: str, recorded: str | None, current: str | None) -> str | None:
+    """The refusal line when both IDs are known and differ (for what reports, not
+    refuses: `status`), else None. Pure."""
+    if recorded is None or current is None or recorded == current:
+        return None
+    return other_incarnation_line(topic, group, recorded, current)
+
+
 def other_incarnation_line(topic: str, group: str, stored: str, current: str) -> str:
     """The refusal's one line: both IDs, the group, and what to do. Pure."""
     return (
@@ -59,6 +104,22 @@ def other_incarnation_line(topic: str, group: str, stored: str, current: str) ->
 
 
 _RECORD = "SELECT stored, recorded, offset_rows FROM ackline_record_topic_id($1, $2, $3)"
+_RECORDED = "SELECT topic_id FROM topic_incarnations WHERE group_id = $1 AND topic = $2"
+_MIGRATED = "SELECT to_regclass('topic_incarnations') IS NOT NULL"
+
+
+async def migrated(conn: asyncpg.Connection) -> bool:
+    """Whether migration 0015's table is there. Read-only."""
+    return bool(await conn.fetchval(_MIGRATED))
+
+
+async def recorded_id(conn: asyncpg.Connection, group: str, topic: str) -> str | None:
+    """The topic ID (group, topic)'s DB offsets belong to; None when none is recorded or
+    the schema has no topic incarnations (before migration 0015). Read-only."""
+    if not await migrated(conn):
+        return None
+    found = await conn.fetchval(_RECORDED, group, topic)
+    return None if found is None else str(found)
 
 
 async def record(conn: asyncpg.Connection, group: str, topic: str, topic_id: str) -> Recorded:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -112,6 +113,16 @@ def _recreate(services: Services, topic: str, before: str, partitions: int = 3) 
     return made
 
 
+async def _allow_connections(services: Services, dsn: str, yes: bool) -> None:
+    """Let ``dsn``'s database take new connections or refuse them (those open stay)."""
+    name = dsn.rsplit("/", 1)[-1].split("?", 1)[0]
+    conn = await asyncpg.connect(services.database_url)
+    try:
+        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(yes).lower()}')
+    finally:
+        await conn.close()
+
+
 def _adopt(services: Services, dsn: str, topic: str, group: str) -> dict[str, Any]:
     """`ackline offsets adopt-topic --json` for ``group``, which must succeed; what it says."""
     where = {
@@ -176,6 +187,14 @@ def test_a_recreated_topic_is_refused_at_start_until_adopted_then_ingested_exact
     check = {c["name"]: c for c in json.loads(doc.out)["checks"]}["topic incarnation"]
     assert doc.code == 1 and check["status"] == "fail", (doc.code, check)
     assert "adopt-topic" in check["detail"] and new_id in check["detail"], check
+    # and status, whose lag against the old DB offsets meant nothing (a review)
+    shown = ackline(dsn, "status", **where)
+    assert shown.code == 0 and "another incarnation" in shown.out, shown.out
+    assert new_id in shown.out and "adopt-topic" in shown.out, shown.out
+    shown = ackline(dsn, "status", "--json", **where)
+    as_json = json.loads(shown.out)
+    assert (as_json["topic_id"], as_json["recorded_topic_id"]) == (new_id, first_id), as_json
+    assert "another incarnation" in shown.err, shown.err
 
     said = _adopt(services, dsn, topic, group)
     assert said["adopted"] and said["topic_id"] == new_id, said
@@ -191,6 +210,8 @@ def test_a_recreated_topic_is_refused_at_start_until_adopted_then_ingested_exact
     doc = ackline(dsn, "doctor", "--json", **where)
     check = {c["name"]: c for c in json.loads(doc.out)["checks"]}["topic incarnation"]
     assert check["status"] == "pass", check
+    shown = ackline(dsn, "status", **where)
+    assert shown.code == 0 and "another incarnation" not in shown.out, shown.out
 
     w3 = Worker(
         services, dsn, topic, tmp_path, name="w3", runtime=runtime, args=["--until-drained"]
@@ -357,6 +378,37 @@ def test_a_topic_recreated_under_a_running_worker_stops_it_before_its_old_offset
     assert j["drained"] and j["plan_inconsistent"] == 0, report
 
 
+def test_a_worker_on_a_deleted_topic_is_not_ready(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """An operator's hunt: a worker whose topic was deleted (and not made again) stayed
+    ready, librdkafka keeping its assignment, though it had nothing left to ingest."""
+    import urllib.error
+    import urllib.request
+
+    produce_mix(services, topic, tmp_path, 60, seed=67, knobs=NO_OFFSET_KEYED)
+    w = Worker(services, dsn, topic, tmp_path, name="w1")
+
+    def readyz() -> tuple[int, str]:
+        w.ensure_alive()
+        url = f"http://127.0.0.1:{w.metrics_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:
+            return 0, str(exc)
+
+    try:
+        wait_until(lambda: readyz()[0] == 200, 120, "the worker ready")
+        delete_topic(services.bootstrap, topic)
+        wait_until(lambda: "no such topic now (deleted?)" in readyz()[1], 60, "/readyz to say so")
+        assert readyz()[0] == 503, readyz()
+    finally:
+        w.stop()
+
+
 def test_the_watch_outlives_postgresql_refusing_its_checks_and_stops_on_a_recreation_without_it(
     services: Services, dsn: str, topic: str
 ) -> None:
@@ -368,14 +420,7 @@ def test_the_watch_outlives_postgresql_refusing_its_checks_and_stops_on_a_recrea
     writers' connections still commit; an ID changing under the worker needs none."""
     group = f"g-{topic}"
     first = topic_id(services.bootstrap, {}, topic)
-    name = dsn.rsplit("/", 1)[-1].split("?", 1)[0]
-
-    async def allow(yes: bool) -> None:
-        conn = await asyncpg.connect(services.database_url)
-        try:
-            await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(yes).lower()}')
-        finally:
-            await conn.close()
+    allow = functools.partial(_allow_connections, services, dsn)
 
     def recorded() -> list[str]:
         rows = db(dsn, "SELECT topic_id FROM topic_incarnations WHERE group_id = $1", group)
@@ -416,6 +461,59 @@ def test_the_watch_outlives_postgresql_refusing_its_checks_and_stops_on_a_recrea
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    run_async(go())
+
+
+def test_a_recreation_between_the_starts_check_and_the_watchs_first_read_needs_no_postgresql(
+    services: Services, dsn: str, topic: str
+) -> None:
+    """The start's check (`_same_incarnation`) confirmed the topic ID, and the running
+    watch then read it again and asked PostgreSQL again whether it was the recorded one:
+    a connection per start for nothing, and a topic recreated in between was taken for
+    the worker's own until PostgreSQL answered a new connection (which it may refuse
+    while the writers' connections still commit). The start now hands the ID it
+    confirmed to the watch, whose first read is compared with it."""
+    from ackline.commands.core import _same_incarnation
+    from ackline.settings import Settings
+    from ackline.sinks.connection import Database
+
+    group = f"g-{topic}"
+    first = topic_id(services.bootstrap, {}, topic)
+    assert first is not None
+    settings = Settings(topic=topic, group_id=group)
+    allow = functools.partial(_allow_connections, services, dsn)
+
+    async def go() -> None:
+        database = Database(dsn)
+        try:
+            confirmed = await _same_incarnation(
+                settings, services.bootstrap, database, lambda: False
+            )
+        finally:
+            await database.discard()
+        assert confirmed is not None and confirmed.topic_id == first, confirmed
+        made = await asyncio.to_thread(_recreate, services, topic, first)
+        watch = IncarnationWatch(services.bootstrap, {}, topic, group, dsn, 2.0, "w")
+        watch.start_from(confirmed)
+        others: list[bool] = []
+        await allow(False)  # new connections refused from here on
+        try:
+            task = asyncio.create_task(watch.run(on_other=lambda: others.append(True)))
+            try:
+                for _ in range(150):
+                    if task.done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert task.done() and others == [True], "the first read took the new topic"
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            await allow(True)
+        line = watch.refusal or ""
+        assert first in line and made in line and "adopt-topic" in line, line
 
     run_async(go())
 

@@ -58,6 +58,9 @@ def test_ready_when_assigned_db_up_and_caught_up() -> None:
         ({"db_checked": NOW - 16}, "last checked 16s ago"),
         ({"lag": 5.0, "last_commit": NOW - 61}, "no commit for 61s"),
         ({"lag": 5.0, "last_commit": 0.0, "started": NOW - 61}, "no commit for 61s"),
+        # an operator found a worker on a deleted topic ready (librdkafka kept its
+        # assignment): nothing to ingest is not ready
+        ({"topic_missing": True}, "no such topic now (deleted?)"),
     ],
 )
 def test_not_ready_reasons(changes: dict[str, Any], reason: str) -> None:

@@ -8,8 +8,10 @@ import uuid
 import pytest
 
 from ackline.sinks.ingest.incarnation import (
+    Judged,
     Recorded,
     Verdict,
+    judge,
     other_incarnation_line,
     verdict,
 )
@@ -29,6 +31,18 @@ from ackline.streams.kafkainfo import kafka_uuid_text
 )
 def test_verdict(found: Recorded, expected: Verdict) -> None:
     assert verdict("A", found) is expected
+
+
+def test_judge_refuses_another_incarnation_and_notes_only_an_id_recorded_now() -> None:
+    """The start and the running watch read a verdict through this one function."""
+    other = judge("t", "g", "A", Recorded("B", recorded=False, offset_rows=3))
+    assert other == Judged(other_incarnation_line("t", "g", "B", "A"), None)
+    assert judge("t", "g", "A", Recorded("A", recorded=False, offset_rows=3)) == Judged(None, None)
+    first = judge("t", "g", "A", Recorded("A", recorded=True, offset_rows=0))
+    assert first.refusal is None and first.note is not None and "A" in first.note
+    upgrade = judge("t", "g", "A", Recorded("A", recorded=True, offset_rows=3))
+    assert upgrade.refusal is None and upgrade.note is not None
+    assert "3 DB offsets" in upgrade.note and "group g" in upgrade.note
 
 
 def test_the_refusal_names_topic_both_ids_group_and_the_fix() -> None:

@@ -5,6 +5,7 @@ themselves, against Kafka and PostgreSQL, are tests/integration/test_recreated_t
 from __future__ import annotations
 
 from ackline.runtime.incarnation_watch import IncarnationWatch
+from ackline.sinks.ingest.incarnation import Confirmed
 
 
 def _watch() -> IncarnationWatch:
@@ -30,3 +31,13 @@ def test_nothing_is_released_once_another_incarnation_was_found() -> None:
     w.confirmed, w.confirmed_at = "A", 200.0
     w.refusal = "topic t is another incarnation"
     assert not w.fresh_since(100.0)
+
+
+def test_the_starts_confirmed_id_is_the_baseline_and_needs_no_second_record() -> None:
+    w = _watch()
+    w.start_from(None)  # the start could not read or check it: the first read is checked
+    assert w.confirmed is None and w.fresh_since(100.0)
+    w.start_from(Confirmed("A", 40.0))
+    assert w.confirmed == "A" and w.confirmed_at == 40.0
+    assert not w.fresh_since(100.0)  # read before the partition was due
+    assert w.fresh_since(40.0)
