@@ -90,6 +90,7 @@ from ackline.streams.ownership import (
     log_end_unknown,
     past_log_end,
 )
+from ackline.streams.release import ReleaseGate
 from ackline.streams.slots import BUFFERED_BATCHES, Looked, Slot, SlotMap
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,8 @@ class ConsumerRuntime:
         # monotonic time (ackline.runtime.incarnation_watch): a held partition is
         # released, and a drained worker stops, only then. The runtime sets it.
         self.incarnation_fresh: Callable[[float], bool] = lambda since: True
-        self._ready_at: dict[TP, float] = {}  # held partitions whose log end reached them
+        # late-bound: the runtime sets incarnation_fresh after this
+        self._held_release = ReleaseGate(lambda since: self.incarnation_fresh(since))  # noqa: PLW0108
         self._drained_at: float | None = None
         self._topic_partitions = 0
 
@@ -1121,7 +1123,7 @@ class ConsumerRuntime:
             if slot.batch is not None:
                 pending |= {(r.topic, r.partition) for r in slot.batch.ranges}
         blocked = self.ledger.blocked()
-        self._ready_at = {tp: at for tp, at in self._ready_at.items() if tp in blocked}
+        self._held_release.keep_only(blocked)
         owned = self.ledger.tracked()  # lag is reported for suspended and blocked ones too
         try:
             asked = [TopicPartition(*tp) for tp in owned]
@@ -1140,11 +1142,7 @@ class ConsumerRuntime:
                 end = self._stable.get(tp, -1)
             db_next = self.ledger.db_next(tp)
             if tp in blocked and db_next is not None and end >= db_next:
-                # released once the topic is confirmed the same incarnation since: a
-                # topic made again grows past the old DB offset too (its records below
-                # it would never be read)
-                if self.incarnation_fresh(self._ready_at.setdefault(tp, time.monotonic())):
-                    del self._ready_at[tp]
+                if self._held_release.may_release(tp):
                     self._unblock(consumer, tp)
             elif (
                 tp in blocked

@@ -47,6 +47,7 @@ from ackline.streams.faust_runtime.sink import FaustSink
 from ackline.streams.faust_runtime.transport import AcklineConsumer
 from ackline.streams.lag import partition_lag
 from ackline.streams.ownership import marks_past_retention
+from ackline.streams.release import ReleaseGate
 
 log = logging.getLogger(__name__)
 DRAIN_CHECK_S = 0.5
@@ -274,7 +275,7 @@ def _lag_reporter(app: FaustApp, metrics: Metrics, fresh_since: Callable[[float]
     of the group at once. PostgreSQL away holds a retake until it is back (the control
     connection retries), and the gauges with it."""
     shown: set[tuple[str, int]] = set()
-    ready_at: dict[tuple[str, int], float] = {}  # blocked ones whose log end reached them
+    release = ReleaseGate(fresh_since)
 
     retention = RetentionWatch()
 
@@ -298,8 +299,7 @@ def _lag_reporter(app: FaustApp, metrics: Metrics, fresh_since: Callable[[float]
     async def gauges(sink: FaustSink) -> None:
         ledger = sink.ledger
         tracked = {tp: ledger.db_next(tp) for tp in ledger.tracked()}
-        for gone in set(ready_at) - set(ledger.blocked()):
-            del ready_at[gone]
+        release.keep_only(ledger.blocked())
         for topic, partition in shown - set(tracked):
             metrics.lag.remove(topic, str(partition))
         shown.intersection_update(tracked)
@@ -322,9 +322,8 @@ def _lag_reporter(app: FaustApp, metrics: Metrics, fresh_since: Callable[[float]
                 (topic, partition) in ledger.blocked()
                 and done is not None
                 and end >= done
-                and fresh_since(ready_at.setdefault((topic, partition), time.monotonic()))
+                and release.may_release((topic, partition))
             ):
-                del ready_at[topic, partition]
                 rewind = ledger.unblock((topic, partition))
                 await sink.kafka.seek({rewind.tp: rewind.offset})
                 position = None  # sought: the position read before is not the one now
