@@ -202,15 +202,47 @@ class GroupMember:
     partitions: tuple[tuple[str, int], ...]
 
 
+RETRY_S = 0.25
+"""Between two DescribeGroups while the group's coordinator is not ready."""
+
+_COORDINATOR_NOT_READY = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+
+
+def coordinator_not_ready(exc: KafkaException) -> bool:
+    """Whether ``exc`` says the group's coordinator is moving or loading: on a cluster's
+    first group lookup (``__consumer_offsets`` made on demand) for some seconds, and
+    after a broker restart. Asked again, it answers; librdkafka's DescribeGroups does
+    not ask again by itself (a fresh stack's first worker warned of it). Pure."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() in _COORDINATOR_NOT_READY
+
+
 def group_members(
     bootstrap: str, conf: Conf, group_id: str, timeout: float = 10.0
 ) -> list[GroupMember]:
     """The members of ``group_id`` as the group coordinator sees them now (none when the
-    group is empty or unknown). Read-only: describes the group, never joins it."""
+    group is empty or unknown). Read-only: describes the group, never joins it. A
+    coordinator not ready yet (:func:`coordinator_not_ready`) is asked again within
+    ``timeout``."""
     client = admin(bootstrap, conf)
+    deadline = time.monotonic() + timeout
     try:
-        futures = client.describe_consumer_groups([group_id], request_timeout=timeout)
-        described = futures[group_id].result(timeout=timeout)
+        while True:
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                futures = client.describe_consumer_groups([group_id], request_timeout=left)
+                described = futures[group_id].result(timeout=left)
+                break
+            except KafkaException as exc:
+                if not (coordinator_not_ready(exc) and time.monotonic() + RETRY_S < deadline):
+                    raise
+            time.sleep(RETRY_S)
     except (KafkaException, TimeoutError) as exc:  # librdkafka's own timeout may come late
         raise KafkaUnavailableError(
             f"cannot describe group {group_id} at {bootstrap}: {exc}"
