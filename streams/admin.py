@@ -390,23 +390,64 @@ def stable_ends(
     client: AdminClient, partitions: list[tuple[str, int]], timeout: float = 5.0
 ) -> dict[tuple[str, int], int]:
     """The last stable offset of each partition (what a read_committed consumer reaching
-    the end stops at: records of open transactions are below it). Partitions that did not
-    answer within ``timeout`` are left out. The client's queued log lines are drained
-    (a long-lived admin client would otherwise keep librdkafka's lines queued)."""
-    if not partitions:
-        return {}
-    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    asked = {TopicPartition(t, p): latest for t, p in partitions}
-    futures = client.list_offsets(
-        asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
-    )
+    the end stops at: records of open transactions are below it). Partitions with none
+    within ``timeout`` are left out, with no second try (:func:`stable_ends_and_why`
+    asks again and says why): the consumer thread's lag reports call it."""
+    return stable_ends_and_why(client, partitions, timeout, again=False)[0]
+
+
+LIST_AGAIN_S = 0.2
+"""Between two ListOffsets of the partitions a retriable error answered."""
+
+
+def stable_ends_and_why(
+    client: AdminClient,
+    partitions: list[tuple[str, int]],
+    timeout: float = 5.0,
+    again: bool = True,
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
+    """:func:`stable_ends`, and for each partition left out the last answer it got.
+
+    With ``again``, a retriable error (a leader being elected, as on a topic just made)
+    is asked again until ``timeout``: it had left the partition out at once, and a worker
+    with ``start_from=latest`` then started it at the log start, warning "within 5 s"
+    after 0.4 s. The client's queued log lines are drained (a long-lived admin client would
+    otherwise keep librdkafka's lines queued)."""
     found: dict[tuple[str, int], int] = {}
-    for tp, future in futures.items():
-        try:
-            offset = int(future.result(timeout=timeout).offset)
-        except (KafkaException, TimeoutError):  # the future's own wait ran out first
-            continue
-        if offset >= 0:  # a broker that did not answer can leave OFFSET_INVALID (-1001)
-            found[(tp.topic, tp.partition)] = offset
+    why: dict[tuple[str, int], str] = {}
+    if not partitions:
+        return found, why
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + timeout
+    left = list(partitions)
+    while left:
+        budget = max(0.1, deadline - time.monotonic())
+        asked = {TopicPartition(t, p): latest for t, p in left}
+        futures = client.list_offsets(
+            asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=budget
+        )
+        retry: list[tuple[str, int]] = []
+        for tp, future in futures.items():
+            key = (tp.topic, tp.partition)
+            try:
+                offset = int(future.result(timeout=budget).offset)
+            except KafkaException as exc:
+                why[key] = str(exc)
+                error = exc.args[0] if exc.args else None
+                if again and isinstance(error, KafkaError) and error.retriable():
+                    retry.append(key)
+                continue
+            except TimeoutError:  # the future's own wait ran out first
+                why[key] = f"no answer within {timeout:g} s"
+                continue
+            if offset >= 0:  # a broker that did not answer can leave OFFSET_INVALID (-1001)
+                found[key] = offset
+                why.pop(key, None)
+            else:
+                why[key] = f"no offset in the answer ({offset})"
+        if not retry or time.monotonic() + LIST_AGAIN_S >= deadline:
+            break
+        time.sleep(LIST_AGAIN_S)
+        left = retry
     drain(client)
-    return found
+    return found, why

@@ -58,7 +58,7 @@ from ackline.sinks.errors import FencedError, RepeatRejectedError
 from ackline.sinks.ingest.batch import TP, Batch, not_passed
 from ackline.sinks.ingest.offsets import Claim
 from ackline.sinks.ingest.writer import BatchWriter
-from ackline.streams.admin import admin, stable_ends
+from ackline.streams.admin import admin, stable_ends, stable_ends_and_why
 from ackline.streams.assemble import Record, assemble, new_record, record_size
 from ackline.streams.claims import Claims
 from ackline.streams.committed import record_committed
@@ -950,13 +950,13 @@ class ConsumerRuntime:
         tps = [_tp_of(tp) for tp in partitions]
         marks = watermarks(consumer, tps, _WATERMARK_TIMEOUT_S)
         if self.cfg.start_from == "latest":
-            starts = stable_ends(self._admin(), tps, _WATERMARK_TIMEOUT_S)
+            starts, why = stable_ends_and_why(self._admin(), tps, _WATERMARK_TIMEOUT_S)
             if unknown := [p for tp in tps if tp not in starts for p in tp[1:]]:
                 log.warning(
-                    "no end offset for partitions %s within %g s: where no offset is stored "
-                    "they start at the log start, not at the latest",
+                    "no end offset for partitions %s (%s): where no offset is stored they "
+                    "start at the log start, not at the latest",
                     unknown,
-                    _WATERMARK_TIMEOUT_S,
+                    "; ".join(sorted(set(why.values()))) or "no answer",
                 )
         else:
             starts = {tp: low for tp, (low, _) in marks.items()}

@@ -18,6 +18,7 @@ from ackline.streams.admin import (
     ensure_topic,
     max_message_bytes,
     stable_ends,
+    stable_ends_and_why,
     topic_shape,
 )
 from tests.integration.harness import Services, wait_until
@@ -63,6 +64,27 @@ def test_stable_ends_leaves_out_what_did_not_answer_in_time(services: Services, 
     wait_until(lambda: set(stable_ends(client, tps, 5.0)) == set(tps), 60, "both ends")
     with frozen_broker(services):
         assert stable_ends(client, tps, 0.5) == {}
+
+
+def test_the_ends_of_a_topic_just_made_are_asked_again_until_its_leaders_answer(
+    services: Services,
+) -> None:
+    """An operator's hunt: a worker starting from "latest" on a topic just made warned "no
+    end offset for partitions [...] within 5 s" after 0.4 s, and started them at the log
+    start: a leader not elected yet answered with a retriable error, which was taken as
+    the end's absence at once."""
+    name = f"just-made-{uuid.uuid4().hex[:8]}"
+    client = admin_module.admin(services.bootstrap)
+    try:
+        ensure_topic(services.bootstrap, name, partitions=12)
+        tps = [(name, p) for p in range(12)]
+        ends, why = stable_ends_and_why(client, tps, 10.0)
+        assert set(ends) == set(tps) and why == {}, (ends, why)
+        with frozen_broker(services):
+            ends, why = stable_ends_and_why(client, tps[:2], 0.5)
+        assert ends == {} and set(why) == set(tps[:2]), why
+    finally:
+        delete_topic(services.bootstrap, name)
 
 
 def test_the_load_producers_topic_takes_what_the_brokers_topics_take(
