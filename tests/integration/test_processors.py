@@ -897,6 +897,27 @@ def test_an_os_error_of_the_processors_own_code_stops_it_at_that_event(dsn: str)
     assert journal(dsn, "lost") == Counter(e.event_id for e in events[:5])
 
 
+def test_a_committed_hook_that_raises_does_not_mark_a_processor_that_applied_its_batch(
+    dsn: str,
+) -> None:
+    """`committed(batch, result)` runs after COMMIT, for in-memory statistics. One that
+    raised was taken for the processor's failure outside any event: the processor was
+    marked failed and stopped (exit 1), though the batch and its cursor had committed,
+    and the next start went on past it anyway. It is now an ERROR line and a count of
+    kind `committed`; the processor goes on."""
+    spec = "tests.support.processors:MISCOUNTS"
+    events, _ = _with_poison(dsn, spec)
+
+    done = ackline(dsn, "process", spec, "--until-caught-up", timeout=60)
+    assert done.code == 0, done.err[-2000:]
+    report = done.report("miscounts")
+    assert report["outcome"] == "caught_up" and report["applied"] == len(events), report
+    assert "committed() raised after its batch committed" in done.err, done.err[-2000:]
+    assert "ZeroDivisionError" in done.err, done.err[-2000:]
+    assert journal(dsn, "miscounts") == Counter(e.event_id for e in events)
+    assert status(dsn, "miscounts")["state"] != "failed"
+
+
 @pytest.mark.parametrize("name", ["dawdler", "late_dawdler"])
 def test_a_batch_held_idle_past_the_sessions_bound_stops_at_its_event(dsn: str, name: str) -> None:
     """A processor whose own code keeps its transaction idle past

@@ -190,8 +190,22 @@ class CommitsMidway(Journal):
 
 
 JOURNAL = Journal()
+
+
+class Miscounts(Journal):
+    """A journal whose ``committed`` hook (in-memory statistics) raises on the batch
+    holding the step whose thought is "poison", after that batch committed."""
+
+    name = "miscounts"
+
+    def committed(self, batch: ProcessorBatch, result: int) -> None:
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            raise ZeroDivisionError("a statistic of the processor's own")
+
+
 PICKY = Picky()
 LOST = Lost()
+MISCOUNTS = Miscounts()
 DAWDLER = Dawdler()
 LATE_DAWDLER = LateDawdler()
 SWALLOWER = Swallower()

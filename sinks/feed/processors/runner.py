@@ -426,7 +426,18 @@ class ProcessorRunner:
         self.metrics.failed.labels(self.name).set(0)
         hook = getattr(self.processor, "committed", None)
         if hook is not None and work.events:
-            hook(work, done.result)
+            try:
+                hook(work, done.result)
+            except Exception:  # the batch stands: not a failure at any of its events
+                self.metrics.errors.labels(self.name, "committed").inc()
+                log.error(
+                    "processor %s: committed() raised after its batch committed (cursor %s): "
+                    "the batch's effects and cursor stand, only what the hook keeps in "
+                    "memory is off; going on",
+                    self.name,
+                    done.batch.end,
+                    exc_info=True,
+                )
 
     def _transient(self, exc: BaseException) -> None:
         self.metrics.errors.labels(self.name, "transient").inc()
