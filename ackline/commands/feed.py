@@ -197,6 +197,27 @@ def _refuse_a_processors_cursor(reader: str) -> None:
         )
 
 
+async def _refuse_a_registered_processors_cursor(
+    conn: asyncpg.Connection, reader: str, dispatchers: str
+) -> None:
+    """The database's view of :func:`_refuse_a_processors_cursor`: a processor registered
+    under ``reader`` whose filter in effect is not the dispatcher's (``dispatchers``, a
+    fingerprint) is another processor, installed here or not (the entry points know only
+    what is installed where dispatch runs). A dispatcher's own cursor, and a reader no
+    processor registered, pass. Read-only."""
+    from ackline.sinks.errors import FeedError
+    from ackline.sinks.feed.processors.control import filter_in_effect
+
+    in_effect = await filter_in_effect(conn, reader)
+    if in_effect.filter is not None and in_effect.filter != dispatchers:
+        raise FeedError(
+            f"--reader {reader} is the cursor of processor {reader}, whose filter in "
+            f"effect ({in_effect.filter}) is not the dispatcher's: dispatching on it would "
+            "move it past events that processor never applied; name the dispatcher's own "
+            "cursor (default: dispatcher)"
+        )
+
+
 async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> int:
     """The dispatcher processor (`ackline process dispatcher`), under its older name.
 
@@ -236,6 +257,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, dsn: str) -> i
     first = await connect()
     try:
         await require_tables(first, FEED_TABLES)
+        await _refuse_a_registered_processors_cursor(first, args.reader, runner.filter)
     finally:
         await first.close()
     dlog = logging.getLogger("ackline.dispatch")

@@ -1583,6 +1583,23 @@ def test_dispatch_or_tail_on_another_processors_cursor_is_refused(dsn: str) -> N
     assert "processor runs" in taken.stderr and "Traceback" not in taken.stderr, taken.stderr
     after = db(dsn, "SELECT position::text AS p FROM feed_cursors WHERE reader = 'runs'")
     assert after == before, (before, after)
+    # a processor not installed where dispatch runs (given as module:attribute) is known
+    # by its row in the database: the entry points alone let dispatch take it over
+    journal = "tests.support.processors:JOURNAL"
+    assert _ackline(dsn, "processors", "setup", journal).returncode == 0
+    built = _ackline(dsn, "process", journal, "--until-caught-up")
+    assert built.returncode == 0, built.stderr
+    where = "SELECT position::text AS p FROM feed_cursors WHERE reader = 'journal'"
+    before = db(dsn, where)
+    asyncio.run(ingest(dsn, [[requested("r3", "agent-z")]], 2))
+    taken = _ackline(dsn, "dispatch", "--once", "--reader", "journal")
+    assert taken.returncode == 2, (taken.returncode, taken.stdout, taken.stderr)
+    assert "processor journal" in taken.stderr and "Traceback" not in taken.stderr, taken.stderr
+    assert db(dsn, where) == before
+    # the dispatcher's own cursor, once registered, passes
+    mine = _ackline(dsn, "dispatch", "--once", "--reader", "mine")
+    assert mine.returncode == 0, mine.stderr
+    assert _ackline(dsn, "dispatch", "--once", "--reader", "mine").returncode == 0
     # tail --commit on it: the database's guard refuses (0012), said in one line
     tailed = _ackline(dsn, "tail", "--reader", "runs", "--commit")
     assert tailed.returncode == 2, (tailed.returncode, tailed.stderr)
