@@ -105,6 +105,22 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` says more)\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an option the command does not know is said as that
+        command's error (a subcommand hands what it does not know up to the root, which
+        named the root's --help for `ackline process runs --batch-event 5`)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = getattr(parsed, "command_prog", None) or self.prog
+            self.exit(
+                2,
+                f"{prog}: error: unrecognized arguments: {' '.join(extras)} "
+                f"(`{prog} --help` says more)\n",
+            )
+        return parsed
+
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ackline", description=DESCRIPTION)

@@ -399,6 +399,28 @@ def stable_ends(
 LIST_AGAIN_S = 0.2
 """Between two ListOffsets of the partitions a retriable error answered."""
 
+_END_NOT_READY = frozenset(
+    {
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
+def end_not_ready(exc: KafkaException) -> bool:
+    """Whether a partition's ListOffsets error is one a second ask can cure: a leader
+    being elected or moving (a topic just made, a broker restarted), metadata not there
+    yet, a request lost with its connection. By ``code()``: confluent-kafka's admin
+    results say ``retriable()`` False whatever the error. Pure."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() in _END_NOT_READY
+
 
 def stable_ends_and_why(
     client: AdminClient,
@@ -408,11 +430,11 @@ def stable_ends_and_why(
 ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
     """:func:`stable_ends`, and for each partition left out the last answer it got.
 
-    With ``again``, a retriable error (a leader being elected, as on a topic just made)
-    is asked again until ``timeout``: it had left the partition out at once, and a worker
-    with ``start_from=latest`` then started it at the log start, warning "within 5 s"
-    after 0.4 s. The client's queued log lines are drained (a long-lived admin client would
-    otherwise keep librdkafka's lines queued)."""
+    With ``again``, an error :func:`end_not_ready` names (a leader being elected, as on
+    a topic just made) is asked again until ``timeout``: it had left the partition out
+    at once, and a worker with ``start_from=latest`` then started it at the log start,
+    warning "within 5 s" after 0.4 s. The client's queued log lines are drained (a
+    long-lived admin client would otherwise keep librdkafka's lines queued)."""
     found: dict[tuple[str, int], int] = {}
     why: dict[tuple[str, int], str] = {}
     if not partitions:
@@ -433,8 +455,7 @@ def stable_ends_and_why(
                 offset = int(future.result(timeout=budget).offset)
             except KafkaException as exc:
                 why[key] = str(exc)
-                error = exc.args[0] if exc.args else None
-                if again and isinstance(error, KafkaError) and error.retriable():
+                if again and end_not_ready(exc):
                     retry.append(key)
                 continue
             except TimeoutError:  # the future's own wait ran out first

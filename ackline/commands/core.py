@@ -72,27 +72,27 @@ async def _preflight(
     settings: Settings, bootstrap: str, dsn: str, stopped: Callable[[], bool]
 ) -> Confirmed | None:
     """What the worker does after its topic checks and before it joins the group: wait
-        until PostgreSQL answers, then its schema must be there (else one line: run `ackline
-        migrate`), then the group's DB offsets for the topic must belong to the topic's
-        incarnation in Kafka (else one line naming both topic IDs and `ackline offsets
-        adopt-topic`: :func:`_same_incarnation`), then no live member of the group may carry
-        its worker id (else one line naming ACKLINE_WORKER_ID:
-        :func:`ackline.runtime.twins.refuse_a_namesake`). Returns
-        early, having waited for nothing more, once ``stopped()``. Returns the topic ID the
-    incarnation check confirmed, if it did: the running watch's baseline.
+    until PostgreSQL answers, then its schema must be there (else one line: run `ackline
+    migrate`), then the group's DB offsets for the topic must belong to the topic's
+    incarnation in Kafka (else one line naming both topic IDs and `ackline offsets
+    adopt-topic`: :func:`_same_incarnation`), then no live member of the group may carry
+    its worker id (else one line naming ACKLINE_WORKER_ID:
+    :func:`ackline.runtime.twins.refuse_a_namesake`). Returns early, having waited for
+    nothing more, once ``stopped()``. Returns the topic ID the incarnation check
+    confirmed, if it did: the running watch's baseline.
 
-        Why wait before joining: a worker that joined the group while PostgreSQL did not
-        answer held its partitions, idle, until its leave bound (90 s) handed them to workers
-        that could write; one that has not joined holds nothing. The wait is the worker's own
-        retry loop (:meth:`~ackline.sinks.connection.Database.retrying`, on one connection
-        like the worker's): it waits out what that loop takes for transient — a connection
-        refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
-        or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
-        it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds, an
-        ERROR once the wait passes ``ACKLINE_DB_DOWN_ERROR_AFTER_S`` (as the settings say of
-        every outage of the worker's: the WARNINGs alone went on for ever). A
-        stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
-        nothing was taken). The check's connection is dropped: nothing to wait for."""
+    Why wait before joining: a worker that joined the group while PostgreSQL did not
+    answer held its partitions, idle, until its leave bound (90 s) handed them to workers
+    that could write; one that has not joined holds nothing. The wait is the worker's own
+    retry loop (:meth:`~ackline.sinks.connection.Database.retrying`, on one connection
+    like the worker's): it waits out what that loop takes for transient — a connection
+    refused, timed out (``ACKLINE_DB_CONNECT_TIMEOUT_S``), refused for too many clients,
+    or lost during the schema check (bounded by ``ACKLINE_DB_STATEMENT_TIMEOUT_S``) — and
+    it is quiet but for a WARNING at once and every :data:`_PREFLIGHT_SAY_S` seconds, an
+    ERROR once the wait passes ``ACKLINE_DB_DOWN_ERROR_AFTER_S`` (as the settings say of
+    every outage of the worker's: the WARNINGs alone went on for ever). A
+    stop ends it within the loop's 0.1 s look at ``stopped()`` (the worker then exits 0:
+    nothing was taken). The check's connection is dropped: nothing to wait for."""
     import asyncpg
 
     from ackline.clients import ingest_dsn, ingest_setting

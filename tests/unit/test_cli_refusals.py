@@ -26,6 +26,8 @@ from ackline.load.paths import TargetError, check_target
         (["process", "runs", "--batch-events", "0"], "ackline process"),
         (["processors"], "ackline processors"),
         (["nosuch"], "ackline"),
+        # a subcommand hands an option it does not know up to the root: still its own
+        (["processors", "reset", "runs", "--nope"], "ackline processors reset"),
     ],
 )
 def test_a_bad_argument_is_one_line_naming_the_commands_help(

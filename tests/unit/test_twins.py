@@ -39,16 +39,3 @@ def test_only_a_worker_id_the_operator_set_is_refused_when_taken(
     monkeypatch.setenv("ACKLINE_WORKER_ID", "w-1")
     assert named_by_operator(load_settings())
     assert CONSUMER_SESSION_S >= 60.0  # the broker's longest session by default
-
-
-def test_a_coordinator_moving_or_loading_is_asked_again_and_nothing_else_is() -> None:
-    from confluent_kafka import KafkaError, KafkaException
-
-    from ackline.streams.kafkainfo import coordinator_not_ready
-
-    for code in (16, 15, 14):  # NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, ..._LOAD_IN_...
-        assert coordinator_not_ready(KafkaException(KafkaError(code)))
-    assert not coordinator_not_ready(
-        KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
-    )
-    assert not coordinator_not_ready(KafkaException("no error object"))

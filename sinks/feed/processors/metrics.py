@@ -35,7 +35,9 @@ class ProcessorMetrics:
         self.errors = Counter(
             "ackline_processor_errors",
             "Errors by kind: transient (retried on a new connection), apply (a batch "
-            "raised and rolled back), stopped (the processor stopped at an event)",
+            "raised and rolled back), stopped (the processor stopped at an event), "
+            "superseded (another filter took over), committed (the committed hook raised "
+            "after its batch committed)",
             ["processor", "kind"],
             registry=r,
         )
