@@ -73,10 +73,15 @@ def test_the_ends_of_a_topic_just_made_are_asked_again_until_its_leaders_answer(
     end offset for partitions [...] within 5 s" after 0.4 s, and started them at the log
     start: a leader not elected yet answered with a retriable error, which was taken as
     the end's absence at once."""
+    from confluent_kafka.admin import NewTopic
+
     name = f"just-made-{uuid.uuid4().hex[:8]}"
     client = admin_module.admin(services.bootstrap)
     try:
-        ensure_topic(services.bootstrap, name, partitions=12)
+        # asked the moment the controller has it, before the leaders answer (ensure_topic
+        # waits until it is visible, which a worker starting then need not)
+        made = client.create_topics([NewTopic(name, 12, 1)], operation_timeout=30)
+        made[name].result(timeout=60)
         tps = [(name, p) for p in range(12)]
         ends, why = stable_ends_and_why(client, tps, 10.0)
         assert set(ends) == set(tps) and why == {}, (ends, why)
