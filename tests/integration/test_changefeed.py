@@ -1590,12 +1590,12 @@ def test_dispatch_or_tail_on_another_processors_cursor_is_refused(dsn: str) -> N
     built = _ackline(dsn, "process", journal, "--until-caught-up")
     assert built.returncode == 0, built.stderr
     where = "SELECT position::text AS p FROM feed_cursors WHERE reader = 'journal'"
-    before = db(dsn, where)
+    journal_at = db(dsn, where)
     asyncio.run(ingest(dsn, [[requested("r3", "agent-z")]], 2))
     taken = _ackline(dsn, "dispatch", "--once", "--reader", "journal")
     assert taken.returncode == 2, (taken.returncode, taken.stdout, taken.stderr)
     assert "processor journal" in taken.stderr and "Traceback" not in taken.stderr, taken.stderr
-    assert db(dsn, where) == before
+    assert db(dsn, where) == journal_at
     # the dispatcher's own cursor, once registered, passes
     mine = _ackline(dsn, "dispatch", "--once", "--reader", "mine")
     assert mine.returncode == 0, mine.stderr
