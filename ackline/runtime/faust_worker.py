@@ -194,6 +194,8 @@ def run(
     log.info("stopped after %d committed batches", app.parts.sink.committed_batches)
     if watch.refusal is not None:  # stopped on a recreated topic: as a start refuses
         raise AcklineError(watch.refusal)
+    if app.refusal is not None:  # stopped in a group it cannot join
+        raise AcklineError(app.refusal)
     return code
 
 

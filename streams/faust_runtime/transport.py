@@ -25,13 +25,18 @@ removes one path by which faust could commit, skip or re-read an offset on its o
   claimed (the claim is once per number) though its revoke had released everything;
 - :class:`AcklineConsumerThread` fetches with ``isolation_level=read_committed`` (faust
   reads uncommitted records unless processing_guarantee is exactly_once, whose
-  transactional commit path this runtime does not use) and checks it after start.
+  transactional commit path this runtime does not use) and checks it after start; and it
+  takes, once a second, the error aiokafka's group coordinator holds for ``getmany``
+  (which faust never calls), without which the coordinator never joined again after a
+  refused join.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -41,23 +46,28 @@ from typing import Any, cast
 import faust
 import faust.tables
 from aiokafka.consumer.fetcher import READ_COMMITTED
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import IllegalStateError, InconsistentGroupProtocolError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 from faust.types.transports import TPorTopicSet, TransportT
 from faust.types.tuples import ack_lock
+from mode import Service
 from mode.utils.futures import notify
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.core.logs import die
-from ackline.streams.errors import StreamError
+from ackline.streams.errors import StreamError, mixed_group, mixed_group_grace_s
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
 
+_GROUP_ERRORS_EVERY_S = 1.0
+"""How often the consumer thread takes the errors aiokafka's group coordinator holds."""
+_GROUP_ERROR_SAY_S = 60.0
+"""The least time between two log lines of the same group error."""
 _MARKS_S = 10.0
 """The longest wait for a claim's watermarks (log start and end) before it goes on
 without them."""
@@ -134,6 +144,8 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Per partition, the offset after the highest record aiokafka handed to faust:
         every record below it is in faust's buffers, in a batch, or written (or refused
         and read again after a seek back). Written only on this thread's loop."""
+        self._mixed_since: float | None = None  # INCONSISTENT_GROUP_PROTOCOL since
+        self._said: dict[str, float] = {}  # a group error's text: when last logged
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
         """faust's aiokafka consumer, reading committed records only and fetching at most
@@ -167,6 +179,62 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         for tp, end in handed_ends(records).items():
             self.handed[tp] = max(self.handed.get(tp, 0), end)
         return records
+
+    @Service.timer(_GROUP_ERRORS_EVERY_S)
+    async def _group_errors(self) -> None:
+        """:meth:`_take_group_errors` on this thread's loop, once a second: faust does
+        not fetch before a first assignment, so a fetch could not take them."""
+        consumer = self._consumer
+        if consumer is not None:
+            self._take_group_errors(consumer)
+
+    def _take_group_errors(self, consumer: Any) -> None:
+        """Take the error aiokafka's group coordinator holds for the user.
+
+        aiokafka hands a join's fatal error (INCONSISTENT_GROUP_PROTOCOL: a member of the
+        other runtime is in the group; an authorization refused) to ``getmany``, and its
+        coordinator waits until it is taken before it tries to join again. faust fetches
+        without ``getmany``: the error was never taken, and the worker waited for ever,
+        owning nothing, logging nothing. Taken here, on this thread's loop: the
+        coordinator then joins again. A member of the other runtime still in
+        the group after :func:`~ackline.streams.errors.mixed_group_grace_s` stops the
+        worker as SIGTERM does, the line recorded for its exit (status 2,
+        :attr:`AcklineApp.refusal`); another error is logged (once a minute at most)."""
+        coordinator = getattr(consumer, "_coordinator", None)
+        routine = getattr(coordinator, "_coordination_task", None)
+        if coordinator is None or (routine is not None and routine.cancelled()):
+            return  # closing: the routine's cancellation is not an error to take
+        try:
+            coordinator.check_errors()
+        except InconsistentGroupProtocolError as exc:
+            self._mixed(exc)
+        except KafkaError as exc:
+            text = repr(exc)
+            now = time.monotonic()
+            if now - self._said.get(text, float("-inf")) >= _GROUP_ERROR_SAY_S:
+                self._said[text] = now
+                log.error("consumer group %s: %s; joining again", self.app.conf.id, text)
+        else:
+            if self._mixed_since is not None and consumer.assignment():
+                self._mixed_since = None  # joined
+
+    def _mixed(self, exc: BaseException) -> None:
+        app = cast(AcklineApp, self.app)
+        group = str(app.conf.id)
+        now = time.monotonic()
+        grace = mixed_group_grace_s(int(app.conf.broker_session_timeout * 1000))
+        if self._mixed_since is None:
+            self._mixed_since = now
+            log.warning(
+                "%s; joining again for up to %.0f s (a member of the other runtime killed "
+                "a moment ago stays until its session times out)",
+                mixed_group(group, repr(exc)),
+                grace,
+            )
+        elif now - self._mixed_since >= grace and app.refusal is None:
+            app.refusal = mixed_group(group, repr(exc))
+            log.error("%s", app.refusal)
+            os.kill(os.getpid(), signal.SIGTERM)  # stops as SIGTERM does: exit 2 after
 
     async def lag_marks(
         self, tps: Sequence[tuple[str, int]]
@@ -539,6 +607,8 @@ class AcklineApp(faust.App):
 
     ownership: Ownership
     buffer_max_bytes: int = 8 * 1_048_576  # set by make_app: ACKLINE_BATCH_MAX_BYTES
+    refusal: str | None = None
+    """Why the worker stopped itself (a group it cannot join): the run exits 2 with it."""
 
     def _new_transport(self) -> TransportT:
         return AcklineTransport(self.conf.broker_consumer, self)
