@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ackline.load.manifest import ManifestHeader, ManifestRecord, ManifestWriter
 from ackline.load.produce import Knobs, produce
 from ackline.load.verify import Verdict, expected_outcome, is_drained, verify
 from ackline.schemas import Envelope, hash_envelope, new_envelope
+from ackline.streams.admin import end_not_ready
 from ackline.streams.producer import CONTENT_TYPE, ActivityProducer, serialize
 from tests.integration.harness import Services, Worker, db, run_async, wait_until
 
@@ -223,13 +225,28 @@ def kafka_committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
     return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
 
 
-def watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+def watermarks(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 10.0
+) -> dict[int, tuple[int, int]]:
+    """(low, high) of each partition. A leader not answering yet (a topic just made:
+    NOT_LEADER_FOR_PARTITION; a flake of `make test` on 2026-12-06) is asked again until
+    ``timeout``, as the worker's own reads of a partition's end are."""
     consumer = _plain_consumer(bootstrap, f"watermarks-{uuid.uuid4().hex[:8]}")
+    deadline = time.monotonic() + timeout
+    found: dict[int, tuple[int, int]] = {}
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            for p in range(partitions)
-        }
+        for p in range(partitions):
+            while True:
+                try:
+                    found[p] = consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=timeout
+                    )
+                    break
+                except KafkaException as exc:
+                    if not end_not_ready(exc) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.2)
+        return found
     finally:
         consumer.close()
 
