@@ -60,14 +60,13 @@ from ackline.core.faults import DISARMED, Faults
 from ackline.core.logs import die
 from ackline.streams.errors import StreamError, mixed_group, mixed_group_grace_s
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
+from ackline.streams.faust_runtime.group_errors import GroupErrorStreak
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
 
 _GROUP_ERRORS_EVERY_S = 1.0
 """How often the consumer thread takes the errors aiokafka's group coordinator holds."""
-_GROUP_ERROR_SAY_S = 60.0
-"""The least time between two log lines of the same group error."""
 _MARKS_S = 10.0
 """The longest wait for a claim's watermarks (log start and end) before it goes on
 without them."""
@@ -144,8 +143,8 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Per partition, the offset after the highest record aiokafka handed to faust:
         every record below it is in faust's buffers, in a batch, or written (or refused
         and read again after a seek back). Written only on this thread's loop."""
-        self._mixed_since: float | None = None  # INCONSISTENT_GROUP_PROTOCOL since
-        self._said: dict[str, float] = {}  # a group error's text: when last logged
+        session_ms = int(self.app.conf.broker_session_timeout * 1000)
+        self._streak = GroupErrorStreak(mixed_group_grace_s(session_ms))
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
         """faust's aiokafka consumer, reading committed records only and fetching at most
@@ -196,45 +195,52 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         coordinator waits until it is taken before it tries to join again. faust fetches
         without ``getmany``: the error was never taken, and the worker waited for ever,
         owning nothing, logging nothing. Taken here, on this thread's loop: the
-        coordinator then joins again. A member of the other runtime still in
-        the group after :func:`~ackline.streams.errors.mixed_group_grace_s` stops the
-        worker as SIGTERM does, the line recorded for its exit (status 2,
-        :attr:`AcklineApp.refusal`); another error is logged (once a minute at most)."""
+        coordinator then joins again, with a WARNING at the first error. Errors that
+        keep coming for :func:`~ackline.streams.errors.mixed_group_grace_s`
+        (:class:`~.group_errors.GroupErrorStreak`), or a coordination routine that
+        ended with an error (it never runs again: no heartbeat, the partitions handed to
+        others while faust fetches on), stop the worker as SIGTERM does, the line
+        recorded for its exit (status 2, :attr:`AcklineApp.refusal`)."""
         coordinator = getattr(consumer, "_coordinator", None)
         routine = getattr(coordinator, "_coordination_task", None)
         if coordinator is None or (routine is not None and routine.cancelled()):
             return  # closing: the routine's cancellation is not an error to take
+        group = str(self.app.conf.id)
+        if routine is not None and routine.done() and routine.exception() is not None:
+            self._refuse(
+                f"the coordination of consumer group {group} ended "
+                f"({routine.exception()!r}): stopping rather than fetching outside the group"
+            )
+            return
+        generation = int(getattr(coordinator, "generation", -1))
         try:
             coordinator.check_errors()
-        except InconsistentGroupProtocolError as exc:
-            self._mixed(exc)
         except KafkaError as exc:
-            text = repr(exc)
-            now = time.monotonic()
-            if now - self._said.get(text, float("-inf")) >= _GROUP_ERROR_SAY_S:
-                self._said[text] = now
-                log.error("consumer group %s: %s; joining again", self.app.conf.id, text)
-        else:
-            if self._mixed_since is not None and consumer.assignment():
-                self._mixed_since = None  # joined
-
-    def _mixed(self, exc: BaseException) -> None:
-        app = cast(AcklineApp, self.app)
-        group = str(app.conf.id)
-        now = time.monotonic()
-        grace = mixed_group_grace_s(int(app.conf.broker_session_timeout * 1000))
-        if self._mixed_since is None:
-            self._mixed_since = now
-            log.warning(
-                "%s; joining again for up to %.0f s (a member of the other runtime killed "
-                "a moment ago stays until its session times out)",
-                mixed_group(group, repr(exc)),
-                grace,
+            line = (
+                mixed_group(group, repr(exc))
+                if isinstance(exc, InconsistentGroupProtocolError)
+                else f"cannot join consumer group {group}: {exc!r}"
             )
-        elif now - self._mixed_since >= grace and app.refusal is None:
-            app.refusal = mixed_group(group, repr(exc))
-            log.error("%s", app.refusal)
-            os.kill(os.getpid(), signal.SIGTERM)  # stops as SIGTERM does: exit 2 after
+            first = self._streak.since is None
+            if self._streak.error(time.monotonic(), generation):
+                self._refuse(line)
+            elif first:
+                log.warning(
+                    "%s; joining again for up to %.0f s (a member of the other runtime "
+                    "killed a moment ago stays until its session times out)",
+                    line,
+                    self._streak.grace_s,
+                )
+        else:
+            self._streak.clean(generation)
+
+    def _refuse(self, line: str) -> None:
+        """Stop as SIGTERM does, ``line`` the run's exit (status 2); once."""
+        app = cast(AcklineApp, self.app)
+        if app.refusal is None:
+            app.refusal = line
+            log.error("%s", line)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     async def lag_marks(
         self, tps: Sequence[tuple[str, int]]

@@ -1,0 +1,27 @@
+"""When a faust worker gives up on a group whose errors keep coming back
+(streams/faust_runtime/group_errors.py)."""
+
+from __future__ import annotations
+
+from ackline.streams.faust_runtime.group_errors import GroupErrorStreak
+
+
+def test_errors_that_keep_coming_stop_after_the_grace_and_not_before() -> None:
+    s = GroupErrorStreak(30.0)
+    assert not s.error(100.0, -1)
+    s.clean(-1)  # a look between two failed joins: the generation stayed
+    assert not s.error(129.0, -1)
+    assert s.error(130.0, -1)
+
+
+def test_a_join_between_two_streaks_starts_the_grace_again() -> None:
+    """A review: reset only while partitions were assigned, a streak outlived a join
+    that got none (more members than partitions), and a later error stopped the worker
+    with no grace."""
+    s = GroupErrorStreak(30.0)
+    assert not s.error(100.0, -1)
+    s.clean(4)  # joined: generation 4
+    assert s.since is None
+    assert not s.error(200.0, 4)
+    assert not s.error(229.0, 4)
+    assert s.error(230.0, 4)
