@@ -37,8 +37,10 @@ Statement order inside the transaction (docs/design.md, "One batch, one transact
    writer alone): PostgreSQL 27.5 -> 22-23 us per event;
 5. conflicts and rejects, each one INSERT … SELECT FROM unnest(...) (a conflict with an
    erased event keeps its keys and hashes but not its incoming body: a replay must not
-   bring erased content back). A batch that has any first takes the erasure lock shared,
-   in a statement of its own (:data:`_AFTER_ERASURES`): an erasure in progress
+   bring erased content back), unique on their source coordinates and, since migration
+   0016, on the topic's incarnation (:data:`_CONFLICTS_INCARNATED`). A batch that has
+   any first takes the erasure lock shared, in a statement of its own
+   (:data:`_AFTER_ERASURES`): an erasure in progress
    (:func:`ackline.sinks.admin.erase.erase`, which holds it exclusive) commits first, and
    the INSERTs, whose snapshots are taken after the lock is granted, see its tombstones;
    an erasure that starts later waits for this batch to end, and its own statements see
@@ -147,9 +149,11 @@ WITH fenced AS (
 ), batch AS (
     SELECT nextval('ingest_batch_id_seq') AS batch_id,
            to_regclass('public.event_keys') IS NOT NULL AS keyed,
+           to_regclass('public.rejects_source_key') IS NOT NULL AS incarnated,
            (now() AT TIME ZONE 'UTC')::date AS ingested_on
 )
-SELECT batch.batch_id, batch.keyed, batch.ingested_on, fenced.topic, fenced.partition
+SELECT batch.batch_id, batch.keyed, batch.incarnated, batch.ingested_on, fenced.topic,
+       fenced.partition
 FROM batch LEFT JOIN fenced ON true
 """
 
@@ -216,6 +220,29 @@ LEFT JOIN LATERAL (
 WHERE t.body_hash IS DISTINCT FROM k.body_hash
 """
 
+# Since migration 0016 rejects and conflicts are unique per incarnation of their topic
+# too: src_topic_id is the ID recorded for the group's DB offsets (0015), read in this
+# transaction, whose fence holds those offsets ('' where none is recorded). adopt-topic
+# rewinds the offsets and records the new ID in one transaction, so the ID read is the
+# incarnation the batch's offsets belong to: a row of the new incarnation at an offset
+# where the old one had a row is kept beside it, not dropped by DO NOTHING.
+_CONFLICTS_INCARNATED = """
+INSERT INTO conflicts
+    (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
+     group_id, src_topic, src_topic_id, src_partition, src_offset, batch_id, erasure_id)
+SELECT u.layer, u.event_id, u.txn_id, u.stored_event_id, u.stored_hash, u.incoming_hash,
+       CASE WHEN e.erasure_id IS NULL THEN u.incoming_body::jsonb END,
+       $1, u.topic, coalesce(i.topic_id, ''), u.partition, u.src_offset, $2, e.erasure_id
+FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::bytea[],
+            $9::text[], $10::text[], $11::int[], $12::bigint[])
+    AS u(layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash,
+         incoming_body, topic, partition, src_offset)
+LEFT JOIN erased_events AS e ON e.event_id = u.stored_event_id
+LEFT JOIN topic_incarnations AS i ON i.group_id = $1 AND i.topic = u.topic
+ON CONFLICT (group_id, src_topic, src_topic_id, src_partition, src_offset) DO NOTHING
+"""
+
+# Migrations 0008 to 0015: the key without the incarnation.
 _CONFLICTS = """
 INSERT INTO conflicts
     (layer, event_id, txn_id, stored_event_id, stored_hash, incoming_hash, incoming_body,
@@ -255,6 +282,22 @@ ON CONFLICT (group_id, src_topic, src_partition, src_offset) DO NOTHING
 # advisory lock functions are executable by PUBLIC.
 _AFTER_ERASURES = "SELECT pg_advisory_xact_lock_shared($1)"  # ERASURE_LOCK_KEY
 
+_REJECTS_INCARNATED = """
+INSERT INTO rejects
+    (reason, detail, raw_key, raw_value, headers, group_id, src_topic, src_topic_id,
+     src_partition, src_offset, dlq_topic, dlq_partition, dlq_offset, batch_id)
+SELECT u.reason, u.detail, u.raw_key, u.raw_value, u.headers::jsonb, $1, u.topic,
+       coalesce(i.topic_id, ''), u.partition, u.src_offset, u.dlq_topic, u.dlq_partition,
+       u.dlq_offset, $2
+FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
+            $9::int[], $10::bigint[], $11::text[], $12::int[], $13::bigint[])
+    AS u(reason, detail, raw_key, raw_value, headers, topic, partition, src_offset,
+         dlq_topic, dlq_partition, dlq_offset)
+LEFT JOIN topic_incarnations AS i ON i.group_id = $1 AND i.topic = u.topic
+ON CONFLICT (group_id, src_topic, src_topic_id, src_partition, src_offset) DO NOTHING
+"""
+
+# Before migration 0016 (see _CONFLICTS_INCARNATED).
 _REJECTS = """
 INSERT INTO rejects
     (reason, detail, raw_key, raw_value, headers, group_id, src_topic, src_partition,
@@ -314,11 +357,13 @@ class WriteResult:
 @dataclass(frozen=True, slots=True)
 class _Fenced:
     """What the fence statement returned besides winning: the batch id, whether the
-    schema has event_keys (migration 0008), and the UTC day of this transaction."""
+    schema has event_keys (migration 0008), the UTC day of this transaction, and whether
+    rejects and conflicts are keyed by incarnation (migration 0016)."""
 
     batch_id: int
     keyed: bool
     ingested_on: date
+    incarnated: bool = False
 
 
 class _PartitionMissingError(Exception):
@@ -331,7 +376,8 @@ class _StoredKeyMetError(Exception):
 
 
 class _SchemaMovedError(Exception):
-    """Migration 0008 committed under a batch that began before it: retry the batch."""
+    """Migration 0008 (or 0016) committed under a batch that began before it: retry the
+    batch, whose fence then reads the schema there is."""
 
 
 class _CommitUncertainError(Exception):
@@ -569,10 +615,18 @@ class BatchWriter:
         verdict = await self._insert_new(conn, batch, fenced)
         if verdict.conflicts or batch.rejects:
             await self._after_erasures(conn, batch)
-        if verdict.conflicts:
-            await self._insert_conflicts(conn, batch_id, verdict, fenced.keyed)
-        if batch.rejects:
-            await self._insert_rejects(conn, batch_id, batch)
+        try:
+            if verdict.conflicts:
+                await self._insert_conflicts(conn, batch_id, verdict, fenced)
+            if batch.rejects:
+                await self._insert_rejects(conn, batch_id, batch, fenced.incarnated)
+        except asyncpg.InvalidColumnReferenceError as exc:
+            if fenced.incarnated:
+                raise
+            # The old key named in ON CONFLICT is gone: migration 0016 committed after
+            # this batch's fence read the schema (0016 locks both tables, which this
+            # transaction had not touched yet). Retried, it writes the new key.
+            raise _SchemaMovedError() from exc
         result = WriteResult(
             batch_id=batch_id,
             events=batch.size,
@@ -621,7 +675,12 @@ class BatchWriter:
             lost = [(r.topic, r.partition) for r in ranges if (r.topic, r.partition) not in won]
             raise FencedError(lost)
         head = rows[0]
-        return _Fenced(int(head["batch_id"]), bool(head["keyed"]), head["ingested_on"])
+        return _Fenced(
+            int(head["batch_id"]),
+            bool(head["keyed"]),
+            head["ingested_on"],
+            bool(head["incarnated"]),
+        )
 
     async def _copy_inserts(
         self, conn: asyncpg.Connection, fenced: _Fenced, verdict: Classified
@@ -777,7 +836,7 @@ class BatchWriter:
             raise
 
     async def _insert_conflicts(
-        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified, keyed: bool
+        self, conn: asyncpg.Connection, batch_id: int, verdict: Classified, fenced: _Fenced
     ) -> None:
         cs = verdict.conflicts
         args = (
@@ -794,15 +853,18 @@ class BatchWriter:
             [c.incoming.coord.partition for c in cs],
             [c.incoming.coord.offset for c in cs],
         )
-        if keyed:
+        if fenced.incarnated:
+            await conn.execute(_CONFLICTS_INCARNATED, *args)
+        elif fenced.keyed:
             await conn.execute(_CONFLICTS, *args)
         else:
             await conn.execute(_CONFLICTS_UNPARTITIONED, *args)
 
-    async def _insert_rejects(self, conn: asyncpg.Connection, batch_id: int, batch: Batch) -> None:
+    async def _insert_rejects(
+        self, conn: asyncpg.Connection, batch_id: int, batch: Batch, incarnated: bool
+    ) -> None:
         rs = batch.rejects
-        await conn.execute(
-            _REJECTS,
+        args = (
             self._group,
             batch_id,
             [r.reason for r in rs],
@@ -817,6 +879,10 @@ class BatchWriter:
             [r.dlq_partition for r in rs],
             [r.dlq_offset for r in rs],
         )
+        if incarnated:
+            await conn.execute(_REJECTS_INCARNATED, *args)
+        else:
+            await conn.execute(_REJECTS, *args)
 
     async def _reconcile(self, batch: Batch) -> bool:
         """After an unknown COMMIT outcome: True if it committed, False to retry.

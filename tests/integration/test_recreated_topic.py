@@ -45,8 +45,9 @@ from tests.integration.windows import (
     watermarks,
 )
 
-# the first incarnation without rejects or conflicts: theirs are keyed by source offset,
-# which the new incarnation reuses (see the report on this test's commit)
+# the first incarnation without rejects or conflicts: verify counts theirs by source
+# coordinates, which the new incarnation reuses (the rows themselves carry their
+# incarnation since migration 0016: test_writer.py)
 NO_OFFSET_KEYED = Knobs(
     redeliver=0.03, retry=0.02, conflict_ledger=0.0, conflict_pk=0.0, poison=0.0, abort=0.03
 )

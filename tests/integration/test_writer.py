@@ -15,12 +15,15 @@ from ackline.roles import INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
 from ackline.sinks.admin.erase import _ERASURE_LOCK, ERASURE_LOCK_KEY
+from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError
+from ackline.sinks.ingest import incarnation
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, RejectRecord
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import _STORED_KEYS, BatchWriter
 from ackline.streams.producer import serialize
+from tests.integration.harness import Services, database_upto
 
 GROUP = "g"
 TOPIC = "t"
@@ -519,3 +522,92 @@ def test_a_role_s_statement_timeout_shorter_than_a_batch_does_not_stall_the_writ
         assert await _count(dsn, "SELECT next_offset FROM consumer_offsets") == 20000
 
     asyncio.run(go())
+
+
+def _reject_at(offset: int, epoch: int, value: bytes) -> Batch:
+    """A batch of one poison record at ``offset`` of partition 0."""
+    poison = RejectRecord(Coord(TOPIC, 0, offset), "invalid_json", "x", None, value, [], "d", 0, 0)
+    return Batch(ranges=(PartitionRange(TOPIC, 0, offset, offset + 1, epoch),), rejects=[poison])
+
+
+def test_a_reject_and_a_conflict_of_a_new_incarnation_are_kept_beside_the_old_ones(
+    dsn: str,
+) -> None:
+    """A topic made again reuses its offsets from 0. After adopt-topic, a changed replay
+    and a poison record of the new incarnation at the offsets where the old one had a
+    conflict and a reject were dropped by the writer's ON CONFLICT DO NOTHING (both were
+    keyed by source coordinates only): only their batch row counted them. Each row now
+    carries its incarnation (the topic ID recorded for the group's DB offsets), and a
+    batch of either incarnation keeps one row per record."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        await incarnation.record(conn, GROUP, TOPIC, "old-id")
+        database = Database(with_user(dsn, INGEST))
+        epoch = (await _take(dsn, "w", [0]))[0]
+        old = BatchWriter(database, GROUP, "w")
+        await old.write(batch(0, [row(1)], epoch))
+        assert (await old.write(batch(1, [row(1, thought="changed")], epoch))).conflicts == {
+            "ledger": 1,
+            "primary_key": 0,
+        }
+        await old.write(_reject_at(2, epoch, b"{"))
+        adopted = await incarnation.adopt(conn, GROUP, TOPIC, "new-id", partitions=1)
+        assert adopted is not None and adopted.offsets == {0: 3}
+        epoch = (await _take(dsn, "w2", [0]))[0]
+        new = BatchWriter(database, GROUP, "w2")
+        assert (await new.write(batch(0, [row(1)], epoch))).duplicates["ledger"] == 1
+        assert (await new.write(batch(1, [row(1, thought="again")], epoch))).conflicts[
+            "ledger"
+        ] == 1
+        assert sum((await new.write(_reject_at(2, epoch, b"["))).rejects.values()) == 1
+        await database.close()
+        conflicts = await conn.fetch(
+            "SELECT * FROM conflicts WHERE src_offset = 1 ORDER BY conflict_id"
+        )
+        rejects = await conn.fetch("SELECT * FROM rejects WHERE src_offset = 2 ORDER BY reject_id")
+        assert len(conflicts) == 2, "the new incarnation's conflict was dropped"
+        assert len(rejects) == 2, "the new incarnation's reject was dropped"
+        assert [r["src_topic_id"] for r in conflicts] == ["old-id", "new-id"]
+        assert conflicts[0]["incoming_hash"] != conflicts[1]["incoming_hash"]
+        assert [(r["src_topic_id"], r["raw_value"]) for r in rejects] == [
+            ("old-id", b"{"),
+            ("new-id", b"["),
+        ]
+        await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_batch_begun_before_migration_0016_is_retried_under_it(services: Services) -> None:
+    """Migration 0016 keys rejects and conflicts by incarnation, and the writer names the
+    key in ON CONFLICT. A batch whose fence read the schema before 0016, and whose INSERT
+    of a reject ran after 0016 committed, named a key that no longer exists (42P10): the
+    worker stopped with an error. It is retried, and writes the new key."""
+
+    async def go(dsn: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        await incarnation.record(conn, GROUP, TOPIC, "the-id")
+        epoch = (await _take(dsn, "w", [0]))[0]
+        database = Database(with_user(dsn, INGEST), statement_timeout=60.0)
+        writer = BatchWriter(database, GROUP, "w")
+        await writer.write(_reject_at(0, epoch, b"{"))  # before 0016
+        erasure = conn.transaction()
+        await erasure.start()
+        await conn.execute(_ERASURE_LOCK, ERASURE_LOCK_KEY)  # the batch waits after its fence
+        task = asyncio.create_task(writer.write(_reject_at(1, epoch, b"[")))
+        await asyncio.sleep(1.5)
+        assert not task.done()
+        migrator = await asyncpg.connect(dsn)
+        await migrate(migrator, load_migrations())
+        await migrator.close()
+        await erasure.commit()
+        result = await asyncio.wait_for(task, 30)
+        await database.close()
+        assert sum(result.rejects.values()) == 1 and writer.retries["schema_moved"] == 1
+        rows = await conn.fetch("SELECT src_offset, src_topic_id FROM rejects ORDER BY 1")
+        assert [(r["src_offset"], r["src_topic_id"]) for r in rows] == [(0, ""), (1, "the-id")]
+        await conn.close()
+
+    with database_upto(services, 15) as dsn:
+        asyncio.run(go(dsn))
