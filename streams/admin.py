@@ -27,7 +27,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from ackline.core.logs import kafka_logger
 from ackline.core.signals import stops_between
-from ackline.streams.errors import KafkaUnavailableError, StoppingError, TopicError
+from ackline.streams.errors import KafkaUnavailableError, StoppingError, TopicError, error_code
 
 T = TypeVar("T")
 
@@ -91,7 +91,7 @@ def answered(
                 return read(timeout=max(min(each, left), 0.01))
             except KafkaException as exc:
                 check()
-                code = exc.args[0].code() if exc.args else None
+                code = error_code(exc)
                 if left <= each or code not in _NO_BROKER:
                     raise
                 if code == KafkaError._TIMED_OUT:
@@ -239,9 +239,7 @@ def topic_limit(
             futures = client.describe_configs([resource], request_timeout=max(timeout, 0.1))
             entries = futures[resource].result(timeout=max(timeout, 0.1))
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            code = err.code() if isinstance(err, KafkaError) else None
-            return TopicLimit(None, code in MISSING_TOPIC)
+            return TopicLimit(None, error_code(exc) in MISSING_TOPIC)
         except (TimeoutError, concurrent.futures.TimeoutError):
             return TopicLimit(None, False)
     entry = entries.get("max.message.bytes")
@@ -321,7 +319,7 @@ def ensure_topic(
         try:
             _outcome(futures[topic], 60, stopping)
         except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0].name() if exc.args else ""):
+            if error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise TopicError(f"cannot create topic {topic}: {exc}") from exc
         return wait_visible(client, bootstrap, topic, _VISIBLE_WITHIN_S, stopping)
     finally:
@@ -418,8 +416,7 @@ def end_not_ready(exc: KafkaException) -> bool:
     being elected or moving (a topic just made, a broker restarted), metadata not there
     yet, a request lost with its connection. By ``code()``: confluent-kafka's admin
     results say ``retriable()`` False whatever the error. Pure."""
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and error.code() in _END_NOT_READY
+    return error_code(exc) in _END_NOT_READY
 
 
 def stable_ends_and_why(

@@ -16,7 +16,7 @@ What AIOProducer (confluent-kafka 2.16) does not do, and how this class copes:
   without a timeout. This class flushes first with the time left, so a frozen broker
   costs at most ``timeout``, then an :class:`OutcomeUnknownError`.
 * **Fatal errors as SystemError** (a fenced instance): unwrapped with
-  :func:`ackline.streams.producer.kafka_error`.
+  :func:`ackline.streams.errors.kafka_error`.
 * **Cancellation**: a transactional call keeps running in its thread when the awaiting
   task is cancelled. This class then refuses further transactional calls
   (:class:`OutcomeUnknownError`): close it and resend from a new instance. So it does
@@ -47,7 +47,12 @@ from confluent_kafka.aio import AIOProducer
 
 from ackline.core.logs import kafka_logger
 from ackline.schemas.envelope import Envelope
-from ackline.streams.errors import OutcomeUnknownError, ProduceError, TransientProduceError
+from ackline.streams.errors import (
+    OutcomeUnknownError,
+    ProduceError,
+    TransientProduceError,
+    kafka_error,
+)
 from ackline.streams.producer import (
     RETRY_PAUSE_S,
     TOPIC_LOOK_S,
@@ -62,7 +67,6 @@ from ackline.streams.producer import (
     check_fits,
     client_limits,
     failure_causes,
-    kafka_error,
     not_committed,
     not_open,
     prepare,

@@ -48,7 +48,7 @@ from ackline.streams.dlq_rules import (
     stub,
     weaker_than_source,
 )
-from ackline.streams.errors import DeadLettersStoppedError, TopicError
+from ackline.streams.errors import DeadLettersStoppedError, TopicError, kafka_error
 from ackline.streams.headers import Headers, headers_for_produce, headers_json, safe_headers
 
 __all__ = [
@@ -410,10 +410,8 @@ class DeadLetterProducer:
 
 
 def _error_of(exc: KafkaException) -> KafkaError:
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError):
-        return err
-    return KafkaError(KafkaError._FAIL, str(exc))
+    err = kafka_error(exc)
+    return KafkaError(KafkaError._FAIL, str(exc)) if err is None else err
 
 
 def _no_report() -> KafkaError:

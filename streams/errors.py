@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaError, KafkaException
+
 from ackline.core.errors import AcklineError
 
 
@@ -80,3 +82,25 @@ def mixed_group(group: str, error: str) -> str:
         "confluent) or another client has ACKLINE_GROUP_ID's group: the runtimes cannot "
         "share a group, give each its own ACKLINE_GROUP_ID (or stop the others first)"
     )
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError behind ``exc`` (a KafkaException's first argument), following
+    ``__cause__``/``__context__``; None when there is none (``args`` may be empty).
+    confluent-kafka's asyncio producer can raise a fatal error as a ``SystemError`` whose
+    cause is the ``KafkaException`` (a delivery callback ran while it was pending). Pure.
+    """
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def error_code(exc: BaseException) -> int | None:
+    """:func:`kafka_error`'s code, else None. Pure."""
+    error = kafka_error(exc)
+    return None if error is None else int(error.code())

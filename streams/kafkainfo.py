@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # t
 
 from ackline.core.logs import kafka_logger
 from ackline.streams.admin import admin, admin_client, drain, metadata, unreachable
-from ackline.streams.errors import KafkaUnavailableError
+from ackline.streams.errors import KafkaUnavailableError, error_code
 
 Conf = Mapping[str, Any]
 
@@ -168,8 +168,7 @@ def described(client: AdminClient, bootstrap: str, topic: str, timeout: float) -
         futures = client.describe_topics(TopicCollection([topic]), request_timeout=timeout)
         found = futures[topic].result(timeout=timeout)
     except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        if error_code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
         raise KafkaUnavailableError(f"cannot describe {topic} at {bootstrap}: {exc}") from exc
     except TimeoutError as exc:  # librdkafka's own timeout may come late
@@ -219,8 +218,7 @@ def coordinator_not_ready(exc: KafkaException) -> bool:
     first group lookup (``__consumer_offsets`` made on demand) for some seconds, and
     after a broker restart. Asked again, it answers; librdkafka's DescribeGroups does
     not ask again by itself (a fresh stack's first worker warned of it). Pure."""
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and error.code() in _COORDINATOR_NOT_READY
+    return error_code(exc) in _COORDINATOR_NOT_READY
 
 
 def group_members(

@@ -45,6 +45,7 @@ from ackline.streams.errors import (
     ProduceError,
     ProducerFencedError,
     TransientProduceError,
+    kafka_error,
 )
 
 log = logging.getLogger(__name__)
@@ -495,22 +496,6 @@ def _after_failed_send(
 # --- what a transactional error means ---------------------------------------------------
 
 TxnAction = Literal["retry", "abort", "fenced", "fatal", "unknown"]
-
-
-def kafka_error(exc: BaseException) -> KafkaError | None:
-    """The KafkaError behind ``exc``, following ``__cause__``/``__context__``.
-
-    confluent-kafka's asyncio producer can raise a fatal error as a ``SystemError`` whose
-    cause is the ``KafkaException`` (a delivery callback ran while it was pending).
-    """
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return None
-        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
-            return seen.args[0]
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def not_open(sdk: str, closed: bool) -> ProduceError:

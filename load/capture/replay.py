@@ -28,7 +28,7 @@ from ackline.load.capture.file import CapturedRecord
 from ackline.load.capture.topics import KAFKA_LOG
 from ackline.load.errors import LoadError
 from ackline.streams.admin import max_message_bytes, topic_shape
-from ackline.streams.errors import TopicError
+from ackline.streams.errors import TopicError, error_code
 from ackline.streams.producer import LIBRDKAFKA_MESSAGE_MAX_BYTES
 
 PROGRESS_EVERY_S = 0.5
@@ -304,7 +304,7 @@ class _SendError(Exception):
     def __init__(self, sent: int, cause: KafkaException) -> None:
         super().__init__(str(cause))
         self.sent = sent
-        self.code: int | None = cause.args[0].code() if cause.args else None
+        self.code: int | None = error_code(cause)
 
 
 def _send_all(

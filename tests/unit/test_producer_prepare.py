@@ -9,8 +9,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ackline.schemas import Envelope, SchemaError, hash_envelope, new_envelope
 from ackline.schemas.decode import Row, decode
-from ackline.streams.errors import OutcomeUnknownError, ProducerFencedError
-from ackline.streams.producer import kafka_error, prepare, serialize, settle, txn_action
+from ackline.streams.errors import OutcomeUnknownError, ProducerFencedError, kafka_error
+from ackline.streams.producer import prepare, serialize, settle, txn_action
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
