@@ -37,12 +37,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
 from ackline.core.signals import Stopping
 from ackline.dev.ports import pick_free_port
+from ackline.dev.toxiproxy import ToxiproxyServer
 from ackline.load.chaos.runs_check import check_runs, check_runs_at
 from ackline.roles import PROCESSOR, with_user
 from ackline.schemas import Envelope, new_envelope
@@ -1651,3 +1653,59 @@ def test_a_following_processor_says_what_it_applied(dsn: str, tmp_path: Path) ->
         proc.kill()
     assert done.code == 0, done.err[-2000:]
     assert done.report("runs")["applied"] == len(events)
+
+
+def test_a_slow_connect_does_not_hide_a_batch_held_idle_past_the_sessions_bound(
+    dsn: str, tmp_path: Path
+) -> None:
+    """The idle bound's probe (a new connection, then SELECT 1: is the database there?)
+    was bounded by 5 s as a whole, below the connect's own bound
+    (ACKLINE_DB_CONNECT_TIMEOUT_S, 10 s by default). Over a slow link (here Toxiproxy's
+    2 s of latency on what PostgreSQL sends: a connect takes 4 s, its SELECT 1 4 s) the
+    probe ran out, and the dawdling processor's batch was taken for the database going
+    away and retried whole, for as long as the link was slow. The connect now has its own
+    bound and the SELECT 1 5 s: the batch is halved at once (then the link is made fast
+    again, or every later statement takes seconds), and the processor stops at the event
+    that dawdles."""
+    spec = "tests.support.processors:SLOW_TO_CONNECT"
+    events, poison = _with_poison(dsn, spec)
+    pg = urlsplit(dsn)
+    sizes = tmp_path / "sizes"
+    with ToxiproxyServer.start() as server:
+        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
+        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+        slow = Process(
+            relayed,
+            tmp_path,
+            "slow",
+            spec,
+            "--until-caught-up",
+            ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS="300",
+            ACKLINE_DB_CONNECT_TIMEOUT_S="20",
+            DAWDLE_S="1",
+            LATENCY_MS="2000",
+            SIZES_FILE=str(sizes),
+            TOXIPROXY_API=server.api.base_url,
+            TOXIPROXY_PROXY=proxy.name,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "in smaller batches" not in slow.log() and time.monotonic() < deadline:
+                assert slow.proc.poll() is None, slow.log()[-3000:]
+                time.sleep(0.2)
+            assert "in smaller batches" in slow.log(), (
+                "not halved in 60 s over the slow link: the probe took the processor's "
+                f"idle transaction for the database going away\n{slow.log()[-3000:]}"
+            )
+            proxy.remove_toxic("slow")
+            code = slow.proc.wait(60)
+        finally:
+            slow.kill()
+    handed = [int(n) for n in sizes.read_text().split()]
+    assert len(handed) >= 2 and handed[1] < handed[0], handed
+    assert code == 1, slow.log()[-3000:]
+    report = json.loads(slow.out_path.read_text().strip().splitlines()[-1])
+    (mine,) = [r for r in report["processors"] if r["processor"] == "slow_to_connect"]
+    assert mine["outcome"] == "failed", report
+    assert mine["error_event_id"] == str(poison.event_id), (report, slow.log()[-3000:])
+    assert journal(dsn, "slow_to_connect") == Counter(e.event_id for e in events[:5])

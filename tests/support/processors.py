@@ -18,6 +18,7 @@ import os
 
 import asyncpg
 
+from ackline.dev.toxiproxy import Api, Proxy
 from ackline.sinks.feed.processors.contract import ProcessorBatch
 from ackline.sinks.feed.types import Filter
 
@@ -108,6 +109,31 @@ class LateDawdler(Journal):
         if any(e.payload.get("thought") == "poison" for e in batch.events):
             await asyncio.sleep(float(os.environ.get("DAWDLE_S", "2")))
         return n
+
+
+class SlowToConnect(Journal):
+    """:class:`Dawdler` behind a Toxiproxy (``TOXIPROXY_API``, proxy ``TOXIPROXY_PROXY``)
+    whose link to PostgreSQL turns slow while it dawdles the first time: a latency toxic
+    of ``LATENCY_MS`` on everything PostgreSQL sends, so the runner's probe of the database
+    (a new connection, then SELECT 1) is slow too (the test takes the toxic away). Each
+    batch size it is handed with the poison is appended to the file ``SIZES_FILE``."""
+
+    name = "slow_to_connect"
+
+    async def apply(self, conn: asyncpg.Connection, batch: ProcessorBatch) -> int:
+        if any(e.payload.get("thought") == "poison" for e in batch.events):
+            sizes = os.environ["SIZES_FILE"]
+            with open(sizes, "a") as out:
+                out.write(f"{len(batch.events)}\n")
+            with open(sizes) as seen:
+                first = len(seen.read().split()) == 1
+            if first:
+                proxy = Proxy(
+                    Api(os.environ["TOXIPROXY_API"]), os.environ["TOXIPROXY_PROXY"], "", ""
+                )
+                proxy.add_latency("slow", int(os.environ["LATENCY_MS"]))
+            await asyncio.sleep(float(os.environ.get("DAWDLE_S", "2")))
+        return await super().apply(conn, batch)
 
 
 class Swallower(Journal):
@@ -208,6 +234,7 @@ LOST = Lost()
 MISCOUNTS = Miscounts()
 DAWDLER = Dawdler()
 LATE_DAWDLER = LateDawdler()
+SLOW_TO_CONNECT = SlowToConnect()
 SWALLOWER = Swallower()
 REFUSED_AT_COMMIT = RefusedAtCommit()
 ROLLING_BACK = RollingBack()

@@ -79,6 +79,12 @@ from ackline.sinks.feed.types import MAX_BYTES, START, Cursor, FeedBatch, erasur
 
 log = logging.getLogger(__name__)
 
+_PROBE_ANSWER_S = 5.0
+"""How long the idle bound's probe waits for SELECT 1 on its new connection (whose
+connect has its own bound, ACKLINE_DB_CONNECT_TIMEOUT_S). One 5 s bound over both ran
+out over a slow link (a connect of 4 s), and the processor's doing was taken for the
+database going away: the batch retried whole for ever."""
+
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
 FAULT_POINT = "processor_before_commit"
@@ -369,8 +375,9 @@ class ProcessorRunner:
 
     async def _held_idle_too_long(self, held_s: float, conn: asyncpg.Connection) -> bool:
         """Whether a closed connection under ``apply`` is the processor's doing: it held the
-        batch's transaction past the server's idle bound, and a new connection answers at
-        once (the database is there). Then the batch is halved like any failing one
+        batch's transaction past the server's idle bound, and a new connection (within the
+        connect's own bound) answers SELECT 1 within :data:`_PROBE_ANSWER_S` (the database
+        is there). Then the batch is halved like any failing one
         instead of retried whole for ever, the server ending it each time. A batch whose
         statements kept it busy that long and lost the database meanwhile is misread only
         when the database answers again at once: then it is halved, not stopped."""
@@ -378,12 +385,11 @@ class ProcessorRunner:
         if bound is None or connect is None or held_s < bound or not conn.is_closed():
             return False
         try:
-            async with asyncio.timeout(5):
-                probe = await connect()
-                try:
-                    await probe.fetchval("SELECT 1")
-                finally:
-                    await probe.close()
+            probe = await connect()  # bounded by the connect's own bound
+            try:
+                await probe.fetchval("SELECT 1", timeout=_PROBE_ANSWER_S)
+            finally:
+                await probe.close(timeout=_PROBE_ANSWER_S)
         except Exception:
             return False
         return True
