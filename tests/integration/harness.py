@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 
 from ackline.core.faults import Faults
 from ackline.dev.ports import pick_free_port
+from ackline.dev.toxiproxy import Proxy, ToxiproxyServer
 from ackline.load.chaos.workers import metric_total
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.streams.admin import delete_topic, ensure_topic
@@ -136,6 +138,15 @@ def next_utc_midnight(dsn: str) -> datetime:
     today's partition (the tests' way to make a drop without waiting a day)."""
     today = db(dsn, "SELECT (now() AT TIME ZONE 'UTC')::date AS d")[0]["d"]
     return datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+
+
+def relay_postgresql(server: ToxiproxyServer, dsn: str) -> tuple[Proxy, str]:
+    """A proxy named "pg" on ``server`` in front of ``dsn``'s PostgreSQL, and ``dsn``
+    through it."""
+    pg = urlsplit(dsn)
+    where = f"{pg.hostname}:{pg.port}"
+    proxy = server.create_proxy("pg", upstream=where)
+    return proxy, dsn.replace(where, proxy.listen)
 
 
 def run_async(coro: Awaitable[T]) -> T:

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -37,7 +36,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.ingest.offsets import StuckWatch, claim
 from ackline.streams.admin import delete_topic, ensure_topic
 from ackline.streams.errors import TopicError
-from tests.integration.harness import Services, Worker, db, run_async, wait_until
+from tests.integration.harness import Services, Worker, db, relay_postgresql, run_async, wait_until
 from tests.integration.windows import (
     Item,
     OffsetRow,
@@ -539,11 +538,9 @@ def test_a_session_the_watch_ended_is_logged_when_the_claim_returns_first(
     fresh run. Here the look's connection runs through a relay that delays every answer
     by 1 s (Toxiproxy's latency toxic), so the claim always returns first."""
     group = f"g-{topic}"
-    pg = urlsplit(dsn)
     with _stuck_mid_copy(dsn, group, topic) as pid, ToxiproxyServer.start() as server:
-        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
+        proxy, relayed = relay_postgresql(server, dsn)
         proxy.add_latency("slow", 1000)
-        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
         watch = StuckWatch(lambda: asyncpg.connect(relayed), stuck_after_s=1, every_s=0.2)
 
         async def go() -> list[int]:

@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -70,7 +69,7 @@ from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange
 from ackline.sinks.ingest.offsets import claim
 from ackline.sinks.ingest.writer import BatchWriter
 from ackline.streams.producer import serialize
-from tests.integration.harness import PointGate, db, next_utc_midnight
+from tests.integration.harness import PointGate, db, next_utc_midnight, relay_postgresql
 from tests.integration.processing import (
     EXAMPLE,
     ROOT,
@@ -1669,11 +1668,9 @@ def test_a_slow_connect_does_not_hide_a_batch_held_idle_past_the_sessions_bound(
     that dawdles."""
     spec = "tests.support.processors:SLOW_TO_CONNECT"
     events, poison = _with_poison(dsn, spec)
-    pg = urlsplit(dsn)
     sizes = tmp_path / "sizes"
     with ToxiproxyServer.start() as server:
-        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
-        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+        proxy, relayed = relay_postgresql(server, dsn)
         slow = Process(
             relayed,
             tmp_path,

@@ -24,7 +24,7 @@ from ackline.dev.netns import Forwarder
 from ackline.dev.ports import pick_free_port
 from ackline.dev.toxiproxy import ToxiproxyServer
 from ackline.streams.kafkainfo import group_members
-from tests.integration.harness import Services, Worker, wait_until
+from tests.integration.harness import Services, Worker, relay_postgresql, wait_until
 from tests.integration.windows import (
     Item,
     Scenario,
@@ -44,10 +44,8 @@ def test_a_black_hole_past_the_leave_bound_hands_the_partitions_over(
     """Toxiproxy's ``timeout`` toxic (bytes dropped both ways, both TCP legs open): a's
     statements time out, and each reconnect's TCP connect succeeds but its handshake gets
     no answer, which counts as failing to connect."""
-    pg = urlsplit(dsn)
     with ToxiproxyServer.start() as server:
-        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
-        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+        proxy, relayed = relay_postgresql(server, dsn)
 
         def silence(on: bool) -> None:
             if on:
@@ -119,11 +117,9 @@ def test_a_rejoin_does_not_cancel_a_leave_that_a_rebalance_postponed(
     its link back, answers. A subscribe then cancelled the leave: no revoke came, and b's
     partitions stayed assigned to a, never claimed, their records dropped: the group
     stalled there until another rebalance (60 s here: the drain timed out)."""
-    pg = urlsplit(dsn)
     group = f"g-{topic}"
     with ToxiproxyServer.start() as server:
-        proxy = server.create_proxy("pg", upstream=f"{pg.hostname}:{pg.port}")
-        relayed = dsn.replace(f"{pg.hostname}:{pg.port}", proxy.listen)
+        proxy, relayed = relay_postgresql(server, dsn)
         a = Worker(
             services,
             relayed,
