@@ -23,9 +23,9 @@ from ackline.settings import Settings, dsn_hint
 from ackline.sinks.admin.grants import (
     RolesReport,
     check_roles,
+    grants_model,
     may_modify_activity,
     migration_tables,
-    roles_migration,
 )
 from ackline.sinks.admin.migrate import Migration, load_migrations
 from ackline.sinks.ingest import incarnation
@@ -303,7 +303,7 @@ async def _db_facts(
         if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
             rows = await conn.fetch("SELECT version, sha256 FROM schema_migrations")
             applied = {int(r["version"]): str(r["sha256"]) for r in rows}
-        roles_file = roles_migration(files)
+        roles_file = grants_model(files, applied or {})
         roles = None
         if roles_file is not None:
             done = applied is not None and roles_file.version in applied

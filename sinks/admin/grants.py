@@ -12,8 +12,8 @@ SQL) is left out and counted in ``skipped``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import asyncpg
@@ -76,6 +76,31 @@ def roles_migration(migrations: Sequence[Migration]) -> Migration | None:
     """The newest migration whose name mentions roles, if any."""
     found = [m for m in migrations if "role" in m.name]
     return found[-1] if found else None
+
+
+def grants_model(
+    migrations: Sequence[Migration], applied: Collection[int] | None
+) -> Migration | None:
+    """What the database's privileges are compared with: the roles migration
+    (:func:`roles_migration`), which restates the whole model, and the GRANTs and REVOKEs
+    of every later migration that is applied (``applied``: versions; None, all), each
+    of which adds to it (0015 and 0016: SELECT on ``topic_incarnations``, which a worker
+    needs to write a reject or conflict). Only the roles file was read before, and a
+    privilege a later migration granted could be missing while doctor said the grants
+    matched. Pure."""
+    roles = roles_migration(migrations)
+    if roles is None:
+        return None
+    later = [
+        m
+        for m in migrations
+        if m.version > roles.version and (applied is None or m.version in applied)
+    ]
+    if not later:
+        return roles
+    # named for the reports: "0010_roles.sql and the grants of 0011-0016.sql"
+    name = f"{roles.name}.sql and the grants of {later[0].version:04d}-{later[-1].version:04d}"
+    return replace(roles, name=name, sql="\n".join([roles.sql, *(m.sql for m in later)]))
 
 
 _NAME = r'(?:[A-Za-z_][\w$]*|"[^"]+")(?:\.(?:[A-Za-z_][\w$]*|"[^"]+"))?'

@@ -16,6 +16,7 @@ from ackline.sinks.admin.grants import (
     Privilege,
     RolesReport,
     expected,
+    grants_model,
     migration_tables,
     roles_migration,
     with_no_extra_writes,
@@ -86,6 +87,25 @@ def test_roles_migration_is_found_by_name() -> None:
     assert roles_migration(FILES) is None
     roles = Migration(3, "roles", ROLES_SQL)
     assert roles_migration([*FILES, roles]) is roles
+
+
+def test_the_grants_model_adds_the_grants_of_later_migrations_that_are_applied() -> None:
+    """Doctor compared the database with the roles migration alone: a privilege a later
+    migration granted (0016: the ingest role's SELECT on topic_incarnations, without
+    which a batch with a reject stops the worker) could be missing while it passed."""
+    roles = Migration(3, "roles", ROLES_SQL)
+    later = Migration(4, "more", "GRANT SELECT ON TABLE extra TO ackline_ingest;")
+    unapplied = Migration(5, "next", "GRANT SELECT ON TABLE other TO ackline_ingest;")
+    files = [*FILES, roles, later, unapplied]
+    model = grants_model(files, {1, 2, 3, 4})
+    assert model is not None and model.version == 3
+    assert model.name == "roles.sql and the grants of 0004-0004"
+    want = expected(model.sql).privileges
+    assert want[Privilege("ackline_ingest", "table", "extra", "SELECT")] is True
+    assert Privilege("ackline_ingest", "table", "other", "SELECT") not in want
+    assert want[Privilege("ackline_ingest", "table", "activity", "INSERT")] is True  # its own
+    assert grants_model(files, {1, 2, 3}) is roles
+    assert grants_model(FILES, None) is None
 
 
 def _report(**changes: object) -> RolesReport:
