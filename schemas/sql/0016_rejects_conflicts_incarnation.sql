@@ -13,6 +13,11 @@
 -- unreadable). Not NULL: a unique key treats NULLs as distinct, and a batch written again
 -- would then add a row each time.
 --
+-- The ID goes last in the key: its index still serves a lookup by source coordinates
+-- (verify, an operator's query). The migration holds ACCESS EXCLUSIVE on both tables
+-- while it builds their new keys (seconds for millions of rows): batches that write a
+-- reject or conflict, and readers of these tables, wait for it meanwhile.
+--
 -- Rollout: a worker of this version writes either schema (its fence says which); workers
 -- of earlier versions name the old key in ON CONFLICT, which no longer exists, and their
 -- batches with a reject or conflict fail loudly (42P10) instead of writing. So: roll the
@@ -22,10 +27,10 @@ ALTER TABLE rejects ADD COLUMN src_topic_id text NOT NULL DEFAULT '';
 
 ALTER TABLE conflicts DROP CONSTRAINT conflicts_group_id_src_topic_src_partition_src_offset_key;
 ALTER TABLE conflicts ADD CONSTRAINT conflicts_source_key
-    UNIQUE (group_id, src_topic, src_topic_id, src_partition, src_offset);
+    UNIQUE (group_id, src_topic, src_partition, src_offset, src_topic_id);
 ALTER TABLE rejects DROP CONSTRAINT rejects_group_id_src_topic_src_partition_src_offset_key;
 ALTER TABLE rejects ADD CONSTRAINT rejects_source_key
-    UNIQUE (group_id, src_topic, src_topic_id, src_partition, src_offset);
+    UNIQUE (group_id, src_topic, src_partition, src_offset, src_topic_id);
 
 -- The writer reads the recorded ID in its INSERTs, and the arbiter's new column.
 GRANT SELECT ON TABLE topic_incarnations TO ackline_ingest;

@@ -239,7 +239,7 @@ FROM unnest($3::text[], $4::uuid[], $5::text[], $6::uuid[], $7::bytea[], $8::byt
          incoming_body, topic, partition, src_offset)
 LEFT JOIN erased_events AS e ON e.event_id = u.stored_event_id
 LEFT JOIN topic_incarnations AS i ON i.group_id = $1 AND i.topic = u.topic
-ON CONFLICT (group_id, src_topic, src_topic_id, src_partition, src_offset) DO NOTHING
+ON CONFLICT (group_id, src_topic, src_partition, src_offset, src_topic_id) DO NOTHING
 """
 
 # Migrations 0008 to 0015: the key without the incarnation.
@@ -294,7 +294,7 @@ FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[], $8::te
     AS u(reason, detail, raw_key, raw_value, headers, topic, partition, src_offset,
          dlq_topic, dlq_partition, dlq_offset)
 LEFT JOIN topic_incarnations AS i ON i.group_id = $1 AND i.topic = u.topic
-ON CONFLICT (group_id, src_topic, src_topic_id, src_partition, src_offset) DO NOTHING
+ON CONFLICT (group_id, src_topic, src_partition, src_offset, src_topic_id) DO NOTHING
 """
 
 # Before migration 0016 (see _CONFLICTS_INCARNATED).
@@ -375,9 +375,22 @@ class _StoredKeyMetError(Exception):
     second attempt of the batch, so its fault points are reached again)."""
 
 
+_SCHEMA_MOVES = 3
+"""Schema moves one batch retries in a row (0008 and 0016 applied under it in turn are
+two); past them the database's error is raised."""
+
+
 class _SchemaMovedError(Exception):
     """Migration 0008 (or 0016) committed under a batch that began before it: retry the
     batch, whose fence then reads the schema there is."""
+
+
+def _unless_moved_too_often(moved: int, exc: _SchemaMovedError) -> None:
+    """Raise the database's error behind ``exc`` once one batch met more than
+    :data:`_SCHEMA_MOVES`: not a migration under it (each comes once) but the same refusal
+    again and again (a constraint renamed by hand), which was retried at once for ever."""
+    if moved > _SCHEMA_MOVES and exc.__cause__ is not None:
+        raise exc.__cause__ from None
 
 
 class _CommitUncertainError(Exception):
@@ -517,6 +530,7 @@ class BatchWriter:
     async def _write(self, batch: Batch) -> WriteResult:
         delay = 0.05
         make_partitions = False
+        moved = 0  # schema moves met by this batch's attempts
         while True:
             conn: asyncpg.Connection | None = None
             try:
@@ -539,7 +553,9 @@ class BatchWriter:
                 await self._db.discard()
                 await self._db.pause(pause)
                 delay = min(delay * 2, 5.0)
-            except _SchemaMovedError:
+            except _SchemaMovedError as exc:
+                moved += 1
+                _unless_moved_too_often(moved, exc)
                 self._retrying("schema_moved")
                 continue
             except _StoredKeyMetError:

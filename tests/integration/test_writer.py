@@ -611,3 +611,29 @@ def test_a_batch_begun_before_migration_0016_is_retried_under_it(services: Servi
 
     with database_upto(services, 15) as dsn:
         asyncio.run(go(dsn))
+
+
+def test_a_refusal_that_is_not_a_migration_under_the_batch_is_raised_not_spun_on(
+    dsn: str,
+) -> None:
+    """A batch that met the refusal a migration under it causes (42P10: the key named in
+    ON CONFLICT is gone) was retried at once, with no bound: when the refusal was not a
+    migration (here the constraint renamed by hand, so the fence's check finds no 0016),
+    the writer spun on it for ever, holding its partitions. Past a few moves in a row the
+    database's error is raised."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        await conn.execute("ALTER TABLE rejects RENAME CONSTRAINT rejects_source_key TO renamed")
+        await conn.close()
+        epoch = (await _take(dsn, "w", [0]))[0]
+        database = Database(with_user(dsn, INGEST))
+        writer = BatchWriter(database, GROUP, "w")
+        try:
+            with pytest.raises(asyncpg.InvalidColumnReferenceError):
+                await asyncio.wait_for(writer.write(_reject_at(0, epoch, b"{")), 20)
+        finally:
+            await database.close()
+        assert writer.retries["schema_moved"] == 3
+
+    asyncio.run(go())
