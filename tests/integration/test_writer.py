@@ -561,6 +561,13 @@ def test_a_reject_and_a_conflict_of_a_new_incarnation_are_kept_beside_the_old_on
             "ledger"
         ] == 1
         assert sum((await new.write(_reject_at(2, epoch, b"["))).rejects.values()) == 1
+        # the same records again (the DB offsets rewound, as `offsets` commands do): the
+        # key keeps one row per record of each incarnation
+        await conn.execute("UPDATE consumer_offsets SET next_offset = 1, epoch = epoch + 1")
+        epoch = (await _take(dsn, "w3", [0]))[0]
+        again = BatchWriter(database, GROUP, "w3")
+        await again.write(batch(1, [row(1, thought="again")], epoch))
+        await again.write(_reject_at(2, epoch, b"["))
         await database.close()
         conflicts = await conn.fetch(
             "SELECT * FROM conflicts WHERE src_offset = 1 ORDER BY conflict_id"
@@ -579,11 +586,34 @@ def test_a_reject_and_a_conflict_of_a_new_incarnation_are_kept_beside_the_old_on
     asyncio.run(go())
 
 
-def test_a_batch_begun_before_migration_0016_is_retried_under_it(services: Services) -> None:
+def test_a_reject_of_a_group_with_no_recorded_incarnation_carries_none(dsn: str) -> None:
+    """A worker that could not read the topic ID runs unchecked, nothing recorded: its
+    rejects carry '' (not NULL, which a unique key never matches: written again, a batch
+    would add a row each time), and written again they keep one row."""
+
+    async def go() -> None:
+        database = Database(with_user(dsn, INGEST))
+        for owner in ("w", "w2"):
+            epoch = (await _take(dsn, owner, [0]))[0]
+            await BatchWriter(database, GROUP, owner).write(_reject_at(0, epoch, b"{"))
+            await _count(dsn, "UPDATE consumer_offsets SET next_offset = 0 RETURNING 1")
+        await database.close()
+        conn = await asyncpg.connect(dsn)
+        rows = await conn.fetch("SELECT src_topic_id FROM rejects")
+        await conn.close()
+        assert [r["src_topic_id"] for r in rows] == [""]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", ["conflict", "reject"])
+def test_a_batch_begun_before_migration_0016_is_retried_under_it(
+    services: Services, kind: str
+) -> None:
     """Migration 0016 keys rejects and conflicts by incarnation, and the writer names the
     key in ON CONFLICT. A batch whose fence read the schema before 0016, and whose INSERT
-    of a reject ran after 0016 committed, named a key that no longer exists (42P10): the
-    worker stopped with an error. It is retried, and writes the new key."""
+    of a conflict (or reject) ran after 0016 committed, named a key that no longer exists
+    (42P10): the worker stopped with an error. It is retried, and writes the new key."""
 
     async def go(dsn: str) -> None:
         conn = await asyncpg.connect(dsn)
@@ -591,11 +621,17 @@ def test_a_batch_begun_before_migration_0016_is_retried_under_it(services: Servi
         epoch = (await _take(dsn, "w", [0]))[0]
         database = Database(with_user(dsn, INGEST), statement_timeout=60.0)
         writer = BatchWriter(database, GROUP, "w")
-        await writer.write(_reject_at(0, epoch, b"{"))  # before 0016
+        await writer.write(batch(0, [row(1)], epoch))  # before 0016
+        await writer.write(_reject_at(1, epoch, b"{"))
+        waiting = (
+            batch(2, [row(1, thought="changed")], epoch)
+            if kind == "conflict"
+            else _reject_at(2, epoch, b"[")
+        )
         erasure = conn.transaction()
         await erasure.start()
         await conn.execute(_ERASURE_LOCK, ERASURE_LOCK_KEY)  # the batch waits after its fence
-        task = asyncio.create_task(writer.write(_reject_at(1, epoch, b"[")))
+        task = asyncio.create_task(writer.write(waiting))
         await asyncio.sleep(1.5)
         assert not task.done()
         migrator = await asyncpg.connect(dsn)
@@ -604,9 +640,13 @@ def test_a_batch_begun_before_migration_0016_is_retried_under_it(services: Servi
         await erasure.commit()
         result = await asyncio.wait_for(task, 30)
         await database.close()
-        assert sum(result.rejects.values()) == 1 and writer.retries["schema_moved"] == 1
-        rows = await conn.fetch("SELECT src_offset, src_topic_id FROM rejects ORDER BY 1")
-        assert [(r["src_offset"], r["src_topic_id"]) for r in rows] == [(0, ""), (1, "the-id")]
+        assert writer.retries["schema_moved"] == 1
+        assert result.conflicts["ledger"] + sum(result.rejects.values()) == 1
+        rows = await conn.fetch(
+            "SELECT src_offset, src_topic_id FROM rejects UNION ALL "
+            "SELECT src_offset, src_topic_id FROM conflicts ORDER BY 1"
+        )
+        assert [(r["src_offset"], r["src_topic_id"]) for r in rows] == [(1, ""), (2, "the-id")]
         await conn.close()
 
     with database_upto(services, 15) as dsn:
