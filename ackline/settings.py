@@ -141,7 +141,12 @@ class Settings(BaseSettings):
         default=10_000,
         ge=1_000,
         le=300_000,
-        description="Kafka session timeout (classic protocol)",
+        description=(
+            "Kafka session timeout (classic protocol); the broker refuses one outside its "
+            "group.min.session.timeout.ms..group.max.session.timeout.ms (6000..1800000 by "
+            "default), and a worker it refuses exits 2 naming this setting after twice the "
+            "timeout, at least 30 s"
+        ),
     )
     max_poll_interval_ms: int = Field(
         default=300_000,

@@ -41,7 +41,6 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -65,10 +64,11 @@ from ackline.streams.committed import record_committed
 from ackline.streams.consumer_config import RuntimeConfig
 from ackline.streams.deadletter import DeadLetterProducer, safe_headers
 from ackline.streams.errors import (
+    JOIN_REFUSED,
     DeadLettersStoppedError,
     FatalConsumerError,
-    mixed_group,
-    mixed_group_grace_s,
+    join_refused,
+    join_refused_grace_s,
 )
 from ackline.streams.fetchsize import fetch_room, next_size_hint
 from ackline.streams.groupwatch import GroupWatch
@@ -157,7 +157,7 @@ class ConsumerRuntime:
         self._away = False
         # since when joins failed with INCONSISTENT_GROUP_PROTOCOL (None: none since the
         # last assignment); a member gone without leaving keeps failing them for a while
-        self._mixed_since: float | None = None
+        self._refused_since: float | None = None
         # Out of the group because PostgreSQL does not answer this worker (_check_database),
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
@@ -405,14 +405,18 @@ class ConsumerRuntime:
                 if err is not None:
                     if err.fatal():
                         raise FatalConsumerError(f"fatal consumer error: {err}")
-                    if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
-                        # never joins while such a member is in: a WARNING every 2 s for
-                        # ever (an operator's hunt, a faust worker in the group); one
-                        # killed stays in until its session times out, so not at once
+                    if err.code() in JOIN_REFUSED:
+                        # never joins while so: a WARNING every 2 s for ever (an operator's
+                        # hunts: a faust worker in the group, a session timeout the broker
+                        # refuses); a member killed stays in until its session times out,
+                        # and a broker's settings may be rolled out, so not at once
                         now = time.monotonic()
-                        since = self._mixed_since = self._mixed_since or now
-                        if now - since >= mixed_group_grace_s(self.cfg.session_timeout_ms):
-                            raise FatalConsumerError(mixed_group(self.cfg.group_id, str(err)))
+                        since = self._refused_since = self._refused_since or now
+                        timeout_ms = self.cfg.session_timeout_ms
+                        if now - since >= join_refused_grace_s(timeout_ms):
+                            group = self.cfg.group_id
+                            line = join_refused(group, err.code(), str(err), timeout_ms)
+                            raise FatalConsumerError(line)
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)
@@ -941,7 +945,7 @@ class ConsumerRuntime:
         would be taken for committed ones). A crash after the claim and before the assign
         leaves only a higher epoch, which the next owner bumps again.
         """
-        self._mixed_since = None  # in the group
+        self._refused_since = None  # in the group
         if not partitions:
             return
         if self._left:  # a rebalance under way when it left: the leave revokes them next

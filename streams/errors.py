@@ -63,8 +63,9 @@ class ProducerFencedError(OutcomeUnknownError):
     """
 
 
-def mixed_group_grace_s(session_timeout_ms: int) -> float:
-    """How long a worker meets INCONSISTENT_GROUP_PROTOCOL before it gives up. Pure.
+def join_refused_grace_s(session_timeout_ms: int) -> float:
+    """How long a worker's group join is refused (:data:`JOIN_REFUSED`) before it gives
+    up. Pure.
 
     A member gone without leaving (a faust worker killed while the group switches
     runtime) stays in the group until its session times out, and the protocols are
@@ -82,6 +83,35 @@ def mixed_group(group: str, error: str) -> str:
         "confluent) or another client has ACKLINE_GROUP_ID's group: the runtimes cannot "
         "share a group, give each its own ACKLINE_GROUP_ID (or stop the others first)"
     )
+
+
+JOIN_REFUSED = frozenset(
+    {
+        KafkaError.INCONSISTENT_GROUP_PROTOCOL,
+        KafkaError.INVALID_GROUP_ID,
+        KafkaError.INVALID_SESSION_TIMEOUT,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+)
+"""Kafka's answers to a join that no retry cures while the group or the broker stays as it
+is (protocol error codes: librdkafka's ``KafkaError`` codes and aiokafka's ``errno``
+alike). A worker that meets one for :func:`join_refused_grace_s` stops (exit 2); it had
+joined again and again for ever, owning nothing."""
+
+
+def join_refused(group: str, code: int | None, error: str, session_timeout_ms: int) -> str:
+    """The line of a worker whose join of ``group`` Kafka keeps refusing with ``code``
+    (``error``: the client's words), naming what to change. Pure."""
+    if code == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+        return mixed_group(group, error)
+    if code == KafkaError.INVALID_SESSION_TIMEOUT:
+        return (
+            f"cannot join consumer group {group}: the broker refuses its session timeout, "
+            f"ACKLINE_SESSION_TIMEOUT_MS={session_timeout_ms} ({error}): set it within the "
+            "broker's group.min.session.timeout.ms and group.max.session.timeout.ms "
+            "(Kafka's defaults: 6000 and 1800000)"
+        )
+    return f"cannot join consumer group {group}: {error}"
 
 
 def kafka_error(exc: BaseException) -> KafkaError | None:

@@ -3,7 +3,7 @@
 aiokafka's group coordinator hands a failed join's error to the user and joins again
 once it is taken (:meth:`~.transport.AcklineConsumerThread._take_group_errors`). An error
 that comes back at every try for as long as a member gone without leaving can stay in
-the group (:func:`~ackline.streams.errors.mixed_group_grace_s`) will not pass: a member of
+the group (:func:`~ackline.streams.errors.join_refused_grace_s`) will not pass: a member of
 the other runtime, a session timeout the broker refuses, a group the worker may not
 join. The worker then stops (exit 2) instead of retrying for ever, owning nothing.
 """

@@ -58,7 +58,7 @@ from mode.utils.futures import notify
 
 from ackline.core.faults import DISARMED, Faults
 from ackline.core.logs import die
-from ackline.streams.errors import StreamError, mixed_group, mixed_group_grace_s
+from ackline.streams.errors import StreamError, join_refused, join_refused_grace_s
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
 from ackline.streams.faust_runtime.group_errors import GroupErrorStreak
 from ackline.streams.ownership import Ledger
@@ -143,8 +143,8 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Per partition, the offset after the highest record aiokafka handed to faust:
         every record below it is in faust's buffers, in a batch, or written (or refused
         and read again after a seek back). Written only on this thread's loop."""
-        session_ms = int(self.app.conf.broker_session_timeout * 1000)
-        self._streak = GroupErrorStreak(mixed_group_grace_s(session_ms))
+        self._session_ms = int(self.app.conf.broker_session_timeout * 1000)
+        self._streak = GroupErrorStreak(join_refused_grace_s(self._session_ms))
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
         """faust's aiokafka consumer, reading committed records only and fetching at most
@@ -196,7 +196,7 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         without ``getmany``: the error was never taken, and the worker waited for ever,
         owning nothing, logging nothing. Taken here, on this thread's loop: the
         coordinator then joins again, with a WARNING at the first error. Errors that
-        keep coming for :func:`~ackline.streams.errors.mixed_group_grace_s`
+        keep coming for :func:`~ackline.streams.errors.join_refused_grace_s`
         (:class:`~.group_errors.GroupErrorStreak`), or a coordination routine that
         ended with an error (it never runs again: no heartbeat, the partitions handed to
         others while faust fetches on), stop the worker as SIGTERM does, the line
@@ -216,20 +216,20 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         try:
             coordinator.check_errors()
         except KafkaError as exc:
-            line = (
-                mixed_group(group, repr(exc))
-                if isinstance(exc, InconsistentGroupProtocolError)
-                else f"cannot join consumer group {group}: {exc!r}"
-            )
+            code = getattr(exc, "errno", None)
+            line = join_refused(group, code, repr(exc), self._session_ms)
             first = self._streak.since is None
             if self._streak.error(time.monotonic(), generation):
                 self._refuse(line)
             elif first:
                 log.warning(
-                    "%s; joining again for up to %.0f s (a member of the other runtime "
-                    "killed a moment ago stays until its session times out)",
+                    "%s; joining again for up to %.0f s%s",
                     line,
                     self._streak.grace_s,
+                    " (a member of the other runtime killed a moment ago stays until its "
+                    "session times out)"
+                    if isinstance(exc, InconsistentGroupProtocolError)
+                    else "",
                 )
         else:
             self._streak.clean(generation)

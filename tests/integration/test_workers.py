@@ -430,6 +430,45 @@ def test_a_worker_that_cannot_join_a_group_of_the_other_runtime_says_so_and_exit
             assert w.stop() == 0, w.log()[-3000:]
 
 
+def test_a_session_timeout_the_broker_refuses_stops_the_worker_naming_the_setting(
+    services: Services, dsn: str, topic: str, tmp_path: Path
+) -> None:
+    """An operator's hunt: ACKLINE_SESSION_TIMEOUT_MS below the broker's
+    group.min.session.timeout.ms (3000 on the local stack, 6000 by Kafka's default) is a
+    setting only the broker can judge. The default runtime logged `consumer error: ...
+    INVALID_SESSION_TIMEOUT` every 2 s for ever, never joining; the faust one gave up
+    after the grace without naming the setting. Both now exit 2 after the grace with one
+    line naming it and the broker's bounds. Both runtimes at once, each in its group."""
+    there: list[Worker] = []
+    try:
+        for runtime in ("confluent", "faust"):
+            d = tmp_path / runtime
+            d.mkdir()
+            there.append(
+                Worker(
+                    services,
+                    dsn,
+                    topic,
+                    d,
+                    name=f"w-{runtime}",
+                    group=f"g-{runtime}-{topic}",
+                    runtime=runtime,
+                    session_timeout_ms=1000,
+                )
+            )
+        for w in there:
+            wait_until(lambda w=w: w.proc.poll() is not None, 90, f"{w.name} to exit")
+            said = w.log()
+            assert w.reap() == 2, (w.name, said[-3000:])
+            line = next((x for x in said.splitlines() if "cannot join consumer group" in x), "")
+            assert "ACKLINE_SESSION_TIMEOUT_MS=1000" in line, said[-3000:]
+            assert "group.min.session.timeout.ms" in line, line
+            assert "Traceback" not in said, said[-3000:]
+    finally:
+        for w in there:
+            w.kill()
+
+
 def test_a_worker_joining_after_a_crashed_faust_worker_waits_for_its_session_to_expire(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaError
+
+from ackline.streams.errors import JOIN_REFUSED, join_refused
 from ackline.streams.faust_runtime.group_errors import GroupErrorStreak
 
 
@@ -25,3 +28,15 @@ def test_a_join_between_two_streaks_starts_the_grace_again() -> None:
     assert not s.error(200.0, 4)
     assert not s.error(229.0, 4)
     assert s.error(230.0, 4)
+
+
+def test_a_refused_join_names_what_to_change() -> None:
+    """The line a worker exits 2 with (both runtimes), by Kafka's error code."""
+    mixed = join_refused("g", KafkaError.INCONSISTENT_GROUP_PROTOCOL, "e", 6000)
+    assert "another partition assignment protocol" in mixed and "ACKLINE_GROUP_ID" in mixed
+    timeout = join_refused("g", KafkaError.INVALID_SESSION_TIMEOUT, "e", 1000)
+    assert "ACKLINE_SESSION_TIMEOUT_MS=1000" in timeout
+    assert "group.min.session.timeout.ms" in timeout
+    denied = join_refused("g", KafkaError.GROUP_AUTHORIZATION_FAILED, "not allowed", 6000)
+    assert denied == "cannot join consumer group g: not allowed"
+    assert {23, 24, 26, 30} == set(JOIN_REFUSED)  # aiokafka's errno is Kafka's code too
