@@ -385,29 +385,52 @@ def test_a_running_worker_says_what_it_committed(
     verify_mixed_ok(dsn, manifest, group)
 
 
-def test_a_worker_that_cannot_join_a_group_of_the_other_runtime_says_so_and_exits(
+def test_a_worker_whose_join_kafka_keeps_refusing_says_why_and_exits(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    """An operator's hunt: a confluent worker started in a group a faust worker is in
-    logged `consumer error: ... INCONSISTENT_GROUP_PROTOCOL` every 2 s for ever, never
-    joining and never naming the group or the setting. It exits 2 with one line now.
-    The other way round, a faust worker in a group of confluent workers waited for ever,
-    owning nothing and logging nothing: aiokafka holds the join's error for `getmany`,
-    which faust never calls, and did not try to join again until it was taken. Both ways
-    at once, each pair in its own group (each waits out the same grace)."""
+    """Operators' hunts, six workers at once, each refused pair in its own group (each
+    waits out the same grace, so they share it).
+
+    A confluent worker started in a group a faust worker is in logged `consumer error:
+    ... INCONSISTENT_GROUP_PROTOCOL` every 2 s for ever, never joining and never naming
+    the group or the setting. The other way round, a faust worker in a group of
+    confluent workers waited for ever, owning nothing and logging nothing: aiokafka holds
+    the join's error for `getmany`, which faust never calls, and did not try to join
+    again until it was taken. Both exit 2 with one line naming ACKLINE_GROUP_ID now.
+
+    ACKLINE_SESSION_TIMEOUT_MS below the broker's group.min.session.timeout.ms (3000 on
+    the local stack, 6000 by Kafka's default) is a setting only the broker can judge: the
+    default runtime logged `INVALID_SESSION_TIMEOUT` every 2 s for ever; the faust one
+    gave up after the grace without naming the setting. Both exit 2 with one line naming
+    it and the broker's bounds now."""
     produce_worker_mix(services, topic, tmp_path, 200, seed=18)
     pairs = [("faust", "confluent"), ("confluent", "faust")]
     there: list[Worker] = []
+    refused: list[tuple[Worker, str]] = []  # (worker, what its line must name)
     try:
         for first, _ in pairs:
             d = tmp_path / f"{first}-first"
             d.mkdir()
             group = f"g-{first}-{topic}"
             there.append(Worker(services, dsn, topic, d, name="w1", group=group, runtime=first))
+        for runtime in ("confluent", "faust"):
+            d = tmp_path / f"{runtime}-timeout"
+            d.mkdir()
+            short = Worker(
+                services,
+                dsn,
+                topic,
+                d,
+                name=f"t-{runtime}",
+                group=f"g-t-{runtime}-{topic}",
+                runtime=runtime,
+                session_timeout_ms=1000,
+            )
+            refused.append((short, "ACKLINE_SESSION_TIMEOUT_MS=1000"))
         for w, (first, _) in zip(there, pairs, strict=True):
             wait_until(lambda w=w: "assigned" in w.log(), 90, f"the {first} worker to join")
-        others = [
-            Worker(
+        for w, (first, second) in zip(there, pairs, strict=True):
+            other = Worker(
                 services,
                 dsn,
                 topic,
@@ -416,57 +439,23 @@ def test_a_worker_that_cannot_join_a_group_of_the_other_runtime_says_so_and_exit
                 group=f"g-{first}-{topic}",
                 runtime=second,
             )
-            for w, (first, second) in zip(there, pairs, strict=True)
-        ]
-        for other, (first, second) in zip(others, pairs, strict=True):
-            wait_until(lambda o=other: o.proc.poll() is not None, 90, f"the {second} one to exit")
-            said = other.log()
-            assert other.reap() == 2, (second, said[-3000:])
+            refused.append((other, f"g-{first}-{topic}"))
+        for w, named in refused:
+            wait_until(lambda w=w: w.proc.poll() is not None, 90, f"{w.log_path} to exit")
+            said = w.log()
+            assert w.reap() == 2, (w.log_path, said[-3000:])
             line = next((x for x in said.splitlines() if "cannot join consumer group" in x), "")
-            assert f"g-{first}-{topic}" in line and "ACKLINE_GROUP_ID" in line, said[-3000:]
+            assert named in line, said[-3000:]
+            if named.startswith("ACKLINE_SESSION"):
+                assert "group.min.session.timeout.ms" in line, line
+            else:
+                assert "ACKLINE_GROUP_ID" in line, line
             assert "Traceback" not in said, said[-3000:]
     finally:
+        for w, _ in refused:
+            w.discard()
         for w in there:
             assert w.stop() == 0, w.log()[-3000:]
-
-
-def test_a_session_timeout_the_broker_refuses_stops_the_worker_naming_the_setting(
-    services: Services, dsn: str, topic: str, tmp_path: Path
-) -> None:
-    """An operator's hunt: ACKLINE_SESSION_TIMEOUT_MS below the broker's
-    group.min.session.timeout.ms (3000 on the local stack, 6000 by Kafka's default) is a
-    setting only the broker can judge. The default runtime logged `consumer error: ...
-    INVALID_SESSION_TIMEOUT` every 2 s for ever, never joining; the faust one gave up
-    after the grace without naming the setting. Both now exit 2 after the grace with one
-    line naming it and the broker's bounds. Both runtimes at once, each in its group."""
-    there: list[Worker] = []
-    try:
-        for runtime in ("confluent", "faust"):
-            d = tmp_path / runtime
-            d.mkdir()
-            there.append(
-                Worker(
-                    services,
-                    dsn,
-                    topic,
-                    d,
-                    name=f"w-{runtime}",
-                    group=f"g-{runtime}-{topic}",
-                    runtime=runtime,
-                    session_timeout_ms=1000,
-                )
-            )
-        for w in there:
-            wait_until(lambda w=w: w.proc.poll() is not None, 90, f"{w.name} to exit")
-            said = w.log()
-            assert w.reap() == 2, (w.name, said[-3000:])
-            line = next((x for x in said.splitlines() if "cannot join consumer group" in x), "")
-            assert "ACKLINE_SESSION_TIMEOUT_MS=1000" in line, said[-3000:]
-            assert "group.min.session.timeout.ms" in line, line
-            assert "Traceback" not in said, said[-3000:]
-    finally:
-        for w in there:
-            w.kill()
 
 
 def test_a_worker_joining_after_a_crashed_faust_worker_waits_for_its_session_to_expire(
