@@ -71,6 +71,7 @@ from ackline.streams.errors import (
     join_refused_grace_s,
 )
 from ackline.streams.fetchsize import fetch_room, next_size_hint
+from ackline.streams.group_errors import GroupErrorStreak
 from ackline.streams.groupwatch import GroupWatch
 from ackline.streams.holds import Holds
 from ackline.streams.inflight import InFlight
@@ -155,9 +156,9 @@ class ConsumerRuntime:
         # hands its partitions to another (KIP-848 brokers default to 45 s).
         self._group = GroupWatch(grace_s=min(config.session_timeout_ms, 45_000) / 2000)
         self._away = False
-        # since when joins failed with INCONSISTENT_GROUP_PROTOCOL (None: none since the
-        # last assignment); a member gone without leaving keeps failing them for a while
-        self._refused_since: float | None = None
+        # joins Kafka refused (JOIN_REFUSED) since the last assignment; a member gone
+        # without leaving keeps failing them for a while
+        self._refused = GroupErrorStreak(join_refused_grace_s(config.session_timeout_ms))
         # Out of the group because PostgreSQL does not answer this worker (_check_database),
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
@@ -405,18 +406,14 @@ class ConsumerRuntime:
                 if err is not None:
                     if err.fatal():
                         raise FatalConsumerError(f"fatal consumer error: {err}")
-                    if err.code() in JOIN_REFUSED:
-                        # never joins while so: a WARNING every 2 s for ever (an operator's
-                        # hunts: a faust worker in the group, a session timeout the broker
-                        # refuses); a member killed stays in until its session times out,
-                        # and a broker's settings may be rolled out, so not at once
-                        now = time.monotonic()
-                        since = self._refused_since = self._refused_since or now
-                        timeout_ms = self.cfg.session_timeout_ms
-                        if now - since >= join_refused_grace_s(timeout_ms):
-                            group = self.cfg.group_id
-                            line = join_refused(group, err.code(), str(err), timeout_ms)
-                            raise FatalConsumerError(line)
+                    # a join refused never passes while so: a WARNING every 2 s for ever
+                    # (an operator's hunts: a faust worker in the group, a session timeout
+                    # the broker refuses); a member killed stays in until its session
+                    # times out, and a broker's settings may be rolled out: not at once
+                    if err.code() in JOIN_REFUSED and self._refused.error(time.monotonic(), 0):
+                        timeout_ms, group = self.cfg.session_timeout_ms, self.cfg.group_id
+                        line = join_refused(group, err.code(), str(err), timeout_ms)
+                        raise FatalConsumerError(line)
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)
@@ -945,7 +942,7 @@ class ConsumerRuntime:
         would be taken for committed ones). A crash after the claim and before the assign
         leaves only a higher epoch, which the next owner bumps again.
         """
-        self._refused_since = None  # in the group
+        self._refused.joined()  # in the group: a streak from before it ends
         if not partitions:
             return
         if self._left:  # a rebalance under way when it left: the leave revokes them next

@@ -60,7 +60,7 @@ from ackline.core.faults import DISARMED, Faults
 from ackline.core.logs import die
 from ackline.streams.errors import StreamError, join_refused, join_refused_grace_s
 from ackline.streams.faust_runtime.bytebound import ByteBoundQueue
-from ackline.streams.faust_runtime.group_errors import GroupErrorStreak
+from ackline.streams.group_errors import GroupErrorStreak
 from ackline.streams.ownership import Ledger
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         owning nothing, logging nothing. Taken here, on this thread's loop: the
         coordinator then joins again, with a WARNING at the first error. Errors that
         keep coming for :func:`~ackline.streams.errors.join_refused_grace_s`
-        (:class:`~.group_errors.GroupErrorStreak`), or a coordination routine that
+        (:class:`~ackline.streams.group_errors.GroupErrorStreak`), or a coordination routine that
         ended with an error (it never runs again: no heartbeat, the partitions handed to
         others while faust fetches on), stop the worker as SIGTERM does, the line
         recorded for its exit (status 2, :attr:`AcklineApp.refusal`)."""
