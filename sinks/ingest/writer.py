@@ -110,6 +110,7 @@ from ackline.sinks.admin.partitions import PartitionError, Upkeep
 from ackline.sinks.connection import Database, is_transient
 from ackline.sinks.errors import (
     FencedError,
+    MigrationError,
     RaceLostError,
     RepeatRejectedError,
     TransientDatabaseError,
@@ -376,8 +377,8 @@ class _StoredKeyMetError(Exception):
 
 
 _SCHEMA_MOVES = 3
-"""Schema moves one batch retries in a row (0008 and 0016 applied under it in turn are
-two); past them the database's error is raised."""
+"""Schema moves one batch retries, over all its attempts (0008 and 0016 applied under it
+in turn are two); past them MigrationError is raised."""
 
 
 class _SchemaMovedError(Exception):
@@ -386,11 +387,16 @@ class _SchemaMovedError(Exception):
 
 
 def _unless_moved_too_often(moved: int, exc: _SchemaMovedError) -> None:
-    """Raise the database's error behind ``exc`` once one batch met more than
-    :data:`_SCHEMA_MOVES`: not a migration under it (each comes once) but the same refusal
-    again and again (a constraint renamed by hand), which was retried at once for ever."""
-    if moved > _SCHEMA_MOVES and exc.__cause__ is not None:
-        raise exc.__cause__ from None
+    """Raise MigrationError once one batch met more than :data:`_SCHEMA_MOVES`: not a
+    migration under it (each comes once) but the same refusal again and again (a
+    constraint renamed by hand), which was retried at once for ever."""
+    if moved > _SCHEMA_MOVES:
+        raise MigrationError(
+            f"PostgreSQL refused a batch {moved} times as if a migration had just changed "
+            f"the schema under it ({exc.__cause__!r}): the schema is not what ackline's "
+            "migrations leave (0008's partitioned activity, 0016's keys rejects_source_key "
+            "and conflicts_source_key); `ackline doctor` and `ackline migrate` say which"
+        ) from exc.__cause__
 
 
 class _CommitUncertainError(Exception):

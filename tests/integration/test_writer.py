@@ -17,7 +17,7 @@ from ackline.schemas.decode import Row, decode
 from ackline.sinks.admin.erase import _ERASURE_LOCK, ERASURE_LOCK_KEY
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.connection import Database
-from ackline.sinks.errors import FencedError
+from ackline.sinks.errors import FencedError, MigrationError
 from ackline.sinks.ingest import incarnation
 from ackline.sinks.ingest.batch import Batch, Coord, Incoming, PartitionRange, RejectRecord
 from ackline.sinks.ingest.offsets import claim
@@ -659,8 +659,8 @@ def test_a_refusal_that_is_not_a_migration_under_the_batch_is_raised_not_spun_on
     """A batch that met the refusal a migration under it causes (42P10: the key named in
     ON CONFLICT is gone) was retried at once, with no bound: when the refusal was not a
     migration (here the constraint renamed by hand, so the fence's check finds no 0016),
-    the writer spun on it for ever, holding its partitions. Past a few moves in a row the
-    database's error is raised."""
+    the writer spun on it for ever, holding its partitions. Past a few moves a MigrationError
+    names the keys and what to run, the database's error its cause."""
 
     async def go() -> None:
         conn = await asyncpg.connect(dsn)
@@ -670,8 +670,9 @@ def test_a_refusal_that_is_not_a_migration_under_the_batch_is_raised_not_spun_on
         database = Database(with_user(dsn, INGEST))
         writer = BatchWriter(database, GROUP, "w")
         try:
-            with pytest.raises(asyncpg.InvalidColumnReferenceError):
+            with pytest.raises(MigrationError, match="rejects_source_key") as raised:
                 await asyncio.wait_for(writer.write(_reject_at(0, epoch, b"{")), 20)
+            assert isinstance(raised.value.__cause__, asyncpg.InvalidColumnReferenceError)
         finally:
             await database.close()
         assert writer.retries["schema_moved"] == 3
