@@ -1660,7 +1660,7 @@ def test_a_slow_connect_does_not_hide_a_batch_held_idle_past_the_sessions_bound(
     """The idle bound's probe (a new connection, then SELECT 1: is the database there?)
     was bounded by 5 s as a whole, below the connect's own bound
     (ACKLINE_DB_CONNECT_TIMEOUT_S, 10 s by default). Over a slow link (here Toxiproxy's
-    2 s of latency on what PostgreSQL sends: a connect takes 4 s, its SELECT 1 4 s) the
+    3 s of latency on what PostgreSQL sends: a connect takes 6 s, its SELECT 1 3 s) the
     probe ran out, and the dawdling processor's batch was taken for the database going
     away and retried whole, for as long as the link was slow. The connect now has its own
     bound and the SELECT 1 5 s: the batch is halved at once (then the link is made fast
@@ -1680,7 +1680,7 @@ def test_a_slow_connect_does_not_hide_a_batch_held_idle_past_the_sessions_bound(
             ACKLINE_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS="300",
             ACKLINE_DB_CONNECT_TIMEOUT_S="20",
             DAWDLE_S="1",
-            LATENCY_MS="2000",
+            LATENCY_MS="3000",
             SIZES_FILE=str(sizes),
             TOXIPROXY_API=server.api.base_url,
             TOXIPROXY_PROXY=proxy.name,

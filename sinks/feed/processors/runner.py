@@ -82,8 +82,8 @@ log = logging.getLogger(__name__)
 _PROBE_ANSWER_S = 5.0
 """How long the idle bound's probe waits for SELECT 1 on its new connection (whose
 connect has its own bound, ACKLINE_DB_CONNECT_TIMEOUT_S). One 5 s bound over both ran
-out over a slow link (a connect of 4 s), and the processor's doing was taken for the
-database going away: the batch retried whole for ever."""
+out over a slow link (a connect of 6 s over 3 s of latency), and the processor's doing
+was taken for the database going away: the batch retried whole for ever."""
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
@@ -386,12 +386,17 @@ class ProcessorRunner:
             return False
         try:
             probe = await connect()  # bounded by the connect's own bound
-            try:
-                await probe.fetchval("SELECT 1", timeout=_PROBE_ANSWER_S)
-            finally:
-                await probe.close(timeout=_PROBE_ANSWER_S)
         except Exception:
             return False
+        try:
+            await probe.execute("SELECT 1", timeout=_PROBE_ANSWER_S)  # one round trip
+        except Exception:
+            probe.terminate()
+            return False
+        try:  # the answer came: a slow goodbye does not unsay it
+            await probe.close(timeout=_PROBE_ANSWER_S)
+        except Exception:
+            probe.terminate()
         return True
 
     async def _superseded_by(self, conn: asyncpg.Connection, exc: BaseException) -> Superseded:
