@@ -21,6 +21,7 @@ from tests.integration.chaos_runs import (  # noqa: F401 (fixtures)
     _chaos_runs_start_with_the_session,
     chaos_runs,
     is_chaos_short,
+    selected_runtimes,
 )
 from tests.integration.harness import (
     LIVE_WORKERS,
@@ -94,28 +95,43 @@ _ONE_AT_A_TIME = {
     "test_infra_faults": "machine",
     "test_dev_stack": "machine",
     "test_toxiproxy": "machine",
-    # both runtimes' runs start together (one session fixture): one worker runs both
-    "test_chaos_short": "chaos",
+    # both runtimes' runs start together (one session fixture): one worker runs both, and
+    # under xdist they start with the group's first test and are judged at its end, so the
+    # worker runs the group's other tests while they run (their own group, it waited
+    # ~150 s on them: the suite's longest wait)
+    "test_chaos_short": "machine",
 }
+CHAOS_GROUP = _ONE_AT_A_TIME["test_chaos_short"]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), the tests of a module that uses a
-    machine-wide resource go to one worker, one after another. In one process the short
-    chaos tests go last: their runs start with the first integration test and overlap
-    everything else (chaos_runs).
+    machine-wide resource go to one worker, one after another. The short chaos tests go
+    last: in one process their runs start with the first integration test, under xdist
+    with the first test of their group, and overlap everything run meanwhile
+    (chaos_runs).
 
     First (tryfirst): when this directory is named on the command line, this conftest is
     registered before xdist's worker plugin and its hook ran after the worker had read
     the ``xdist_group`` marks (under `make test` it already ran first). Every grouped
     test checks that it was grouped (:func:`_grouped_as_marked`)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        items.sort(key=is_chaos_short)  # stable: the others keep their order
+    items.sort(key=is_chaos_short)  # stable: the others keep their order
     for item in items:
         group = _ONE_AT_A_TIME.get(item.module.__name__.rsplit(".", 1)[-1])  # type: ignore[attr-defined]
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _chaos_runs_start_with_their_group(request: pytest.FixtureRequest) -> None:
+    """Under xdist, start the short chaos runs (a session fixture of the worker that runs
+    their group) with the group's first test; their tests come last in it."""
+    mark = request.node.get_closest_marker("xdist_group")
+    if "PYTEST_XDIST_WORKER" not in os.environ or mark is None or not mark.args:
+        return
+    if mark.args[0] == CHAOS_GROUP and selected_runtimes(request.session.items):
+        request.getfixturevalue("chaos_runs")
 
 
 @pytest.fixture(autouse=True)
