@@ -159,6 +159,7 @@ class ConsumerRuntime:
         # joins Kafka refused (JOIN_REFUSED) since the last assignment; a member gone
         # without leaving keeps failing them for a while
         self._refused = GroupErrorStreak(join_refused_grace_s(config.session_timeout_ms))
+        self._refused_line: str | None = None  # the line the last refusal would stop with
         # Out of the group because PostgreSQL does not answer this worker (_check_database),
         # with the probe whose answer brings it back; or to leave at the next turn.
         self._left = False
@@ -243,6 +244,7 @@ class ConsumerRuntime:
             self._out_of_group(consumer)
             return
         self._check_group()
+        self._check_refused()
         self._retake(consumer)
         now = time.monotonic()
         ready, full = self._ready(now)
@@ -268,6 +270,21 @@ class ConsumerRuntime:
             self._report(consumer)
         if self.drain_and_stop:
             self._stop_if_drained(consumer, not msgs and not self._buffered())
+
+    def _member(self) -> bool:
+        """Whether the consumer is in its group now (librdkafka's member id)."""
+        return self._consumer is not None and bool(self._consumer.memberid())
+
+    def _check_refused(self) -> None:
+        """Stop when a join Kafka refused (:data:`JOIN_REFUSED`) was followed by no join
+        for the grace, outside the group. librdkafka hands a refusal of its coordinator
+        lookup (a group the worker may not describe, an id the broker refuses) once and
+        then keeps still ("suppress repeated errors"): the worker owned nothing for ever.
+        Refusals are counted outside the group only (:meth:`_accept`)."""
+        if self._refused_line is None or not self._refused.lasted(time.monotonic()):
+            return
+        if not self._member():  # not joined since (the assign would have ended it)
+            raise FatalConsumerError(self._refused_line)
 
     def _stop_if_drained(self, consumer: Consumer, idle: bool) -> None:
         """``--until-drained``: stop once idle with every position at its last stable
@@ -410,10 +427,14 @@ class ConsumerRuntime:
                     # (an operator's hunts: a faust worker in the group, a session timeout
                     # the broker refuses); a member killed stays in until its session
                     # times out, and a broker's settings may be rolled out: not at once
-                    if err.code() in JOIN_REFUSED and self._refused.error(time.monotonic(), 0):
+                    if err.code() in JOIN_REFUSED and not self._member():
+                        # counted outside the group only: a member's stray refusal (a
+                        # coordinator lookup refused as the coordinator moves) is logged
                         timeout_ms, group = self.cfg.session_timeout_ms, self.cfg.group_id
                         line = join_refused(group, err.code(), str(err), timeout_ms)
-                        raise FatalConsumerError(line)
+                        self._refused_line = line
+                        if self._refused.error(time.monotonic(), 0):
+                            raise FatalConsumerError(line)
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)
@@ -943,6 +964,7 @@ class ConsumerRuntime:
         leaves only a higher epoch, which the next owner bumps again.
         """
         self._refused.joined()  # in the group: a streak from before it ends
+        self._refused_line = None
         if not partitions:
             return
         if self._left:  # a rebalance under way when it left: the leave revokes them next

@@ -37,6 +37,11 @@ class GroupErrorStreak:
         self.last = now
         return now - self.since >= self.grace_s
 
+    def lasted(self, now: float) -> bool:
+        """Whether a streak begun at least ``grace_s`` before ``now`` is still open (no join
+        since), whether or not errors still come. Pure."""
+        return self.since is not None and now - self.since >= self.grace_s
+
     def clean(self, generation: int) -> None:
         """A look with no error: the streak ends once the worker joined since it began
         (another generation); between two failed joins the generation stays."""

@@ -218,10 +218,10 @@ class AcklineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         except KafkaError as exc:
             code = getattr(exc, "errno", None)
             line = join_refused(group, code, repr(exc), self._session_ms)
-            first = self._streak.since is None
+            began = self._streak.since
             if self._streak.error(time.monotonic(), generation):
                 self._refuse(line)
-            elif first:
+            elif self._streak.since != began:  # a streak begins (again, after a silence)
                 log.warning(
                     "%s; joining again for up to %.0f s%s",
                     line,

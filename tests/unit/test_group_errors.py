@@ -59,3 +59,16 @@ def test_an_error_after_a_silence_begins_a_streak_of_its_own() -> None:
     assert s.error(day + 30, 0)
     s.joined()
     assert not s.error(day + 31, 0)
+
+
+def test_a_streak_lasts_without_more_errors_until_a_join() -> None:
+    """librdkafka hands a refused coordinator lookup once, then keeps still: the default
+    runtime stops a worker outside the group once the streak has lasted the grace, more
+    errors or not (a review: it owned nothing for ever)."""
+    s = GroupErrorStreak(30.0)
+    assert not s.lasted(100.0)
+    assert not s.error(100.0, 0)
+    assert not s.lasted(129.0)
+    assert s.lasted(130.0)
+    s.joined()
+    assert not s.lasted(1_000.0)
