@@ -171,6 +171,14 @@ class Settings(BaseSettings):
         description="named risks of the faust runtime the operator accepts (comma list; "
         "untested-faust-version)",
     )
+    faust_recovery_wait_s: float = Field(
+        default=90.0,
+        ge=10.0,
+        le=3_600.0,
+        description="faust runtime: how long faust's recovery waits for an assignment's "
+        "claim and seek (its broker_request_timeout, at least session_timeout_ms + 30 s); "
+        "a claim and seek past 8/9 of it exits the worker (crash-only) rather than stall",
+    )
 
     # Batching and backpressure.
     batch_max_events: int = Field(

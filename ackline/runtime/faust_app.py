@@ -56,9 +56,10 @@ class FaustApp(AcklineApp):
 
 
 def request_timeout_s(settings: Settings) -> float:
-    """faust's broker_request_timeout: at least the session timeout (faust insists), and
-    how long faust waits for a seek after an assignment before it abandons recovery."""
-    return max(90.0, settings.session_timeout_ms / 1000 + 30.0)
+    """faust's broker_request_timeout: how long faust waits for a seek after an
+    assignment before it abandons recovery (``ACKLINE_FAUST_RECOVERY_WAIT_S``, 90 s by
+    default), and at least the session timeout (faust insists) with 30 s to spare."""
+    return max(settings.faust_recovery_wait_s, settings.session_timeout_ms / 1000 + 30.0)
 
 
 def faust_settings(settings: Settings, bootstrap: str) -> dict[str, Any]:

@@ -425,19 +425,28 @@ def test_a_follower_reassigned_in_the_same_generation_claims_again(
 def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:
-    """faust waits ``broker_request_timeout`` (90 s here) for ``perform_seek`` after an
-    assignment, then cancels it, and its recovery stops for good (``Recovery._wait``
-    raises ServiceStopped: mode's ``wait_first`` reports a timeout as stopped). The
-    claim's own deadline (60 s) bounded its statement only, not the watermark read before
-    it, the lock or the seek after it. A claim and seek that outlasted faust's wait (here
-    the ``after_claim`` point, outside the claim's deadline, stalls past it) left the flow
-    stopped with the partitions assigned: a stall until a restart. Now the claim and seek
-    as a whole have a deadline inside faust's wait (80 s), and the process exits
-    (crash-only) when it passes; a worker started again claims and drains."""
+    """faust waits ``broker_request_timeout`` (ACKLINE_FAUST_RECOVERY_WAIT_S: 36 s here,
+    90 s by default) for ``perform_seek`` after an assignment, then cancels it, and its
+    recovery stops for good (``Recovery._wait`` raises ServiceStopped: mode's
+    ``wait_first`` reports a timeout as stopped). The claim's own deadline (2/3 of it)
+    bounded its statement only, not the watermark read before it, the lock or the seek
+    after it. A claim and seek that outlasted faust's wait (here the ``after_claim``
+    point, outside the claim's deadline, stalls past it) left the flow stopped with the
+    partitions assigned: a stall until a restart. Now the claim and seek as a whole have a
+    deadline inside faust's wait (8/9 of it: 32 s), and the process exits (crash-only)
+    when it passes; a worker started again claims and drains. (The wait was fixed at 90 s
+    and the test took 89 s.)"""
     manifest = produce_worker_mix(services, topic, tmp_path, 3_000, seed=44)
     group = f"g-{topic}"
     a = _faust(
-        services, dsn, topic, tmp_path, "a", faults="after_claim=stall@1", fault_stall_seconds=150
+        services,
+        dsn,
+        topic,
+        tmp_path,
+        "a",
+        faults="after_claim=stall@1",
+        fault_stall_seconds=150,
+        faust_recovery_wait_s=36,  # the least with the tests' 6 s session (+30 s)
     )
     wait_until(lambda: fired(a, "after_claim"), 60, "a's claim to stall")
     try:
@@ -448,7 +457,7 @@ def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
         ) from None
     assert status == FATAL_EXIT, a.log()[-3000:]
     # the whole's deadline, not the claim's own (60 s) or another crash-only exit
-    assert "claiming and seeking took over 80 s" in a.log(), a.log()[-3000:]
+    assert "claiming and seeking took over 32 s" in a.log(), a.log()[-3000:]
     assert batches(dsn, "a") == 0
     b = _faust(services, dsn, topic, tmp_path, "b")
     wait_drained(dsn, manifest, group, [b], 120)
