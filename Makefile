@@ -28,7 +28,7 @@ demo: install
 	$(BIN)/ackline demo
 
 ## Lint, then every test against a real Kafka broker and PostgreSQL (started and stopped here),
-## on two pytest-xdist workers with a stack each: ~16 min on two cores at the host's usual speed
+## on two pytest-xdist workers with a stack each: ~19 min on two cores at the host's usual speed
 ## (26-30 on a host running 2.5x slow; three workers were tried and not kept:
 ## docs/development.md), against ~24 in one process (TEST_WORKERS=0).
 TEST_WORKERS ?= 2
