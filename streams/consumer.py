@@ -277,10 +277,11 @@ class ConsumerRuntime:
 
     def _check_refused(self) -> None:
         """Stop when a join Kafka refused (:data:`JOIN_REFUSED`) was followed by no join
-        for the grace, outside the group. librdkafka hands a refusal of its coordinator
-        lookup (a group the worker may not describe, an id the broker refuses) once and
-        then keeps still ("suppress repeated errors"): the worker owned nothing for ever.
-        Refusals are counted outside the group only (:meth:`_accept`)."""
+        for the grace, outside the group, whether refusals kept coming (every ~2 s) or
+        not: librdkafka hands a refusal of its coordinator lookup (a group the worker may
+        not describe, an id the broker refuses) once and then keeps still ("suppress
+        repeated errors"), and the worker owned nothing for ever. Refusals are counted
+        outside the group only (:meth:`_accept`); this is the one place that stops."""
         if self._refused_line is None or not self._refused.lasted(time.monotonic()):
             return
         if not self._member():  # not joined since (the assign would have ended it)
@@ -428,13 +429,12 @@ class ConsumerRuntime:
                     # the broker refuses); a member killed stays in until its session
                     # times out, and a broker's settings may be rolled out: not at once
                     if err.code() in JOIN_REFUSED and not self._member():
-                        # counted outside the group only: a member's stray refusal (a
-                        # coordinator lookup refused as the coordinator moves) is logged
+                        # counted outside the group only (a member's stray refusal, a
+                        # coordinator lookup refused as the coordinator moves, is logged);
+                        # the next turn's _check_refused stops the worker past the grace
                         timeout_ms, group = self.cfg.session_timeout_ms, self.cfg.group_id
-                        line = join_refused(group, err.code(), str(err), timeout_ms)
-                        self._refused_line = line
-                        if self._refused.error(time.monotonic(), 0):
-                            raise FatalConsumerError(line)
+                        self._refused_line = join_refused(group, err.code(), str(err), timeout_ms)
+                        self._refused.error(time.monotonic(), 0)
                     log.warning("consumer error: %s", err)
                     continue
                 tp = (msg.topic() or "", msg.partition() or 0)
