@@ -99,7 +99,7 @@ def roles_check(report: RolesReport | None) -> Check:
     problems = [f"role {r} does not exist" for r in report.missing_roles]
     for p, held in report.wrong[:5]:
         state = "held" if held else "missing"
-        problems.append(f"{p.role}: {p.privilege} on {p.kind} {p.obj} is {state}")
+        problems.append(f"{p.role}: {p.privilege} on {p.kind} {p.target} is {state}")
     if len(report.wrong) > 5:
         problems.append(f"and {len(report.wrong) - 5} more")
     outside = _outside(report)

@@ -4,9 +4,13 @@ Data-driven: the expected privileges are read from the roles migration itself (t
 ``schemas/sql/NNNN_*role*.sql`` file), so the check follows the file instead of a
 second copy of it. :func:`expected` understands the plain statement forms —
 ``CREATE ROLE name``, ``GRANT privs ON [TABLE|SEQUENCE|SCHEMA] a, b TO r1, r2``,
-``GRANT privs ON ALL TABLES|SEQUENCES IN SCHEMA s TO r`` and the matching ``REVOKE``
-— applied in file order; anything else (role membership, default privileges, dynamic
-SQL) is left out and counted in ``skipped``.
+``GRANT privs ON ALL TABLES|SEQUENCES IN SCHEMA s TO r``, column privileges
+(``GRANT SELECT (a, b), UPDATE (c) ON t TO r``), ``GRANT EXECUTE ON FUNCTION
+f(argtypes) TO r`` and the matching ``REVOKE`` — applied in file order; anything else
+(role membership, default privileges, dynamic SQL) is left out and counted in
+``skipped``. A worker needs its column and function grants as much as its table grants
+(0016's SELECT of ``src_topic_id``, 0015's EXECUTE of ``ackline_record_topic_id``), so
+doctor checks them too.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import asyncpg
 
 from ackline.sinks.admin.migrate import Migration
 
-Kind = Literal["table", "sequence", "schema"]
+Kind = Literal["table", "sequence", "schema", "column", "function"]
 
 _ALL_PRIVILEGES: dict[Kind, tuple[str, ...]] = {
     "table": ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"),
     "sequence": ("USAGE", "SELECT", "UPDATE"),
     "schema": ("USAGE", "CREATE"),
+    "column": ("SELECT", "INSERT", "UPDATE", "REFERENCES"),
+    "function": ("EXECUTE",),
 }
 _PART = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"[^"]+")'
 _IDENT = re.compile(rf"^{_PART}(?:\.{_PART})?$")
@@ -41,14 +47,27 @@ _REVOKE = re.compile(
     re.I | re.S,
 )
 _ALL_IN_SCHEMA = re.compile(r"^ALL\s+(TABLES|SEQUENCES)\s+IN\s+SCHEMA\s+(.+)$", re.I | re.S)
+_OUTSIDE_PARENS = re.compile(r",(?![^()]*\))")  # a comma not inside a (column or argument) list
+_PRIVILEGE = re.compile(r"^(?P<word>[A-Za-z]+(?:\s+[A-Za-z]+)?)\s*(?:\((?P<columns>[^()]*)\))?$")
+_FUNCTION = re.compile(rf"^(?P<name>{_PART}(?:\.{_PART})?)\s*\((?P<args>[^()]*)\)$")
 
 
 @dataclass(frozen=True, slots=True)
 class Privilege:
+    """One privilege of one role. ``obj`` is the table, sequence, schema or function
+    (``name(argtypes)``); a column privilege names its table in ``obj`` and its column in
+    ``column``."""
+
     role: str
     kind: Kind
     obj: str
     privilege: str
+    column: str = ""
+
+    @property
+    def target(self) -> str:
+        """What the privilege is on, as a report names it: ``rejects.src_topic_id``."""
+        return f"{self.obj}.{self.column}" if self.column else self.obj
 
 
 @dataclass
@@ -136,7 +155,7 @@ def _unquote(name: str) -> str:
 
 
 def _names(text: str) -> list[str] | None:
-    parts = [p.strip() for p in text.split(",")]
+    parts = [p.strip() for p in _OUTSIDE_PARENS.split(text)]
     if not all(_IDENT.match(p) for p in parts):
         return None
     return [_unquote(p) for p in parts]
@@ -159,20 +178,51 @@ def _targets(
     if word in ("TABLE", "SEQUENCE", "SCHEMA"):
         names = _names(rest)
         kind = "table" if word == "TABLE" else "sequence" if word == "SEQUENCE" else "schema"
-    elif word in ("DATABASE", "FUNCTION", "PROCEDURE", "ROUTINE", "TYPE", "DOMAIN", "ALL"):
+    elif word == "FUNCTION":
+        functions = [_function(p) for p in _OUTSIDE_PARENS.split(rest)]
+        if any(f is None for f in functions):
+            return None
+        return "function", [f for f in functions if f is not None]
+    elif word in ("DATABASE", "PROCEDURE", "ROUTINE", "TYPE", "DOMAIN", "ALL"):
         return None
     else:
         names, kind = _names(target), "table"
     return None if names is None else (kind, names)
 
 
-def _privileges(text: str, kind: Kind) -> list[str] | None:
-    words = [" ".join(p.split()).upper() for p in text.split(",")]
-    if words in (["ALL"], ["ALL PRIVILEGES"]):
-        return list(_ALL_PRIVILEGES[kind])
-    if any(w not in _ALL_PRIVILEGES[kind] for w in words):
-        return None  # column privileges, or a privilege of another object kind
-    return words
+def _function(text: str) -> str | None:
+    """``f(a, b)`` as ``to_regprocedure`` reads it: the name as stored, the argument types
+    as written (types only: a signature naming its arguments is not understood)."""
+    match = _FUNCTION.match(text.strip())
+    if match is None:
+        return None
+    args = [" ".join(a.split()) for a in match["args"].split(",") if a.strip()]
+    # quoted parts stay quoted: to_regprocedure folds an unquoted name to lower case
+    parts = re.findall(r'"[^"]+"|[^.]+', match["name"])
+    name = ".".join(p if p.startswith('"') else p.lower() for p in parts)
+    return f"{name}({', '.join(args)})"
+
+
+def _privileges(text: str, kind: Kind) -> list[tuple[str, list[str]]] | None:
+    """Each privilege with its columns ([]: the whole object), or None where the list
+    holds something not understood (a privilege of another object kind)."""
+    out: list[tuple[str, list[str]]] = []
+    for part in _OUTSIDE_PARENS.split(text):
+        match = _PRIVILEGE.match(" ".join(part.split()))
+        if match is None:
+            return None
+        word = match["word"].upper()
+        columns = _names(match["columns"]) if match["columns"] is not None else []
+        if columns is None or (columns and kind != "table"):
+            return None
+        if word in ("ALL", "ALL PRIVILEGES"):
+            valid = _ALL_PRIVILEGES["column" if columns else kind]
+            out += [(w, columns) for w in valid]
+        elif word in _ALL_PRIVILEGES["column" if columns else kind]:
+            out.append((word, columns))
+        else:
+            return None
+    return out
 
 
 def expected(
@@ -210,19 +260,31 @@ def expected(
             if role in ("public", "current_user", "session_user", "current_role"):
                 continue
             for obj in objects:
-                for priv in privs:
-                    out.privileges[Privilege(role, kind, obj, priv)] = grant is not None
+                for priv, columns in privs:
+                    held = grant is not None
+                    if not columns:
+                        out.privileges[Privilege(role, kind, obj, priv)] = held
+                    for column in columns:
+                        out.privileges[Privilege(role, "column", obj, priv, column)] = held
     return out
 
 
+# NULL where a column or function does not exist (the functions of the first three kinds
+# would raise: those objects are checked against the catalogue's list first)
 _HOLDS = """
 SELECT CASE u.kind
          WHEN 'table' THEN has_table_privilege(u.role, u.obj, u.priv)
          WHEN 'sequence' THEN has_sequence_privilege(u.role, u.obj, u.priv)
+         WHEN 'column' THEN (
+             SELECT has_column_privilege(u.role, a.attrelid, a.attnum, u.priv)
+             FROM pg_attribute a
+             WHERE a.attrelid = to_regclass(u.obj) AND a.attname = u.col
+               AND a.attnum > 0 AND NOT a.attisdropped)
+         WHEN 'function' THEN has_function_privilege(u.role, to_regprocedure(u.obj), u.priv)
          ELSE has_schema_privilege(u.role, u.obj, u.priv)
        END AS held
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
-    AS u(role, kind, obj, priv, n)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
+    AS u(role, kind, obj, priv, col, n)
 ORDER BY u.n
 """
 
@@ -295,13 +357,16 @@ async def check_roles(
     known |= {f"{s}.{o}" for s, objs in (*tables.items(), *sequences.items()) for o in objs}
     known |= {str(r["nspname"]) for r in await conn.fetch("SELECT nspname FROM pg_namespace")}
     expect = with_no_extra_writes(want, tables)
-    checkable = [p for p in expect if p.role in present and p.obj in known]
+    checkable = [
+        p for p in expect if p.role in present and (p.obj in known or p.kind == "function")
+    ]
     held = await conn.fetch(
         _HOLDS,
         [p.role for p in checkable],
         [p.kind for p in checkable],
         [p.obj for p in checkable],
         [p.privilege for p in checkable],
+        [p.column for p in checkable],
     )
     if owned is not None:
         owned = set(owned)
@@ -311,13 +376,21 @@ async def check_roles(
     wrong: list[tuple[Privilege, bool]] = []
     outside: list[Privilege] = []
     for p, h in zip(checkable, held, strict=True):
+        if h["held"] is None:  # a column or function that does not exist
+            if expect[p]:
+                wrong.append((p, False))
+            continue
         if bool(h["held"]) == expect[p]:
             continue
         if owned is not None and p not in want.privileges and p.obj not in owned:
             outside.append(p)  # a table no migration creates: not the file's to judge
         else:
             wrong.append((p, bool(h["held"])))
-    wrong += [(p, False) for p in want.privileges if p.obj not in known and want.privileges[p]]
+    wrong += [
+        (p, False)
+        for p in want.privileges
+        if p.kind != "function" and p.obj not in known and want.privileges[p]
+    ]
     return RolesReport(
         migration=f"{migration.version:04d}_{migration.name}.sql",
         applied=applied,

@@ -328,14 +328,28 @@ def test_doctor_checks_grants_against_the_roles_migration(
     assert f"{ingest}: UPDATE on table activity is held" in check["detail"]
     worker = _check(report, "append-only")  # and the worker, connecting as it, may rewrite
     assert (worker["status"], "UPDATE" in worker["detail"]) == ("fail", True), worker
-    # a grant of a later migration than the roles file (0016: without it the first batch
-    # with a reject stops the worker) is checked too; doctor read the roles file alone
     db(dsn, f'REVOKE UPDATE ON activity FROM "{ingest}"')
     assert _check(cli.json("doctor"), "roles and grants")["status"] == "pass"
-    db(dsn, f'REVOKE SELECT ON topic_incarnations FROM "{ingest}"')
-    check = _check(cli.json("doctor", expect=1), "roles and grants")
-    assert check["status"] == "fail", check
-    assert f"{ingest}: SELECT on table topic_incarnations is missing" in check["detail"], check
+    # each grant below is one a worker needs, revoked in turn and then restored: a grant of
+    # a later migration than the roles file (0016: without it the first batch with a reject
+    # stops the worker; doctor read the roles file alone), a column's (0016: the worker
+    # reads src_topic_id) and a function's (0015: the worker records its topic's ID; doctor
+    # skipped both kinds and passed)
+    for on, what in (
+        ("topic_incarnations", "SELECT on table topic_incarnations"),
+        ("rejects", "SELECT on column rejects.src_topic_id"),
+        (
+            "FUNCTION ackline_record_topic_id(text, text, text)",
+            "EXECUTE on function ackline_record_topic_id(text, text, text)",
+        ),
+    ):
+        privilege = what.split()[0] + (" (src_topic_id)" if "column" in what else "")
+        db(dsn, f'REVOKE {privilege} ON {on} FROM "{ingest}"')
+        check = _check(cli.json("doctor", expect=1), "roles and grants")
+        assert check["status"] == "fail", check
+        assert f"{ingest}: {what} is missing" in check["detail"], check
+        db(dsn, f'GRANT {privilege} ON {on} TO "{ingest}"')
+        assert _check(cli.json("doctor"), "roles and grants")["status"] == "pass"
 
 
 def test_doctor_takes_a_processors_grants_on_its_own_table(

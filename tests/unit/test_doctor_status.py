@@ -62,6 +62,12 @@ GRANT USAGE ON SEQUENCE ingest_batch_id_seq TO ackline_ingest;
 GRANT USAGE ON SCHEMA public TO ackline_ingest, "Ackline_Reader";
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO "Ackline_Reader";
 GRANT SELECT (event_id) ON activity TO ackline_ingest;
+GRANT SELECT (a, "B"), UPDATE (c) ON TABLE rejects, conflicts TO ackline_ingest;
+REVOKE UPDATE (c) ON conflicts FROM ackline_ingest;
+GRANT EXECUTE ON FUNCTION f(text, integer), public."G"( timestamp with time zone )
+    TO ackline_ingest;
+GRANT ALL ON FUNCTION h() TO "Ackline_Reader";
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO ackline_ingest;
 ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO "Ackline_Reader";
 EXECUTE format('GRANT SELECT ON %I TO x', t);
 GRANT ackline_ingest TO app_user;
@@ -79,7 +85,18 @@ def test_expected_privileges_follow_the_file_in_order() -> None:
     assert p[Privilege("Ackline_Reader", "schema", "public", "USAGE")] is True
     assert p[Privilege("Ackline_Reader", "table", "conflicts", "SELECT")] is True
     assert Privilege("ackline_ingest", "table", "activity", "UPDATE") not in p
-    # column privilege, default privileges and dynamic SQL are not checked, and counted
+    # column privileges (doctor skipped them, and a revoked one passed)
+    assert p[Privilege("ackline_ingest", "column", "activity", "SELECT", "event_id")] is True
+    assert p[Privilege("ackline_ingest", "column", "rejects", "SELECT", "B")] is True
+    assert p[Privilege("ackline_ingest", "column", "conflicts", "UPDATE", "c")] is False
+    assert p[Privilege("ackline_ingest", "column", "rejects", "UPDATE", "c")] is True
+    assert Privilege("ackline_ingest", "table", "rejects", "SELECT") not in p
+    # function privileges (skipped too), named as to_regprocedure reads them
+    assert p[Privilege("ackline_ingest", "function", "f(text, integer)", "EXECUTE")] is True
+    g = 'public."G"(timestamp with time zone)'
+    assert p[Privilege("ackline_ingest", "function", g, "EXECUTE")] is True
+    assert p[Privilege("Ackline_Reader", "function", "h()", "EXECUTE")] is True
+    # functions by schema, default privileges and dynamic SQL are not checked, and counted
     assert want.skipped == 3
 
 
