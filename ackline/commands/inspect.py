@@ -146,13 +146,20 @@ def cmd_conflicts(args: argparse.Namespace, settings: Settings) -> int:
         lambda r: (
             r.conflict_id,
             r.layer,
-            f"{r.topic}[{r.partition}]@{r.offset}",
+            _source(r),
             r.txn_id,
             short_hex(r.stored_hash),
             short_hex(r.incoming_hash),
             r.detected_at.isoformat(timespec="seconds"),
         ),
     )
+
+
+def _source(r: Any) -> str:
+    """A row's source record; with its topic's ID where one is recorded, so two rows at
+    one offset of a topic made again (after `offsets adopt-topic`) are told apart. Pure."""
+    where = f"{r.topic}[{r.partition}]@{r.offset}"
+    return f"{where} (topic ID {r.topic_id})" if r.topic_id else where
 
 
 def stored_body(stored: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +215,7 @@ def _conflict_text(detail: Any) -> str:
         changed = ["  (not known: a body was erased)"]
     lines = [
         f"conflict {r.conflict_id} ({r.layer} layer), batch {r.batch_id}, {r.detected_at}",
-        f"source         {r.topic}[{r.partition}]@{r.offset}",
+        f"source         {_source(r)}",
         f"txn_id         {r.txn_id}",
         f"event_id       {r.event_id} (stored: {r.stored_event_id})",
         f"stored hash    {r.stored_hash.hex()}",
@@ -237,7 +244,7 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
         r = d.row
         head = [
             f"reject {r.reject_id}: {r.reason}, batch {r.batch_id}, {r.rejected_at}",
-            f"source       {r.topic}[{r.partition}]@{r.offset}",
+            f"source       {_source(r)}",
             f"dead letter  {r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
             f"detail       {safe_text(r.detail)}",
         ]
@@ -266,7 +273,7 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
         lambda r: (
             r.reject_id,
             r.reason,
-            f"{r.topic}[{r.partition}]@{r.offset}",
+            _source(r),
             f"{r.dlq_topic}[{r.dlq_partition}]@{r.dlq_offset}",
             r.value_bytes,
             r.rejected_at.isoformat(timespec="seconds"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,9 @@ class ConflictRow:
     batch_id: int
     detected_at: datetime
     erasure_id: int | None = None  # set when an erasure cleared (or withheld) the body
+    # the topic's incarnation (migration 0016): '' none recorded, None the database
+    # predates 0016; two rows at one source after `offsets adopt-topic` differ here
+    topic_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,7 @@ class ConflictRow:
             "batch_id": self.batch_id,
             "detected_at": self.detected_at.isoformat(),
             "erasure_id": self.erasure_id,
+            "topic_id": self.topic_id,
         }
 
 
@@ -86,6 +91,7 @@ class RejectRow:
     rejected_at: datetime
     value_bytes: int | None
     erasure_id: int | None = None  # set when an erasure cleared the raw key, value, headers
+    topic_id: str | None = None  # as ConflictRow's
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +108,7 @@ class RejectRow:
             "rejected_at": self.rejected_at.isoformat(),
             "value_bytes": self.value_bytes,
             "erasure_id": self.erasure_id,
+            "topic_id": self.topic_id,
         }
 
 
@@ -141,6 +148,31 @@ FROM activity WHERE event_id = $1::uuid
 
 _TOMBSTONE = "SELECT erasure_id FROM erased_events WHERE event_id = $1::uuid"
 
+# Migration 0016's column, read apart from the rows: workers are upgraded before
+# `ackline migrate` runs (docs/schema.md), and an operator's commands must work between
+# the two, where naming the column in the row's query would fail.
+_INCARNATED = "SELECT to_regclass('public.rejects_source_key') IS NOT NULL"
+_CONFLICT_TOPIC_IDS = """
+SELECT conflict_id AS id, src_topic_id FROM conflicts WHERE conflict_id = ANY($1::bigint[])
+"""
+_REJECT_TOPIC_IDS = """
+SELECT reject_id AS id, src_topic_id FROM rejects WHERE reject_id = ANY($1::bigint[])
+"""
+
+
+async def _topic_ids(
+    conn: asyncpg.Connection, ids: Sequence[int], *, conflicts: bool
+) -> dict[int, str]:
+    """Each conflict's (or reject's) topic ID by its id; none where the database
+    predates migration 0016."""
+    if not ids or not await conn.fetchval(_INCARNATED):
+        return {}
+    if conflicts:
+        rows = await conn.fetch(_CONFLICT_TOPIC_IDS, list(ids))
+    else:
+        rows = await conn.fetch(_REJECT_TOPIC_IDS, list(ids))
+    return {int(r["id"]): str(r["src_topic_id"]) for r in rows}
+
 
 async def list_conflicts(conn: asyncpg.Connection, group_id: str, limit: int) -> list[ConflictRow]:
     """The newest ``limit`` conflicts of ``group_id``."""
@@ -150,7 +182,8 @@ async def list_conflicts(conn: asyncpg.Connection, group_id: str, limit: int) ->
         group_id,
         limit,
     )
-    return [_conflict(r) for r in rows]
+    ids = await _topic_ids(conn, [r["conflict_id"] for r in rows], conflicts=True)
+    return [_conflict(r, ids) for r in rows]
 
 
 async def count_conflicts(conn: asyncpg.Connection, group_id: str) -> int:
@@ -173,6 +206,7 @@ async def get_conflict(conn: asyncpg.Connection, group_id: str, conflict_id: int
     )
     if row is None:
         raise NotFoundError(f"no conflict {conflict_id} for group {group_id}")
+    ids = await _topic_ids(conn, [conflict_id], conflicts=True)
     stored = await conn.fetchrow(_STORED, row["stored_event_id"])
     # a stored row that is gone was erased (a tombstone says by which erasure) or dropped
     # by retention (no tombstone)
@@ -180,7 +214,7 @@ async def get_conflict(conn: asyncpg.Connection, group_id: str, conflict_id: int
         None if stored is not None else await conn.fetchval(_TOMBSTONE, row["stored_event_id"])
     )
     return ConflictDetail(
-        row=_conflict(row),
+        row=_conflict(row, ids),
         # NULL once erased (sinks/admin/erase.py): the keys and hashes stay
         incoming_body=None if row["incoming_body"] is None else json.loads(row["incoming_body"]),
         stored=None if stored is None else _stored(stored),
@@ -196,7 +230,8 @@ async def list_rejects(conn: asyncpg.Connection, group_id: str, limit: int) -> l
         group_id,
         limit,
     )
-    return [_reject(r) for r in rows]
+    ids = await _topic_ids(conn, [r["reject_id"] for r in rows], conflicts=False)
+    return [_reject(r, ids) for r in rows]
 
 
 async def get_reject(conn: asyncpg.Connection, group_id: str, reject_id: int) -> RejectDetail:
@@ -209,15 +244,16 @@ async def get_reject(conn: asyncpg.Connection, group_id: str, reject_id: int) ->
     )
     if row is None:
         raise NotFoundError(f"no reject {reject_id} for group {group_id}")
+    ids = await _topic_ids(conn, [reject_id], conflicts=False)
     return RejectDetail(
-        row=_reject(row),
+        row=_reject(row, ids),
         raw_key=_bytes(row["raw_key"]),
         raw_value=_bytes(row["raw_value"]),
         headers=json.loads(row["headers"]),
     )
 
 
-def _conflict(r: asyncpg.Record) -> ConflictRow:
+def _conflict(r: asyncpg.Record, topic_ids: dict[int, str]) -> ConflictRow:
     return ConflictRow(
         conflict_id=int(r["conflict_id"]),
         layer=str(r["layer"]),
@@ -232,10 +268,11 @@ def _conflict(r: asyncpg.Record) -> ConflictRow:
         batch_id=int(r["batch_id"]),
         detected_at=r["detected_at"],
         erasure_id=None if r["erasure_id"] is None else int(r["erasure_id"]),
+        topic_id=topic_ids.get(int(r["conflict_id"])),
     )
 
 
-def _reject(r: asyncpg.Record) -> RejectRow:
+def _reject(r: asyncpg.Record, topic_ids: dict[int, str]) -> RejectRow:
     return RejectRow(
         reject_id=int(r["reject_id"]),
         reason=str(r["reason"]),
@@ -250,6 +287,7 @@ def _reject(r: asyncpg.Record) -> RejectRow:
         rejected_at=r["rejected_at"],
         value_bytes=None if r["value_bytes"] is None else int(r["value_bytes"]),
         erasure_id=None if r["erasure_id"] is None else int(r["erasure_id"]),
+        topic_id=topic_ids.get(int(r["reject_id"])),
     )
 
 

@@ -14,6 +14,7 @@ from ackline.core.faults import Faults, InjectedFault
 from ackline.roles import INGEST, with_user
 from ackline.schemas import new_envelope
 from ackline.schemas.decode import Row, decode
+from ackline.sinks.admin import inspect as admin_inspect
 from ackline.sinks.admin.erase import _ERASURE_LOCK, ERASURE_LOCK_KEY
 from ackline.sinks.admin.migrate import load_migrations, migrate
 from ackline.sinks.connection import Database
@@ -581,6 +582,16 @@ def test_a_reject_and_a_conflict_of_a_new_incarnation_are_kept_beside_the_old_on
             ("old-id", b"{"),
             ("new-id", b"["),
         ]
+        # and the operator's commands tell the two apart (`conflicts|rejects list|show`
+        # showed the same source twice)
+        shown = await admin_inspect.list_conflicts(conn, GROUP, 10)
+        assert [c.topic_id for c in shown] == ["new-id", "old-id"]
+        one = await admin_inspect.get_conflict(conn, GROUP, shown[1].conflict_id)
+        assert one.to_json()["topic_id"] == "old-id"
+        listed = await admin_inspect.list_rejects(conn, GROUP, 10)
+        assert [r.topic_id for r in listed] == ["new-id", "old-id"]
+        detail = await admin_inspect.get_reject(conn, GROUP, listed[0].reject_id)
+        assert detail.to_json()["topic_id"] == "new-id"
         await conn.close()
 
     asyncio.run(go())
@@ -623,6 +634,12 @@ def test_a_batch_begun_before_migration_0016_is_retried_under_it(
         writer = BatchWriter(database, GROUP, "w")
         await writer.write(batch(0, [row(1)], epoch))  # before 0016
         await writer.write(_reject_at(1, epoch, b"{"))
+        # the operator's commands read a database before 0016 (workers are upgraded
+        # first), where its column is not there yet
+        before = await admin_inspect.list_rejects(conn, GROUP, 10)
+        assert [(r.offset, r.topic_id) for r in before] == [(1, None)]
+        shown = await admin_inspect.get_reject(conn, GROUP, before[0].reject_id)
+        assert shown.row.topic_id is None
         waiting = (
             batch(2, [row(1, thought="changed")], epoch)
             if kind == "conflict"
