@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from ackline.commands import MODULES, Handler, Uses
 from ackline.commands.guard import explain
 from ackline.core.errors import AcklineError, Terminated
-from ackline.core.logs import KAFKA_LOGGER, configure_logging
+from ackline.core.logs import KAFKA_LOGGER, REFUSED_EXIT, configure_logging, refusal_line
 from ackline.core.signals import begin_work, done_status, terminate_as_exit
 from ackline.settings import load_settings
 
@@ -35,7 +35,7 @@ RUN_TO_END = ("once", "until_caught_up")
 commands that end on their own."""
 GLOBAL_SETTINGS = (("--topic", "global_topic", "topic"), ("--group-id", "group_id", "group_id"))
 """(option, its dest, the setting it overrides) of the global options a command may not read."""
-EXIT_ERROR = 2
+EXIT_ERROR = REFUSED_EXIT
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 DESCRIPTION = (
@@ -165,7 +165,7 @@ def _quiet_stdout() -> None:
 
 
 def _fail(line: str) -> int:
-    print(f"ackline: error: {line}", file=sys.stderr, flush=True)
+    print(refusal_line(line), file=sys.stderr, flush=True)
     return EXIT_ERROR
 
 

@@ -163,6 +163,15 @@ def exit_flushed(status: int) -> NoReturn:
 FATAL_EXIT = 70
 """EX_SOFTWARE: the status of a crash-only exit (:func:`die`)."""
 
+REFUSED_EXIT = 2
+"""The status of a refusal: a bad setting, or a state no restart cures (the command
+line's status for any AcklineError, and :func:`refuse`'s)."""
+
+
+def refusal_line(line: str) -> str:
+    """How a refusal is said on stderr, by the command line and :func:`refuse` alike."""
+    return f"ackline: error: {line}"
+
 
 def die(what: str, exc: BaseException) -> NoReturn:
     """Crash-only exit: log ``what`` and ``exc`` at CRITICAL, flush, ``os._exit`` with
@@ -172,3 +181,13 @@ def die(what: str, exc: BaseException) -> NoReturn:
         "%s: %r; exiting without acking (crash-only)", what, exc, exc_info=exc
     )
     exit_flushed(FATAL_EXIT)
+
+
+def refuse(line: str) -> NoReturn:
+    """Crash-only exit of a refusal that no restart cures (the schema is not what the
+    migrations leave): its one line, as the command line prints it, and
+    :data:`REFUSED_EXIT`, not :func:`die`'s traceback and 70, which a supervisor takes
+    for a crash to restart. As with :func:`die`, nothing is acked or committed after it:
+    what was not committed to PostgreSQL is read again by the next owner."""
+    print(refusal_line(line), file=sys.stderr, flush=True)
+    exit_flushed(REFUSED_EXIT)

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ackline.core.faults import DISARMED, Faults
-from ackline.core.logs import die
+from ackline.core.logs import die, refuse
 from ackline.core.metrics import Metrics
 from ackline.schemas.decode import Limits
 from ackline.sinks.connection import Database
-from ackline.sinks.errors import FencedError
+from ackline.sinks.errors import FencedError, MigrationError
 from ackline.sinks.ingest.batch import TP, Batch
 from ackline.sinks.ingest.offsets import Claim, claim_over, locked_offsets
 from ackline.sinks.ingest.writer import BatchWriter, WriteResult
@@ -295,6 +295,8 @@ class FaustSink:
                 self.idle = True
         except asyncio.CancelledError:
             raise
+        except MigrationError as exc:  # the default runtime's one line and status
+            refuse(str(exc))
         except BaseException as exc:
             die("the batch failed", exc)
 

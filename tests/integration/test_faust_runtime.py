@@ -463,3 +463,29 @@ def test_a_claim_and_seek_past_fausts_recovery_wait_exits_instead_of_stalling(
     wait_drained(dsn, manifest, group, [b], 120)
     assert b.stop() == 0, b.log()[-3000:]
     verify_mixed_ok(dsn, manifest, group)
+
+
+@pytest.mark.parametrize("runtime", ["default", "faust"])
+def test_a_schema_the_writer_cannot_use_stops_either_runtime_with_one_line(
+    services: Services, dsn: str, topic: str, tmp_path: Path, runtime: str
+) -> None:
+    """A refusal that no restart cures (the schema not what the migrations leave: here
+    0016's key renamed by hand, so the writer's MigrationError) ended the faust runtime as
+    any failure does, exit 70 with a traceback, where the default runtime exits 2 with the
+    one line naming what to run. Both now end alike, nothing of the refused batch acked,
+    and once the schema is mended the next worker loses nothing."""
+    manifest = produce_worker_mix(services, topic, tmp_path, 2_000, seed=35)
+    group = f"g-{topic}"
+    db(dsn, "ALTER TABLE rejects RENAME CONSTRAINT rejects_source_key TO renamed")
+    kw: dict[str, Any] = {"runtime": "faust"} if runtime == "faust" else {}
+    first = Worker(services, dsn, topic, tmp_path, name=f"{runtime}-1", **kw)
+    wait_until(lambda: first.proc.poll() is not None, 120, "the worker to stop on the schema")
+    log = first.log()
+    assert first.reap() == 2, log[-3000:]
+    assert "rejects_source_key" in log and "`ackline doctor`" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    db(dsn, "ALTER TABLE rejects RENAME CONSTRAINT renamed TO rejects_source_key")
+    second = Worker(services, dsn, topic, tmp_path, name=f"{runtime}-2", **kw)
+    wait_drained(dsn, manifest, group, [second], 120)
+    assert second.stop() == 0
+    verify_mixed_ok(dsn, manifest, group)
