@@ -396,7 +396,10 @@ def not_committed(
         f"first: {first.name()}: {first.str()}"
     )
     codes = {err.code() for err in errors}
-    if KafkaError.MSG_SIZE_TOO_LARGE in codes and batch is not None and batch[0] < batch[1]:
+    # transient only beside other transient causes: a refusal in the same abort (the
+    # topic's authorization) no new instance cures, and was retried for ever
+    too_big = codes <= {KafkaError.MSG_SIZE_TOO_LARGE} | _TRANSIENT
+    if KafkaError.MSG_SIZE_TOO_LARGE in codes and too_big and batch and batch[0] < batch[1]:
         return TransientProduceError(
             f"{text}; the topic {topic} takes record batches of at most {batch[0]:,} bytes "
             f"(max.message.bytes), less than this producer puts in one ({batch[1]:,}): the "

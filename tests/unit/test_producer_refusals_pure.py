@@ -91,6 +91,20 @@ def test_a_missing_topic_is_transient_and_named() -> None:
     assert type(not_committed(refused, "t-1")) is ProduceError
 
 
+def test_a_batch_too_large_beside_a_refusal_is_not_called_transient() -> None:
+    """A batch refused as too large while the topic's limit is below the producer's
+    batches is transient (a new instance batches within the limit); the same abort also
+    holding a refusal no new instance cures (here the topic's authorization) was called
+    transient too, and a caller that sends again on a TransientProduceError retried it
+    for ever."""
+    big = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    alone = not_committed([big, KafkaError(KafkaError._MSG_TIMED_OUT)], "t-1", (20_000, 1_000_000))
+    assert type(alone) is TransientProduceError, repr(alone)
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    mixed = not_committed([big, denied], "t-1", (20_000, 1_000_000))
+    assert type(mixed) is ProduceError, repr(mixed)
+
+
 def test_batches_are_kept_within_the_topics_limit() -> None:
     """librdkafka fills a batch of several records up to ``batch.size`` (or
     ``message.max.bytes``, the smaller) and never splits one the broker refused."""
