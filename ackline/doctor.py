@@ -99,15 +99,17 @@ def roles_check(report: RolesReport | None) -> Check:
     problems = [f"role {r} does not exist" for r in report.missing_roles]
     for p, held in report.wrong[:5]:
         state = "held" if held else "missing"
-        problems.append(f"{p.role}: {p.privilege} on {p.kind} {p.target} is {state}")
+        problems.append(f"{p.role}: {p.said} is {state}")
     if len(report.wrong) > 5:
         problems.append(f"and {len(report.wrong) - 5} more")
     outside = _outside(report)
     if problems:
         detail = f"{report.migration} disagrees: " + "; ".join(problems)
         return Check(name, "fail", detail + (f" ({outside})" if outside else ""))
-    roles = sorted({p.role for p in want.privileges} | set(want.roles))
+    roles = sorted(({p.role for p in want.privileges} | set(want.roles)) - {"public"})
     note = f" ({want.skipped} statements not checked)" if want.skipped else ""
+    if report.unchecked:
+        note += f" (not checked, a signature PostgreSQL cannot read: {', '.join(report.unchecked)})"
     return Check(
         name,
         "pass",
@@ -121,7 +123,9 @@ def _outside(report: RolesReport) -> str:
     them on its own tables, docs/processors.md), for information."""
     held: dict[tuple[str, str], list[str]] = {}
     for p in report.outside:
-        held.setdefault((p.role, p.obj), []).append(p.privilege)
+        privileges = held.setdefault((p.role, p.obj), [])
+        if p.privilege not in privileges:  # the table's and any column's: one word
+            privileges.append(p.privilege)
     if not held:
         return ""
     return "also held, on tables no migration creates (not checked): " + "; ".join(

@@ -24,13 +24,14 @@ import asyncpg
 
 from ackline.sinks.admin.migrate import Migration
 
-Kind = Literal["table", "sequence", "schema", "column", "function"]
+Kind = Literal["table", "sequence", "schema", "column", "columns", "function"]
 
 _ALL_PRIVILEGES: dict[Kind, tuple[str, ...]] = {
     "table": ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"),
     "sequence": ("USAGE", "SELECT", "UPDATE"),
     "schema": ("USAGE", "CREATE"),
     "column": ("SELECT", "INSERT", "UPDATE", "REFERENCES"),
+    "columns": ("SELECT", "INSERT", "UPDATE", "REFERENCES"),
     "function": ("EXECUTE",),
 }
 _PART = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"[^"]+")'
@@ -56,7 +57,9 @@ _FUNCTION = re.compile(rf"^(?P<name>{_PART}(?:\.{_PART})?)\s*\((?P<args>[^()]*)\
 class Privilege:
     """One privilege of one role. ``obj`` is the table, sequence, schema or function
     (``name(argtypes)``); a column privilege names its table in ``obj`` and its column in
-    ``column``."""
+    ``column``; ``columns``, the privilege on any column of the table (or the table
+    itself: ``has_any_column_privilege``), is what a role the file grants no such
+    privilege there must not hold. ``public`` is the PUBLIC pseudo-role."""
 
     role: str
     kind: Kind
@@ -68,6 +71,13 @@ class Privilege:
     def target(self) -> str:
         """What the privilege is on, as a report names it: ``rejects.src_topic_id``."""
         return f"{self.obj}.{self.column}" if self.column else self.obj
+
+    @property
+    def said(self) -> str:
+        """The privilege as a report says it: ``SELECT on column rejects.src_topic_id``."""
+        if self.kind == "columns":
+            return f"{self.privilege} on a column of {self.obj}"
+        return f"{self.privilege} on {self.kind} {self.target}"
 
 
 @dataclass
@@ -86,6 +96,9 @@ class RolesReport:
     expected: Expected
     missing_roles: list[str]
     wrong: list[tuple[Privilege, bool]]  # (privilege, what the database holds)
+    # functions whose signature PostgreSQL could not read (argument names or modes in
+    # it): their privileges are not checked
+    unchecked: list[str] = field(default_factory=list)
     # write privileges the grantees hold on tables no migration creates (a processor's
     # own tables, granted by its setup_sql as docs/processors.md says): information only
     outside: list[Privilege] = field(default_factory=list)
@@ -257,20 +270,43 @@ def expected(
             continue
         kind, objects = parsed
         for role in roles:
-            if role in ("public", "current_user", "session_user", "current_role"):
-                continue
-            for obj in objects:
-                for priv, columns in privs:
-                    held = grant is not None
-                    if not columns:
-                        out.privileges[Privilege(role, kind, obj, priv)] = held
-                    for column in columns:
-                        out.privileges[Privilege(role, "column", obj, priv, column)] = held
+            if role not in ("current_user", "session_user", "current_role"):
+                for obj in objects:
+                    _set(out.privileges, role, kind, obj, privs, grant is not None)
+    for p, held in out.privileges.items():
+        # a column holds what its table holds: a column's REVOKE under the table's GRANT
+        # leaves it (has_column_privilege says so)
+        if p.kind == "column" and not held:
+            out.privileges[p] = out.privileges.get(
+                Privilege(p.role, "table", p.obj, p.privilege), False
+            )
     return out
 
 
-# NULL where a column or function does not exist (the functions of the first three kinds
-# would raise: those objects are checked against the catalogue's list first)
+def _set(
+    privileges: dict[Privilege, bool],
+    role: str,
+    kind: Kind,
+    obj: str,
+    privs: list[tuple[str, list[str]]],
+    held: bool,
+) -> None:
+    """One statement's privileges on one object for one role, into ``privileges``."""
+    for priv, columns in privs:
+        if not columns:
+            privileges[Privilege(role, kind, obj, priv)] = held
+        if not columns and not held and kind == "table":
+            # a table's REVOKE takes the privilege from its columns too
+            for p in privileges:
+                if (p.role, p.kind, p.obj, p.privilege) == (role, "column", obj, priv):
+                    privileges[p] = False
+        for column in columns:
+            privileges[Privilege(role, "column", obj, priv, column)] = held
+
+
+# NULL where a column or function does not exist (the functions of the table, sequence
+# and schema kinds would raise: those objects are checked against the catalogue's list
+# first; a function comes as its OID, read by _FUNCTION_OID)
 _HOLDS = """
 SELECT CASE u.kind
          WHEN 'table' THEN has_table_privilege(u.role, u.obj, u.priv)
@@ -280,13 +316,17 @@ SELECT CASE u.kind
              FROM pg_attribute a
              WHERE a.attrelid = to_regclass(u.obj) AND a.attname = u.col
                AND a.attnum > 0 AND NOT a.attisdropped)
-         WHEN 'function' THEN has_function_privilege(u.role, to_regprocedure(u.obj), u.priv)
+         WHEN 'columns' THEN has_any_column_privilege(u.role, u.obj, u.priv)
+         WHEN 'function' THEN has_function_privilege(u.role, u.fn, u.priv)
          ELSE has_schema_privilege(u.role, u.obj, u.priv)
        END AS held
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
-    AS u(role, kind, obj, priv, col, n)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::oid[])
+    WITH ORDINALITY AS u(role, kind, obj, priv, col, fn, n)
 ORDER BY u.n
 """
+
+# Raises (PostgreSQL 15) on a signature it cannot read, such as one naming its arguments
+_FUNCTION_OID = "SELECT to_regprocedure($1)::oid"
 
 _OBJECTS = """
 SELECT n.nspname AS schema, c.relname AS name, c.relkind AS kind
@@ -308,12 +348,27 @@ def with_no_extra_writes(want: Expected, tables: dict[str, list[str]]) -> dict[P
     """
     expect = dict(want.privileges)
     grantees = {p.role for p, granted in want.privileges.items() if granted and p.kind == "table"}
-    for role in sorted(grantees):
+    # a column's INSERT or UPDATE the file grants (the eraser's UPDATE of body columns)
+    by_column = {
+        (p.role, p.obj, p.privilege)
+        for p, granted in want.privileges.items()
+        if granted and p.kind == "column"
+    }
+    for role in sorted(grantees - {"public"}):
         for schema, names in tables.items():
             for name in names:
                 obj = name if schema == "public" else f"{schema}.{name}"
                 for priv in _WRITES:
-                    expect.setdefault(Privilege(role, "table", obj, priv), False)
+                    table = Privilege(role, "table", obj, priv)
+                    expect.setdefault(table, False)
+                    # one column's UPDATE rewrites rows as the table's does, and
+                    # has_table_privilege does not see it
+                    if (
+                        priv in _ALL_PRIVILEGES["columns"]
+                        and not expect[table]
+                        and (role, obj, priv) not in by_column
+                    ):
+                        expect.setdefault(Privilege(role, "columns", obj, priv), False)
     return expect
 
 
@@ -348,17 +403,23 @@ async def check_roles(
         target = sequences if r["kind"] == b"S" or r["kind"] == "S" else tables
         target.setdefault(str(r["schema"]), []).append(str(r["name"]))
     want = expected(migration.sql, tables, sequences)
-    named = sorted({p.role for p in want.privileges} | set(want.roles))
+    named = sorted(({p.role for p in want.privileges} | set(want.roles)) - {"public"})
     present = {
         str(r["rolname"])
         for r in await conn.fetch("SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", named)
-    }
+    } | {"public"}
     known = {o for objs in (*tables.values(), *sequences.values()) for o in objs}
     known |= {f"{s}.{o}" for s, objs in (*tables.items(), *sequences.items()) for o in objs}
     known |= {str(r["nspname"]) for r in await conn.fetch("SELECT nspname FROM pg_namespace")}
     expect = with_no_extra_writes(want, tables)
+    functions, unchecked = await _function_oids(
+        conn, {p.obj for p in expect if p.kind == "function"}
+    )
     checkable = [
-        p for p in expect if p.role in present and (p.obj in known or p.kind == "function")
+        p
+        for p in expect
+        if p.role in present
+        and (p.obj in known or (p.kind == "function" and p.obj not in unchecked))
     ]
     held = await conn.fetch(
         _HOLDS,
@@ -367,6 +428,7 @@ async def check_roles(
         [p.obj for p in checkable],
         [p.privilege for p in checkable],
         [p.column for p in checkable],
+        [functions.get(p.obj) if p.kind == "function" else None for p in checkable],
     )
     if owned is not None:
         owned = set(owned)
@@ -398,14 +460,33 @@ async def check_roles(
         missing_roles=[r for r in named if r not in present],
         wrong=wrong,
         outside=outside,
+        unchecked=sorted(unchecked),
     )
 
 
+async def _function_oids(
+    conn: asyncpg.Connection, signatures: set[str]
+) -> tuple[dict[str, int | None], set[str]]:
+    """Each function's OID (None: no such function), and the signatures PostgreSQL
+    could not read. One at a time: one unreadable signature fails its statement only."""
+    oids: dict[str, int | None] = {}
+    unreadable: set[str] = set()
+    for signature in sorted(signatures):
+        try:
+            oid = await conn.fetchval(_FUNCTION_OID, signature)
+        except asyncpg.PostgresError:
+            unreadable.add(signature)
+            continue
+        oids[signature] = None if oid is None else int(oid)
+    return oids, unreadable
+
+
 async def may_modify_activity(conn: asyncpg.Connection) -> tuple[str, list[str]]:
-    """(current_user, the privileges among UPDATE/DELETE/TRUNCATE it holds on activity)."""
+    """(current_user, the privileges among UPDATE/DELETE/TRUNCATE it holds on activity);
+    UPDATE of any one column counts (has_table_privilege does not see it)."""
     row = await conn.fetchrow(
         "SELECT current_user AS who, "
-        "has_table_privilege('activity', 'UPDATE') AS u, "
+        "has_any_column_privilege('activity', 'UPDATE') AS u, "
         "has_table_privilege('activity', 'DELETE') AS d, "
         "has_table_privilege('activity', 'TRUNCATE') AS t"
     )

@@ -305,6 +305,40 @@ def test_grantees_may_hold_no_write_the_file_does_not_grant() -> None:
     assert not any(p.role == "other" and p.kind == "table" for p in expect)  # no table grants
 
 
+def test_column_privileges_follow_postgresqls_rules_and_public_is_checked() -> None:
+    """As PostgreSQL keeps them: a table's REVOKE takes the privilege from its columns
+    too, and a column's REVOKE under the table's GRANT leaves the column holding it (a
+    model that disagreed failed a database exactly as its migrations left it). PUBLIC's
+    grants and revokes are checked (a stray EXECUTE to PUBLIC on a SECURITY DEFINER
+    function), where they were dropped without even being counted."""
+    want = expected(
+        "GRANT SELECT (a) ON t TO r; REVOKE ALL ON t FROM r; "
+        "GRANT ALL ON u TO r; REVOKE UPDATE (c) ON u FROM r; "
+        "REVOKE ALL ON FUNCTION f() FROM PUBLIC;"
+    ).privileges
+    assert want[Privilege("r", "column", "t", "SELECT", "a")] is False
+    assert want[Privilege("r", "column", "u", "UPDATE", "c")] is True
+    assert want[Privilege("public", "function", "f()", "EXECUTE")] is False
+
+
+def test_a_write_to_one_column_the_file_does_not_grant_is_a_failure() -> None:
+    """``GRANT UPDATE (payload) ON activity`` rewrites rows as a table's UPDATE does, and
+    has_table_privilege does not see it: a grantee must hold no INSERT or UPDATE on any
+    column of a table where the file grants it none (the eraser's column UPDATEs are
+    the file's own)."""
+    want = expected(
+        "GRANT SELECT, INSERT ON activity TO ingest; "
+        "GRANT SELECT ON conflicts TO eraser; GRANT UPDATE (body) ON conflicts TO eraser;"
+    )
+    expect = with_no_extra_writes(want, {"public": ["activity", "conflicts"]})
+    assert expect[Privilege("ingest", "columns", "activity", "UPDATE")] is False
+    assert Privilege("ingest", "columns", "activity", "INSERT") not in expect  # granted
+    assert Privilege("eraser", "columns", "conflicts", "UPDATE") not in expect  # the file's
+    assert expect[Privilege("eraser", "columns", "conflicts", "INSERT")] is False
+    said = Privilege("ingest", "columns", "activity", "UPDATE").said
+    assert said == "UPDATE on a column of activity"
+
+
 def test_the_shipped_roles_migration_is_readable() -> None:
     roles = roles_migration(load_migrations())
     if roles is None:  # the check is data-driven: without the file there is nothing to read
