@@ -396,21 +396,23 @@ def not_committed(
         f"first: {first.name()}: {first.str()}"
     )
     codes = {err.code() for err in errors}
-    # transient only beside other transient causes: a refusal in the same abort (the
-    # topic's authorization) no new instance cures, and was retried for ever
-    too_big = codes <= {KafkaError.MSG_SIZE_TOO_LARGE} | _TRANSIENT
-    if KafkaError.MSG_SIZE_TOO_LARGE in codes and too_big and batch and batch[0] < batch[1]:
-        return TransientProduceError(
-            f"{text}; the topic {topic} takes record batches of at most {batch[0]:,} bytes "
+    resend = ""
+    if KafkaError.MSG_SIZE_TOO_LARGE in codes and batch is not None and batch[0] < batch[1]:
+        resend = (
+            f"the topic {topic} takes record batches of at most {batch[0]:,} bytes "
             f"(max.message.bytes), less than this producer puts in one ({batch[1]:,}): the "
             "records may each fit. Close this instance and send the same records again "
             "from a new one, which batches within the topic's limit"
         )
+        # transient only beside other passing causes: a refusal in the same abort (the
+        # topic's authorization) no new instance cures, and was retried for ever
+        if codes <= {KafkaError.MSG_SIZE_TOO_LARGE} | _TRANSIENT | MISSING_TOPIC:
+            return TransientProduceError(f"{text}; {resend}")
     if codes & MISSING_TOPIC and codes <= MISSING_TOPIC | _TRANSIENT:
         return TransientProduceError(f"{text}; {topic_missing_text(topic, new_instance=False)}")
     if codes <= _TRANSIENT:
         return TransientProduceError(f"{text}; send the same records again")
-    return ProduceError(text)
+    return ProduceError(f"{text}; {resend}" if resend else text)
 
 
 def too_large(causes: Sequence[KafkaError]) -> bool:
@@ -1000,8 +1002,8 @@ class ActivityProducer:
         if too_large(causes):
             batch = refusal_batch(self._conf, self.topic, self._batch_bytes)
         error = not_committed(causes, self.topic, batch)
-        if final and batch is not None and isinstance(error, TransientProduceError):
-            self._broken = error
+        if final and batch is not None and batch[0] < batch[1]:
+            self._broken = error  # transient or not: it would build the same batches
         return error
 
     def _not_confirmed(self, producer: Producer) -> ProduceError:

@@ -103,6 +103,11 @@ def test_a_batch_too_large_beside_a_refusal_is_not_called_transient() -> None:
     denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     mixed = not_committed([big, denied], "t-1", (20_000, 1_000_000))
     assert type(mixed) is ProduceError, repr(mixed)
+    assert "from a new one" in str(mixed)  # and the instance's batches are still named
+    missing = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    assert type(not_committed([big, missing], "t-1", (20_000, 1_000_000))) is (
+        TransientProduceError
+    )
 
 
 def test_batches_are_kept_within_the_topics_limit() -> None:
