@@ -448,6 +448,13 @@ async def check_roles(
             outside.append(p)  # a table no migration creates: not the file's to judge
         else:
             wrong.append((p, bool(h["held"])))
+    # a stray write on the table also holds on every column: said once, as the table's
+    tables_wrong = {(p.role, p.obj, p.privilege) for p, _ in wrong if p.kind == "table"}
+    wrong = [
+        (p, h)
+        for p, h in wrong
+        if p.kind != "columns" or (p.role, p.obj, p.privilege) not in tables_wrong
+    ]
     wrong += [
         (p, False)
         for p in want.privileges
