@@ -1002,8 +1002,11 @@ class ActivityProducer:
         if too_large(causes):
             batch = refusal_batch(self._conf, self.topic, self._batch_bytes)
         error = not_committed(causes, self.topic, batch)
-        if final and batch is not None and batch[0] < batch[1]:
-            self._broken = error  # transient or not: it would build the same batches
+        if final and batch is not None and isinstance(error, TransientProduceError):
+            # a refusal beside it (a ProduceError) leaves the instance usable, as on the
+            # asyncio SDK: its records are refused whatever the batches, and a later
+            # batch refused as too large alone breaks it here
+            self._broken = error
         return error
 
     def _not_confirmed(self, producer: Producer) -> ProduceError:
