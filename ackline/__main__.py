@@ -5,6 +5,10 @@ start) ends it with 130 and no traceback, as one a moment later does
 (:func:`ackline.cli.main`); a stop after the command returned leaves its status alone."""
 
 import signal
+import sys
+
+_stopped: list[int] = []
+"""The SIGTERMs :func:`_outside` raised as a stop before the command ran."""
 
 
 def launch() -> int:
@@ -18,6 +22,8 @@ def launch() -> int:
         from ackline.cli import main
     except KeyboardInterrupt:
         return 130
+    if _stopped:  # raised inside an import that swallowed it: the stop stands
+        return 143
     status = main()
     # the command is over, its status decided, while the interpreter exits (its threads
     # joined, its modules torn down: tens of ms)
@@ -27,9 +33,12 @@ def launch() -> int:
 
 
 def _outside(signum: int, frame: object) -> None:
-    from ackline.core.signals import done_status
-
-    if done_status() is None:
+    # No import here: the signal may land in the middle of the start's own imports, and
+    # importing then met modules half made (a traceback, exit 1). A module not there yet
+    # means no work is over.
+    done_status = getattr(sys.modules.get("ackline.core.signals"), "done_status", None)
+    if done_status is None or done_status() is None:
+        _stopped.append(signum)
         raise SystemExit(143)
 
 
