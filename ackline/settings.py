@@ -581,6 +581,26 @@ def bootstrap_problem(servers: str) -> str | None:
 
 
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+TARGET_SESSION_ATTRS = ("any", "primary", "standby", "read-write", "read-only", "prefer-standby")
+# libpq's connection parameters that asyncpg does not read: it sends every query parameter
+# it does not know to the server as a setting, which refuses these (a traceback, exit 1)
+_LIBPQ_ONLY = {
+    "connect_timeout": "set ACKLINE_DB_CONNECT_TIMEOUT_S instead",
+    "keepalives": "",
+    "keepalives_idle": "",
+    "keepalives_interval": "",
+    "keepalives_count": "",
+    "tcp_user_timeout": "",
+    "hostaddr": "give the address as the host",
+    "gssencmode": "",
+    "channel_binding": "",
+    "requirepeer": "",
+    "sslcompression": "",
+    "sslsni": "",
+    "sslcertmode": "",
+    "load_balance_hosts": "",
+    "replication": "",
+}
 _ENCODE = "; percent-encode / ? # @ : in a user or password (%2F %3F %23 %40 %3A)"
 
 
@@ -616,9 +636,25 @@ def dsn_problem(dsn: str) -> str | None:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError:
         return "has a query that is not name=value pairs joined by '&'" + _ENCODE
+    return _query_problem(query)
+
+
+def _query_problem(query: list[tuple[str, str]]) -> str | None:
+    """What the driver, or PostgreSQL at connect, would refuse in a DSN's query. Pure."""
     for name, given in query:
         if name == "sslmode" and given and given not in SSL_MODES:
             return f"has sslmode={given!r}: it must be one of {', '.join(SSL_MODES)}"
+        if name == "target_session_attrs" and given not in TARGET_SESSION_ATTRS:
+            return (
+                f"has target_session_attrs={given!r}: it must be one of "
+                f"{', '.join(TARGET_SESSION_ATTRS)}"
+            )
+        if name in _LIBPQ_ONLY:
+            fix = _LIBPQ_ONLY[name] or "remove it"
+            return (
+                f"has {name}, a libpq parameter the driver (asyncpg) does not read: it would "
+                f"be sent to PostgreSQL as a setting, which refuses it; {fix}"
+            )
     return None
 
 

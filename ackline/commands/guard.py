@@ -314,6 +314,18 @@ def _explain_database(exc: BaseException) -> str | None:
         )
     if isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError)):
         return f"lost PostgreSQL ({reason(exc)}): {DSN_HINT}"
+    if isinstance(exc, asyncpg.UndefinedObjectError) and "configuration parameter" in str(exc):
+        return (
+            f"PostgreSQL: {exc}: the driver sends a query parameter of {_DATABASE_SETTINGS} "
+            "that it does not read itself to PostgreSQL as a setting: remove it"
+        )
+    if isinstance(exc, asyncpg.InvalidParameterValueError):
+        return (
+            f"PostgreSQL refused a setting ({exc}): check the query parameters (options, "
+            f"settings) of {_DATABASE_SETTINGS}"
+        )
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return f"{exc}: fix {_DATABASE_SETTINGS}"
     if isinstance(exc, asyncpg.TooManyConnectionsError):
         return (
             f"PostgreSQL refused the connection ({exc}): end idle sessions, or raise "

@@ -314,6 +314,43 @@ def test_a_database_that_does_not_exist_names_the_ingest_url_too(
     assert_one_line(out, "nosuchdb", "ACKLINE_DATABASE_INGEST_URL", logs_allowed=True)
 
 
+@pytest.mark.parametrize(
+    ("query", "needles"),
+    [
+        ("connect_timeout=5", ("connect_timeout", "ACKLINE_DB_CONNECT_TIMEOUT_S")),
+        ("bogus=1", ("bogus", "ACKLINE_DATABASE_URL")),
+        ("options=-c%20work_mem%3Dbanana", ("work_mem", "ACKLINE_DATABASE_URL")),
+        ("target_session_attrs=bogus", ("target_session_attrs", "ACKLINE_DATABASE_URL")),
+    ],
+    ids=["connect_timeout", "unknown", "options", "target_session_attrs"],
+)
+@pytest.mark.parametrize("argv", [("status",), ("migrate",), ("run",)], ids=" ".join)
+def test_a_query_parameter_of_the_database_url_postgresql_refuses_is_one_line(
+    services: Services,
+    dsn: str,
+    topic: str,
+    work: Path,
+    query: str,
+    needles: tuple[str, ...],
+    argv: tuple[str, ...],
+) -> None:
+    """An operator's probe: `?connect_timeout=5` (a libpq parameter, which asyncpg does
+    not read and sends to the server as a setting), an unknown one, a bad `options` and a
+    bad `target_session_attrs` each ended `status`, `migrate` and `run` with a traceback
+    and exit 1. Each is one line naming the parameter and the setting it came in."""
+    env = {
+        "ACKLINE_KAFKA_BOOTSTRAP": services.bootstrap,
+        "ACKLINE_DATABASE_URL": f"{dsn}?{query}",
+        "ACKLINE_TOPIC": topic,
+        "ACKLINE_DLQ_TOPIC": f"{topic}.dlq",
+        "ACKLINE_GROUP_ID": f"g-{topic}",
+        "ACKLINE_METRICS_PORT": "0",
+    }
+    out = ackline(*argv, env=env, cwd=work)
+    assert out.status == 2, out
+    assert_one_line(out, *needles, logs_allowed=argv == ("run",))
+
+
 # --- paths that cannot be written or read ---------------------------------------------------
 
 
