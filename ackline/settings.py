@@ -20,6 +20,7 @@ import difflib
 import os
 import socket
 import tomllib
+import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import timedelta
@@ -858,6 +859,7 @@ def _reject_unknown_keys(path: Path, values: Mapping[str, Any]) -> None:
     known = sorted(Settings.model_fields)
     for key, value in values.items():
         if key in Settings.model_fields:
+            _reject_a_boolean(path, key, value)
             continue
         line = key_line(path, key)
         where = f"{path} line {line}" if line else str(path)
@@ -870,6 +872,22 @@ def _reject_unknown_keys(path: Path, values: Mapping[str, Any]) -> None:
         close = difflib.get_close_matches(key.lower(), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise SettingsError(CONFIG_FILE_VAR, f"{where}: unknown key {key!r}{hint}")
+
+
+def _reject_a_boolean(path: Path, key: str, value: Any) -> None:
+    """A TOML ``true``/``false`` for a setting that is not a yes or no stops the program:
+    pydantic takes a boolean as 1 or 0 for a number (``metrics_port = false`` turned the
+    metrics off), where the same words from the environment are refused."""
+    annotation = Settings.model_fields[key].annotation
+    if not isinstance(value, bool) or bool in (annotation, *typing.get_args(annotation)):
+        return
+    line = key_line(path, key)
+    where = f"{path} line {line}" if line else str(path)
+    raise SettingsError(
+        ENV_PREFIX + key.upper(),
+        f"{str(value).lower()} is a TOML boolean, not a value of this setting "
+        f"(from {where}, key {key})",
+    )
 
 
 def key_line(path: Path, key: str) -> int | None:

@@ -48,3 +48,23 @@ def test_a_bad_value_names_the_setting_file_line_and_key(tmp_path: Path) -> None
     err = _error(path)
     assert err.setting == "ACKLINE_BATCH_MAX_EVENTS"
     assert f"{path} line 2" in err.problem and "batch_max_events" in err.problem
+
+
+@pytest.mark.parametrize(
+    ("line", "setting"),
+    [
+        ("batch_max_events = true", "ACKLINE_BATCH_MAX_EVENTS"),
+        ("metrics_port = false", "ACKLINE_METRICS_PORT"),
+        ("db_connect_timeout_s = true", "ACKLINE_DB_CONNECT_TIMEOUT_S"),
+        ("topic = true", "ACKLINE_TOPIC"),
+    ],
+)
+def test_a_toml_boolean_is_not_a_number(tmp_path: Path, line: str, setting: str) -> None:
+    """An operator's probe: `batch_max_events = true` ran with 1, `metrics_port = false`
+    turned the metrics off (0), where the same words from the environment are refused.
+    A TOML boolean is a setting's value only where the setting is a yes or no."""
+    path = tmp_path / "ackline.toml"
+    path.write_text(f"# settings\n{line}\n", encoding="utf-8")
+    err = _error(path)
+    assert err.setting == setting
+    assert f"{path} line 2" in err.problem and "boolean" in err.problem, err.problem
