@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -56,7 +56,7 @@ from ackline.sinks.connection import Database
 from ackline.sinks.errors import FencedError, RepeatRejectedError
 from ackline.sinks.ingest.batch import TP, Batch, not_passed
 from ackline.sinks.ingest.offsets import Claim
-from ackline.sinks.ingest.writer import BatchWriter
+from ackline.sinks.ingest.writer import BatchWriter, WriteResult
 from ackline.streams.admin import admin, stable_ends, stable_ends_and_why
 from ackline.streams.assemble import Record, assemble, new_record, record_size
 from ackline.streams.claims import Claims
@@ -110,6 +110,11 @@ _COLLECT_S = 0.02  # a busy worker collects records this long per turn
 # starts the write at once instead of waiting for this thread's next switch interval
 # (handed-to-BEGIN 1.0 -> 0.14 ms at the median, measured in a 300k-event drain).
 _HAND_OFF_YIELD_S = 0.0002
+
+
+async def _settled() -> bool:
+    """No watch of the topic's incarnation: every batch may be written."""
+    return True
 
 
 class ConsumerRuntime:
@@ -185,6 +190,9 @@ class ConsumerRuntime:
         # monotonic time (ackline.runtime.incarnation_watch): a held partition is
         # released, and a drained worker stops, only then. The runtime sets it.
         self.incarnation_fresh: Callable[[float], bool] = lambda since: True
+        # Whether a batch taken now may be written (ackline.runtime.incarnation_watch
+        # settled): awaited before each write, late-bound as incarnation_fresh
+        self.incarnation_settled: Callable[[], Awaitable[bool]] = _settled
         # late-bound: the runtime sets incarnation_fresh after this
         self._held_release = ReleaseGate(lambda since: self.incarnation_fresh(since))  # noqa: PLW0108
         self._drained_at: float | None = None
@@ -528,8 +536,18 @@ class ConsumerRuntime:
             self._metrics.dead_letters.inc(len(draft.poison))
         slot.batch = draft.batch
         slot.started = time.monotonic()
-        slot.inflight = InFlight(self._loop, slot.writer.write(draft.batch), self._any_ended)
+        write = self._write_settled(slot.writer, draft.batch)
+        slot.inflight = InFlight(self._loop, write, self._any_ended)
         time.sleep(_HAND_OFF_YIELD_S)
+
+    async def _write_settled(self, writer: BatchWriter, batch: Batch) -> WriteResult:
+        """``batch`` written once the topic's incarnation is settled; not written (the
+        outcome a cancelled batch has: read again from the DB offset) when another
+        incarnation was found, the worker stopping: its records may be the new topic's at
+        the old offsets."""
+        if not await self.incarnation_settled():
+            raise asyncio.CancelledError("the topic was made again: not written")
+        return await writer.write(batch)
 
     def _first_look(self, records: list[Record], repeating: bool) -> list[Looked]:
         """Each record decoded; or, on a repeating slot, its exact form where it has one

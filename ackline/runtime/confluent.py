@@ -140,6 +140,7 @@ async def run(
             )
         )
         runtime.incarnation_fresh = ingest.incarnation.fresh_since
+        runtime.incarnation_settled = ingest.incarnation.settled
         watch = asyncio.create_task(ingest.incarnation.run(on_other=request_stop))
         _tune_gc()
         tune_malloc()

@@ -147,6 +147,7 @@ def make_app(ingest: Ingest) -> FaustApp:
         faults=ingest.faults,
         claim_deadline_s=request_timeout_s(settings) * 2 / 3,  # exits before faust gives up
         revoke_wait_s=settings.revoke_wait_s,
+        settled=ingest.incarnation.settled,
     )
     app = FaustApp(settings.group_id, **faust_settings(settings, ingest.bootstrap))
     app.buffer_max_bytes = settings.batch_max_bytes  # before any channel makes its queue

@@ -11,7 +11,9 @@ still running. The watch reads the topic ID every :data:`CHECK_S` seconds (and a
 when asked) and, when it changes or is not the recorded one, says the start's refusal
 line and stops the worker, which then exits as a refused start does (status 2). Once the
 ID was read, a held partition is released only after a read of it that began once the
-partition was ready (:meth:`IncarnationWatch.fresh_since`).
+partition was ready (:meth:`IncarnationWatch.fresh_since`). A batch is written only while
+the last read found the topic (:meth:`IncarnationWatch.settled`): records taken after a
+read found it gone may be those of the topic made again, at the old offsets.
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ from ackline.streams.kafkainfo import Described, described
 
 log = logging.getLogger(__name__)
 
-CHECK_S = 2.0
-"""Between two reads of the topic ID (one DescribeTopics on a client kept open): about
-how long a worker may run on a recreated topic before it stops. What it ingests of the
-new topic meanwhile is kept and nothing is lost (`offsets adopt-topic` rewinds the group
-to the new log start, where those records are duplicates), but it is taken out of order:
-records past the old offsets came before those below them (docs/guarantees.md)."""
+CHECK_S = 0.5
+"""Between two reads of the topic ID (one DescribeTopics on a client kept open). A read
+that finds the topic gone holds every batch until one finds it again
+(:meth:`IncarnationWatch.settled`), so a deletion that lasts longer than this is seen and
+nothing of the topic made after it is written. A topic deleted and made again within it
+can go unseen until the next read, which stops the worker: what it ingests of the new
+topic meanwhile is kept and nothing is lost (`offsets adopt-topic` rewinds the group to
+the new log start, where those records are duplicates), but it is taken out of order
+(docs/guarantees.md). It was 2 s, and an operator's delete-then-create a second apart
+was missed in 2 tries of 3."""
+SETTLE_POLL_S = 0.05
+"""How often a batch held by :meth:`IncarnationWatch.settled` looks again."""
 READ_S = 5.0
 """The bound of one DescribeTopics."""
 MIN_GAP_S = 0.5
@@ -82,6 +90,7 @@ class IncarnationWatch:
         self.confirmed: str | None = None
         self.confirmed_at = float("-inf")
         self.refusal: str | None = None
+        self.missing = False  # the last read found no such topic: batches are held
         self._client: AdminClient | None = None  # made in the reading thread, kept
         self._recorded = False  # the ID read is known to be the recorded one (or none can be)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +119,18 @@ class IncarnationWatch:
             return True
         self.poke()
         return False
+
+    async def settled(self) -> bool:
+        """Whether a batch taken now may be written: at once unless the last read found
+        the topic gone; then once a read finds it again. False when another incarnation
+        was found (the worker is stopping): the batch must not be written, its records
+        may be the new topic's at the old offsets. A worker whose topic stays deleted
+        writes nothing more: the records it had taken of the old one went with it, as
+        the ones it had not fetched did."""
+        while self.refusal is None and self.missing:
+            self.poke()
+            await asyncio.sleep(SETTLE_POLL_S)
+        return self.refusal is None
 
     def poke(self) -> None:
         """Read the ID at once rather than at the next tick (from any thread)."""
@@ -165,9 +186,13 @@ class IncarnationWatch:
             self._unreadable(str(exc))
             return None
         self._on_missing(found is None)
-        if found is None:  # deleted (maybe being made again)
+        if found is None:  # deleted (maybe being made again): hold the batches
+            self.missing = True
             self._unreadable("Kafka has no such topic now: deleted?")
             return None
+        # found again: another ID is refused below before anything can await, so no
+        # held batch is let through by this
+        self.missing = False
         current = found.topic_id
         if current is None:
             self._unreadable("the broker keeps no topic IDs")

@@ -81,6 +81,7 @@ class FaustSink:
         faults: Faults = DISARMED,
         claim_deadline_s: float = 60.0,
         revoke_wait_s: float = 20.0,
+        settled: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.kafka = NO_KAFKA  # set by make_app once the app exists
@@ -93,6 +94,9 @@ class FaustSink:
         # progress", which is not transient, so the claim would end the worker)
         self._control_lock = asyncio.Lock()
         self._writer = writer
+        # whether a batch taken now may be written (the topic's incarnation settled:
+        # ackline.runtime.incarnation_watch); None, always
+        self._settled = settled
         self._dlq = dead_letters
         self._metrics = metrics
         self._limits = limits
@@ -361,6 +365,10 @@ class FaustSink:
             return None
         if draft.poison:
             await self._dead_letter(draft)
+        if self._settled is not None and not await self._settled():
+            # another incarnation of the topic: the worker is stopping, and these records
+            # may be the new topic's at the old offsets; its stop cancels this wait
+            await asyncio.Event().wait()
         started = time.monotonic()
         try:
             result = await self._writer.write(draft.batch)
