@@ -112,7 +112,7 @@ _COLLECT_S = 0.02  # a busy worker collects records this long per turn
 _HAND_OFF_YIELD_S = 0.0002
 
 
-async def _settled() -> bool:
+async def _settled(stopping: Callable[[], bool]) -> bool:
     """No watch of the topic's incarnation: every batch may be written."""
     return True
 
@@ -192,7 +192,7 @@ class ConsumerRuntime:
         self.incarnation_fresh: Callable[[float], bool] = lambda since: True
         # Whether a batch taken now may be written (ackline.runtime.incarnation_watch
         # settled): awaited before each write, late-bound as incarnation_fresh
-        self.incarnation_settled: Callable[[], Awaitable[bool]] = _settled
+        self.incarnation_settled: Callable[[Callable[[], bool]], Awaitable[bool]] = _settled
         # late-bound: the runtime sets incarnation_fresh after this
         self._held_release = ReleaseGate(lambda since: self.incarnation_fresh(since))  # noqa: PLW0108
         self._drained_at: float | None = None
@@ -543,10 +543,11 @@ class ConsumerRuntime:
     async def _write_settled(self, writer: BatchWriter, batch: Batch) -> WriteResult:
         """``batch`` written once the topic's incarnation is settled; not written (the
         outcome a cancelled batch has: read again from the DB offset) when another
-        incarnation was found, the worker stopping: its records may be the new topic's at
-        the old offsets."""
-        if not await self.incarnation_settled():
-            raise asyncio.CancelledError("the topic was made again: not written")
+        incarnation was found, the worker stopping (its records may be the new topic's at
+        the old offsets), or when a stop comes while the topic is gone (the stop does not
+        wait for it to come back)."""
+        if not await self.incarnation_settled(self._stop.is_set):
+            raise asyncio.CancelledError("the topic was made again or is gone: not written")
         return await writer.write(batch)
 
     def _first_look(self, records: list[Record], repeating: bool) -> list[Looked]:

@@ -321,8 +321,8 @@ def _explain_database(exc: BaseException) -> str | None:
         )
     if isinstance(exc, asyncpg.InvalidParameterValueError):
         return (
-            f"PostgreSQL refused a setting ({exc}): check the query parameters (options, "
-            f"settings) of {_DATABASE_SETTINGS}"
+            f"PostgreSQL refused a value ({exc}): where it came with the connection, check "
+            f"the query parameters (options, settings) of {_DATABASE_SETTINGS}"
         )
     if isinstance(exc, asyncpg.ClientConfigurationError):
         return f"{exc}: fix {_DATABASE_SETTINGS}"

@@ -8,6 +8,7 @@ empty environment (``env={}``), so no faust environment variable (``STREAM_WAIT_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +148,6 @@ def make_app(ingest: Ingest) -> FaustApp:
         faults=ingest.faults,
         claim_deadline_s=request_timeout_s(settings) * 2 / 3,  # exits before faust gives up
         revoke_wait_s=settings.revoke_wait_s,
-        settled=ingest.incarnation.settled,
     )
     app = FaustApp(settings.group_id, **faust_settings(settings, ingest.bootstrap))
     app.buffer_max_bytes = settings.batch_max_bytes  # before any channel makes its queue
@@ -162,6 +162,7 @@ def make_app(ingest: Ingest) -> FaustApp:
     )
     app.parts = Parts(sink, ingest)
     sink.kafka = _kafka_side(app)
+    sink.settled = functools.partial(ingest.incarnation.settled, lambda: bool(app.should_stop))
     topic = app.topic(settings.topic, key_serializer="raw", value_serializer="raw")
     app.agent(topic, name=AGENT_NAME, concurrency=1)(sink.consume)
     return app

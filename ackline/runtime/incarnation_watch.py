@@ -39,15 +39,15 @@ from ackline.streams.kafkainfo import Described, described
 log = logging.getLogger(__name__)
 
 CHECK_S = 0.5
-"""Between two reads of the topic ID (one DescribeTopics on a client kept open). A read
-that finds the topic gone holds every batch until one finds it again
-(:meth:`IncarnationWatch.settled`), so a deletion that lasts longer than this is seen and
-nothing of the topic made after it is written. A topic deleted and made again within it
-can go unseen until the next read, which stops the worker: what it ingests of the new
-topic meanwhile is kept and nothing is lost (`offsets adopt-topic` rewinds the group to
-the new log start, where those records are duplicates), but it is taken out of order
-(docs/guarantees.md). It was 2 s, and an operator's delete-then-create a second apart
-was missed in 2 tries of 3."""
+"""Between the end of one read of the topic ID and the next (one DescribeTopics on a
+client kept open). A read that finds the topic gone holds every batch until one finds it
+again (:meth:`IncarnationWatch.settled`), so a deletion that lasts longer than this and
+a read is seen, and nothing of the topic made after it is written. A topic deleted and
+made again between two reads can go unseen until the next one, which stops the worker:
+what it ingests of the new topic meanwhile is kept and nothing is lost (`offsets
+adopt-topic` rewinds the group to the new log start, where those records are
+duplicates), but it is taken out of order (docs/guarantees.md). It was 2 s, and an
+operator's delete-then-create a second apart was missed in 2 tries of 3."""
 SETTLE_POLL_S = 0.05
 """How often a batch held by :meth:`IncarnationWatch.settled` looks again."""
 READ_S = 5.0
@@ -120,17 +120,19 @@ class IncarnationWatch:
         self.poke()
         return False
 
-    async def settled(self) -> bool:
+    async def settled(self, stopping: Callable[[], bool] = lambda: False) -> bool:
         """Whether a batch taken now may be written: at once unless the last read found
-        the topic gone; then once a read finds it again. False when another incarnation
-        was found (the worker is stopping): the batch must not be written, its records
-        may be the new topic's at the old offsets. A worker whose topic stays deleted
-        writes nothing more: the records it had taken of the old one went with it, as
-        the ones it had not fetched did."""
-        while self.refusal is None and self.missing:
+        the topic gone; then once a read finds it again and (where the start could not
+        confirm an ID) PostgreSQL says it is the recorded one. False when another
+        incarnation was found (the worker is stopping: its records may be the new
+        topic's at the old offsets), or the topic is still gone once ``stopping()``
+        (a stop must not wait on it). A worker whose topic stays deleted writes nothing
+        more: the records it had taken of the old one went with it, as the ones it had
+        not fetched did."""
+        while self.refusal is None and self.missing and not stopping():
             self.poke()
             await asyncio.sleep(SETTLE_POLL_S)
-        return self.refusal is None
+        return self.refusal is None and not self.missing
 
     def poke(self) -> None:
         """Read the ID at once rather than at the next tick (from any thread)."""
@@ -190,11 +192,9 @@ class IncarnationWatch:
             self.missing = True
             self._unreadable("Kafka has no such topic now: deleted?")
             return None
-        # found again: another ID is refused below before anything can await, so no
-        # held batch is let through by this
-        self.missing = False
         current = found.topic_id
         if current is None:
+            self.missing = False  # no IDs to tell incarnations apart: unchecked, as ever
             self._unreadable("the broker keeps no topic IDs")
             return None
         self._unreadable_said = False
@@ -204,7 +204,11 @@ class IncarnationWatch:
             )
         self.confirmed, self.confirmed_at = current, began
         if self._recorded:
+            self.missing = False  # the same ID found again: the held batches may go
             return None
+        # the first ID this worker reads, the start having confirmed none: held batches
+        # stay held until PostgreSQL says it is the recorded one (they were let through
+        # while the record was asked for, and the refusal came after them)
         recorded = await self._record(current)
         if recorded is None:
             return None
@@ -212,6 +216,8 @@ class IncarnationWatch:
         judged = incarnation.judge(self.topic, self.group, current, recorded)
         if judged.note is not None:
             log.info("%s", judged.note)
+        if judged.refusal is None:
+            self.missing = False
         return judged.refusal
 
     def _read(self) -> Described | None:

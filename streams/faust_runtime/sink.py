@@ -81,7 +81,6 @@ class FaustSink:
         faults: Faults = DISARMED,
         claim_deadline_s: float = 60.0,
         revoke_wait_s: float = 20.0,
-        settled: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.ledger = Ledger()
         self.kafka = NO_KAFKA  # set by make_app once the app exists
@@ -95,8 +94,9 @@ class FaustSink:
         self._control_lock = asyncio.Lock()
         self._writer = writer
         # whether a batch taken now may be written (the topic's incarnation settled:
-        # ackline.runtime.incarnation_watch); None, always
-        self._settled = settled
+        # ackline.runtime.incarnation_watch); None, always. Set by make_app, which has
+        # the app whose stop ends the wait.
+        self.settled: Callable[[], Awaitable[bool]] | None = None
         self._dlq = dead_letters
         self._metrics = metrics
         self._limits = limits
@@ -334,6 +334,11 @@ class FaustSink:
         self.ledger.release(tps)
         log.warning("a batch of %d records %s, not written; released %s", len(events), why, tps)
 
+    def _unwritten_batch(self, batch: Batch, why: str) -> None:
+        tps = sorted({(r.topic, r.partition) for r in batch.ranges})
+        self.ledger.release(tps)
+        log.warning("batch %s %s, not written; released %s", batch.describe(), why, tps)
+
     async def handle(self, events: Sequence[Any]) -> list[WriteResult]:
         """Draft, dead-letter and write the records of ``events``, in chunks of at most
         ``batch_max_bytes`` (one transaction each); return what committed.
@@ -365,10 +370,13 @@ class FaustSink:
             return None
         if draft.poison:
             await self._dead_letter(draft)
-        if self._settled is not None and not await self._settled():
-            # another incarnation of the topic: the worker is stopping, and these records
-            # may be the new topic's at the old offsets; its stop cancels this wait
-            await asyncio.Event().wait()
+        if self.settled is not None and not await self.settled():
+            # another incarnation (the worker is stopping: these records may be the new
+            # topic's at the old offsets), or a stop while the topic is gone: not written,
+            # the partitions given up (the ledger refuses their later records); the
+            # events are acked unwritten, so faust's stop, which waits for them, goes on
+            self._unwritten_batch(draft.batch, "taken while the topic was gone or made again")
+            return None
         started = time.monotonic()
         try:
             result = await self._writer.write(draft.batch)

@@ -417,6 +417,42 @@ def test_a_worker_that_saw_its_topic_gone_writes_nothing_of_the_next_one(
     assert after == before, f"{after - before} batch(es) of the new topic written:\n{log[-3000:]}"
 
 
+def test_batches_held_while_the_topic_was_gone_wait_for_postgresql_to_say_whose_it_is(
+    services: Services, dsn: str, topic: str
+) -> None:
+    """A review: where the start could not confirm an ID, the watch's first read after
+    the topic came back let the held batches go before it asked PostgreSQL whether that
+    ID is the recorded one, and the refusal came after them (written: the new topic's
+    records at the old offsets). They stay held until PostgreSQL answers, and are not
+    written when the answer is another incarnation."""
+    group = f"g-{topic}"
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        await record(conn, group, topic, "another-id")  # the DB offsets' incarnation
+        watch = IncarnationWatch(services.bootstrap, {}, topic, group, dsn, 2.0, "w")
+        watch.missing = True  # a read found the topic gone: batches held
+        blocker = await asyncpg.connect(dsn)
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute("LOCK TABLE topic_incarnations IN ACCESS EXCLUSIVE MODE")
+        others: list[bool] = []
+        task = asyncio.create_task(watch.run(on_other=lambda: others.append(True)))
+        held = asyncio.create_task(watch.settled())
+        try:
+            await asyncio.sleep(1.5)  # the topic read, PostgreSQL asked (and kept waiting)
+            assert not held.done(), "a held batch went before PostgreSQL said whose the ID is"
+        finally:
+            await lock.rollback()
+            await blocker.close()
+        assert await asyncio.wait_for(held, 20) is False
+        await asyncio.wait_for(task, 20)
+        assert others == [True] and watch.refusal is not None
+        await conn.close()
+
+    asyncio.run(go())
+
+
 def test_a_worker_on_a_deleted_topic_is_not_ready(
     services: Services, dsn: str, topic: str, tmp_path: Path
 ) -> None:

@@ -41,3 +41,26 @@ def test_the_starts_confirmed_id_is_the_baseline_and_needs_no_second_record() ->
     assert w.confirmed == "A" and w.confirmed_at == 40.0
     assert not w.fresh_since(100.0)  # read before the partition was due
     assert w.fresh_since(40.0)
+
+
+def test_a_stop_ends_the_wait_of_a_batch_held_while_the_topic_is_gone() -> None:
+    """A review: a batch held while the topic was gone waited through the worker's stop
+    (faust's stop waits for every taken record to be acked, so the worker ran out its
+    stop bound and exited 1; the default runtime's waited ACKLINE_SHUTDOWN_WAIT_S). A
+    stop ends the wait, the batch not written; the topic found again lets it go."""
+    import asyncio
+
+    w = _watch()
+    w.missing = True
+    stopping: list[bool] = []
+
+    async def go() -> None:
+        held = asyncio.create_task(w.settled(lambda: bool(stopping)))
+        await asyncio.sleep(0.2)
+        assert not held.done()
+        stopping.append(True)
+        assert await asyncio.wait_for(held, 2) is False
+        w.missing = False
+        assert await w.settled(lambda: True) is True  # the topic there: a stop writes it
+
+    asyncio.run(go())
