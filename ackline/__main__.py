@@ -6,9 +6,9 @@ start) ends it with 130 and no traceback, as one a moment later does
 
 import signal
 import sys
+from types import FrameType
 
-_stopped: list[int] = []
-"""The SIGTERMs :func:`_outside` raised as a stop before the command ran."""
+from ackline.core import early
 
 
 def launch() -> int:
@@ -22,7 +22,7 @@ def launch() -> int:
         from ackline.cli import main
     except KeyboardInterrupt:
         return 130
-    if _stopped:  # raised inside an import that swallowed it: the stop stands
+    if early.stopped:  # it came inside an import: the stop stands
         return 143
     status = main()
     # the command is over, its status decided, while the interpreter exits (its threads
@@ -32,14 +32,28 @@ def launch() -> int:
     return status
 
 
-def _outside(signum: int, frame: object) -> None:
+def _outside(signum: int, frame: FrameType | None) -> None:
     # No import here: the signal may land in the middle of the start's own imports, and
     # importing then met modules half made (a traceback, exit 1). A module not there yet
     # means no work is over.
     done_status = getattr(sys.modules.get("ackline.core.signals"), "done_status", None)
-    if done_status is None or done_status() is None:
-        _stopped.append(signum)
+    if done_status is not None and done_status() is not None:
+        return
+    early.stopped.append(signum)
+    if not _importing(frame):
         raise SystemExit(143)
+    # inside the import machinery an exception is printed as "Exception ignored" (a
+    # module lock's callback) or breaks a module half made: recorded, it is raised once
+    # the import is over (launch, ackline.cli.main)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside Python's import machinery."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from ackline.commands import MODULES, Handler, Uses
 from ackline.commands.guard import explain
+from ackline.core import early
 from ackline.core.errors import AcklineError, Terminated
 from ackline.core.logs import KAFKA_LOGGER, REFUSED_EXIT, configure_logging, refusal_line
 from ackline.core.signals import begin_work, done_status, terminate_as_exit
@@ -174,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None  # a Ctrl-C in the parser: before anything ran
     try:
         args = parser().parse_args(argv)  # it imports every command: ~0.3 s
+        if early.stopped:  # a stop that landed in those imports (ackline.__main__)
+            return _stopped(args, EXIT_TERMINATED)
         refused = misapplied(args)
         if refused is not None:
             return _fail(refused)
